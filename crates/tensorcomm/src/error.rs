@@ -1,0 +1,150 @@
+//! The one error type of tensorcomm.
+//!
+//! Every variant carries what a user needs to act on it: the key, the
+//! address, the timeout, what was expected and what was found. Messages
+//! read as "expected X, found Y".
+
+use std::time::Duration;
+
+use crate::tensor::DType;
+
+/// Result alias used throughout tensorcomm.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in tensorcomm.
+///
+/// ```
+/// use tensorcomm::{Error, store::{HashStore, Store}};
+/// use std::time::Duration;
+///
+/// let store = HashStore::new();
+/// let err = store.get_timeout("missing", Duration::from_millis(10)).unwrap_err();
+/// assert!(matches!(err, Error::StoreTimeout { .. }));
+/// assert!(err.to_string().contains("missing"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- tensor model -------------------------------------------------
+    /// A shape did not have the number of elements or dimensions required.
+    #[error("shape mismatch in {context}: expected {expected:?}, found {found:?}")]
+    ShapeMismatch {
+        context: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    /// A dtype was not the one required.
+    #[error("dtype mismatch in {context}: expected {expected}, found {found}")]
+    DTypeMismatch {
+        context: String,
+        expected: DType,
+        found: DType,
+    },
+    /// A dimension index was out of range for a tensor of `ndim` dimensions.
+    #[error("dimension {dim} out of range for a tensor with {ndim} dimensions (expected {} to {})", -(*ndim as i64), *ndim as i64 - 1)]
+    DimOutOfRange { dim: i64, ndim: usize },
+    /// The layout (strides, offset) does not fit the storage or is not dense.
+    #[error("invalid layout: {0}")]
+    InvalidLayout(String),
+    /// An argument that is not about shapes or dtypes was wrong.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A sparse tensor's indices or values do not describe a valid tensor.
+    #[error("invalid sparse tensor: {0}")]
+    InvalidSparse(String),
+
+    // ---- stores -------------------------------------------------------
+    /// `get`/`wait`/`queue_pop` ran out of time before the keys existed.
+    #[error("timed out after {timeout:?} waiting for keys {keys:?} in the store")]
+    StoreTimeout { keys: Vec<String>, timeout: Duration },
+    /// A non-blocking read found no such key.
+    #[error("key {key:?} not found in the store")]
+    KeyNotFound { key: String },
+    /// A counter key held something that is not an ASCII decimal integer.
+    #[error("key {key:?} holds {found:?}, expected an ASCII decimal integer for add()")]
+    NotACounter { key: String, found: String },
+    /// The store server could not bind its address.
+    #[error("address {addr} is already in use (is another store or job running there?)")]
+    AddressInUse { addr: String },
+    /// The server hosting rank waited for its clients and not all came.
+    #[error("timed out after {timeout:?} waiting for store clients: {joined}/{expected} clients joined")]
+    ClientsTimeout {
+        joined: usize,
+        expected: usize,
+        timeout: Duration,
+    },
+    /// A client could not reach the store server in time.
+    #[error("could not connect to the store at {addr} within {timeout:?}: {reason}")]
+    StoreConnect {
+        addr: String,
+        timeout: Duration,
+        reason: String,
+    },
+    /// The connection to the store broke while a request was in flight.
+    #[error("connection lost to the store at {addr}: {reason}")]
+    StoreConnectionLost { addr: String, reason: String },
+    /// The server refused this client (wrong token, wrong protocol version).
+    #[error("the store at {addr} refused the connection: {reason}")]
+    StoreRefused { addr: String, reason: String },
+    /// A peer or the server sent bytes that are not valid protocol.
+    #[error("store protocol error: expected {expected}, found {found}")]
+    Protocol { expected: String, found: String },
+    /// A message was larger than the configured maximum.
+    #[error("message of {size} bytes exceeds the maximum of {max} bytes")]
+    MessageTooLarge { size: u64, max: u64 },
+    /// The server answered a request with an error.
+    #[error("the store at {addr} rejected the request: {reason}")]
+    StoreServer { addr: String, reason: String },
+    /// More ranks arrived at a store barrier than its world size.
+    #[error("barrier {key:?} expected {expected} ranks, found {found} (key reused?)")]
+    BarrierOverflow {
+        key: String,
+        expected: usize,
+        found: i64,
+    },
+    /// A barrier timed out before everyone arrived.
+    #[error("barrier {key:?} timed out after {timeout:?}: {arrived}/{expected} ranks arrived")]
+    BarrierTimeout {
+        key: String,
+        arrived: usize,
+        expected: usize,
+        timeout: Duration,
+    },
+
+    // ---- rendezvous ---------------------------------------------------
+    /// An environment variable needed by `env://` is missing.
+    #[error("environment variable {name} is not set (needed by {context})")]
+    MissingEnv { name: String, context: String },
+    /// An environment variable or URL parameter does not parse.
+    #[error("{name} must be {expected}, found {found:?}")]
+    BadValue {
+        name: String,
+        expected: String,
+        found: String,
+    },
+    /// A URL parameter needed by `tcp://` or `file://` is missing.
+    #[error("init method {url:?} is missing parameter {name:?}")]
+    MissingParam { url: String, name: String },
+    /// The init method's scheme is not one tensorcomm knows.
+    #[error("unsupported init method {found:?}: expected env://, tcp://host:port?rank=R&world_size=W or file:///path?rank=R&world_size=W")]
+    UnsupportedInitMethod { found: String },
+
+    // ---- system -------------------------------------------------------
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an `io::Error` with a sentence saying what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

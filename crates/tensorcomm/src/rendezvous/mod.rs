@@ -1,0 +1,1 @@
+//! Rendezvous: turning an init method into a rank, a world size and a store.
