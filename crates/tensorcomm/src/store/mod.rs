@@ -25,6 +25,7 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod file;
 mod hash;
 mod prefix;
 pub(crate) mod state;
@@ -32,6 +33,7 @@ mod timeout;
 
 use std::time::Duration;
 
+pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use timeout::DefaultTimeout;

@@ -33,7 +33,8 @@ impl KvState {
             Some(bytes) => parse_counter(key, bytes)?,
         };
         let next = current.wrapping_add(delta);
-        self.kv.insert(key.to_string(), next.to_string().into_bytes());
+        self.kv
+            .insert(key.to_string(), next.to_string().into_bytes());
         Ok(next)
     }
 
@@ -62,10 +63,6 @@ impl KvState {
 
     pub(crate) fn delete(&mut self, key: &str) -> bool {
         self.kv.remove(key).is_some()
-    }
-
-    pub(crate) fn contains(&self, key: &str) -> bool {
-        self.kv.contains_key(key)
     }
 
     /// The keys of `keys` that do not exist yet.
@@ -98,6 +95,10 @@ impl KvState {
             self.queues.remove(key);
         }
         value
+    }
+
+    pub(crate) fn queue_front(&self, key: &str) -> Option<&[u8]> {
+        self.queues.get(key)?.front().map(Vec::as_slice)
     }
 
     pub(crate) fn queue_len(&self, key: &str) -> usize {
@@ -136,7 +137,7 @@ mod tests {
         let mut s = KvState::default();
         // missing key + non-empty expected: nothing set, expected returned
         assert_eq!(s.compare_set("k", b"x", b"y"), b"x");
-        assert!(!s.contains("k"));
+        assert_eq!(s.get("k"), None);
         // missing key + empty expected: set
         assert_eq!(s.compare_set("k", b"", b"v1"), b"v1");
         // match: replaced
