@@ -21,7 +21,8 @@ pub enum Stream {
 }
 
 impl Stream {
-    fn name(self) -> &'static str {
+    /// `stdout` or `stderr`.
+    pub fn name(self) -> &'static str {
         match self {
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",

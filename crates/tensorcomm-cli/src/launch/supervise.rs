@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use libc::c_int;
 
 use super::outcome::{Outcome, RankExit, StopCause};
-use super::output::{Forwarder, Stream};
+use super::output::Forwarder;
 use super::plan::JobPlan;
 use super::signals::{self, SignalWatch};
 use super::spawn::{self, RankProcess};
@@ -222,13 +222,11 @@ fn drain(forwarders: Vec<Forwarder>, progress: &AtomicU64, stall: Duration) {
     while !forwarders.iter().all(|f| f.thread.is_finished()) {
         if last_change.elapsed() >= stall {
             for f in forwarders.iter().filter(|f| !f.thread.is_finished()) {
-                let stream = match f.stream {
-                    Stream::Stdout => "stdout",
-                    Stream::Stderr => "stderr",
-                };
                 eprintln!(
-                    "tensorcomm run: rank {}'s {stream} is still open {:?} after it exited (a process it started holds it); not waiting for it",
-                    f.rank, stall
+                    "tensorcomm run: rank {}'s {} is still open {:?} after it exited (a process it started holds it); not waiting for it",
+                    f.rank,
+                    f.stream.name(),
+                    stall
                 );
             }
             return;
