@@ -620,3 +620,34 @@ fn invalid_arguments_are_rejected_before_anything_starts() {
     assert!(out.stderr.contains("<PROGRAM>"), "{:?}", out.stderr);
     assert!(!Path::new(&marker).exists(), "a rank started");
 }
+
+#[test]
+fn a_helper_left_holding_the_output_does_not_hang_the_launcher() {
+    let out = run(&[
+        "--kill-grace-secs",
+        "0.2",
+        "--",
+        "sh",
+        "-c",
+        r#"sleep 30 & echo "helper $!"; echo done"#,
+    ]);
+    // The launcher waits at least 1 s for output to stop arriving. The helper
+    // outlives its rank by design here; end it ourselves.
+    let helper = out
+        .stdout_text()
+        .lines()
+        .find_map(|l| l.split_once("helper ")?.1.parse::<u32>().ok());
+    if let Some(pid) = helper {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(helper.is_some(), "{out:?}");
+    assert!(out.elapsed < PROMPT, "took {:?}", out.elapsed);
+    assert!(out.stdout_text().contains("[rank0]: done\n"), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("rank 0's stdout is still open 1s after it exited"),
+        "{:?}",
+        out.stderr
+    );
+}
