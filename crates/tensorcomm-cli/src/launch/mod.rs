@@ -1,11 +1,128 @@
-//! Placeholder until its owner lands it.
+//! `tensorcomm run`: start the ranks of a job on this node, torchrun-style.
+//!
+//! - [`args`]: the command line and its validation into a [`plan::JobPlan`];
+//! - [`plan`]: the job and the torchrun environment of each rank;
+//! - [`spawn`]: starting one rank (process group, pipes, death signal);
+//! - [`output`]: `[rankN]: ` line prefixing;
+//! - [`signals`]: catching, forwarding and naming signals;
+//! - [`supervise`]: waiting, stopping the job when a rank fails, draining output;
+//! - [`outcome`]: the exit code and the message about how the job ended.
+//!
+//! [`launch_local`] gives other subcommands the same machinery to start N
+//! copies of a program (usually `std::env::current_exe()`) on this machine.
 
+mod args;
+mod outcome;
+mod output;
+mod plan;
+mod signals;
+mod spawn;
+mod supervise;
+
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct RunArgs {}
+pub use args::RunArgs;
+use plan::JobPlan;
 
-pub fn main(_args: RunArgs) -> ExitCode {
-    eprintln!("not built yet");
-    ExitCode::FAILURE
+/// `tensorcomm run`: validate, start the ranks, supervise them, report.
+pub fn main(args: RunArgs) -> ExitCode {
+    match args.into_plan() {
+        Ok(plan) => launch(&plan),
+        Err(message) => {
+            eprintln!("tensorcomm run: error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Start `nproc` copies of `program args...` on this machine as one job
+/// (RANK 0..nproc, MASTER_ADDR 127.0.0.1, MASTER_PORT `master_port` or a free
+/// port, plus `extra_env`), with prefixed output, wait for them and return
+/// the job's exit code, exactly as `tensorcomm run --nproc-per-node nproc`
+/// would. Blocks until every rank has been reaped; must run on a thread that
+/// lives that long (any caller's thread does, since this blocks).
+///
+/// ```no_run
+/// let exe = std::env::current_exe().expect("own path");
+/// let code = launch::launch_local(&exe, &["demo".into(), "--worker".into()], 4, None, &[]);
+/// ```
+#[allow(
+    dead_code,
+    reason = "called by the `demo` and `bench` subcommands as they land"
+)]
+pub fn launch_local(
+    program: &Path,
+    args: &[OsString],
+    nproc: usize,
+    master_port: Option<u16>,
+    extra_env: &[(String, String)],
+) -> ExitCode {
+    if nproc == 0 {
+        eprintln!("tensorcomm: error: launch_local needs at least 1 process (found nproc = 0)");
+        return ExitCode::from(2);
+    }
+    let master_port = match master_port.filter(|&p| p != 0) {
+        Some(port) => port,
+        None => match plan::free_local_port() {
+            Ok(port) => port,
+            Err(e) => {
+                eprintln!("tensorcomm: error: could not find a free port on 127.0.0.1 for MASTER_PORT ({e})");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    launch(&JobPlan {
+        program: program.as_os_str().to_owned(),
+        args: args.to_vec(),
+        nproc_per_node: nproc,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: plan::LOCAL_MASTER_ADDR.to_string(),
+        master_port,
+        kill_grace: plan::DEFAULT_KILL_GRACE,
+        prefix_output: true,
+        extra_env: extra_env.to_vec(),
+    })
+}
+
+fn launch(plan: &JobPlan) -> ExitCode {
+    let outcome = supervise::run_job(plan);
+    if let Some(report) = outcome.report() {
+        eprintln!("tensorcomm run: {report}");
+    }
+    ExitCode::from(outcome.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Vec<OsString> {
+        vec!["-c".into(), script.into()]
+    }
+
+    #[test]
+    fn launch_local_runs_every_rank_with_the_extra_env() {
+        let script = r#"[ "$WORLD_SIZE" = 3 ] && [ "$LOCAL_RANK" = "$RANK" ] && [ "$MASTER_PORT" = 29999 ] && [ "$EXTRA" = yes ]"#;
+        let extra = [("EXTRA".to_string(), "yes".to_string())];
+        let code = launch_local(Path::new("/bin/sh"), &sh(script), 3, Some(29999), &extra);
+        assert_eq!(code, ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn launch_local_returns_the_failing_rank_status() {
+        let script = r#"if [ "$RANK" = 1 ]; then exit 7; fi; exec sleep 60"#;
+        let start = std::time::Instant::now();
+        let code = launch_local(Path::new("/bin/sh"), &sh(script), 2, None, &[]);
+        assert_eq!(code, ExitCode::from(7));
+        assert!(start.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn launch_local_rejects_zero_processes() {
+        let code = launch_local(Path::new("/bin/sh"), &sh("true"), 0, None, &[]);
+        assert_eq!(code, ExitCode::from(2));
+    }
 }

@@ -1,0 +1,246 @@
+//! Running a job: start the ranks, wait for them, stop them all when one
+//! fails or when the launcher gets a signal, and drain their output.
+//!
+//! The loop polls every [`POLL`] (`try_wait` on each rank, then a look at the
+//! caught signals) instead of blocking in `waitpid(-1)`, which could reap
+//! children that are not ranks when the launcher runs inside a larger
+//! program. Ranks are reaped only here, so a pid that is signalled always
+//! still belongs to its rank.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use libc::c_int;
+
+use super::outcome::{Outcome, RankExit, StopCause};
+use super::output::Forwarder;
+use super::plan::JobPlan;
+use super::signals::{self, SignalWatch};
+use super::spawn::{self, RankProcess};
+
+/// How often the supervisor looks at ranks and signals.
+const POLL: Duration = Duration::from_millis(20);
+/// The shortest time to wait for output still arriving after the last rank
+/// exited.
+const MIN_DRAIN_STALL: Duration = Duration::from_secs(1);
+
+/// Run `plan` to its end and say how it ended. Prints nothing of its own;
+/// see [`Outcome::report`].
+pub fn run_job(plan: &JobPlan) -> Outcome {
+    let watch = match SignalWatch::install() {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            tracing::warn!("cannot catch SIGINT/SIGTERM/SIGHUP, they will not be forwarded: {e}");
+            None
+        }
+    };
+    let take_signal = || watch.as_ref().and_then(SignalWatch::take);
+
+    let progress = Arc::new(AtomicU64::new(0));
+    let mut job = Supervisor::new(plan.kill_grace);
+    let mut forwarders = Vec::new();
+    let mut cause = None;
+    for local_rank in 0..plan.nproc_per_node {
+        if let Some(signal) = take_signal() {
+            cause = Some(StopCause::Signal {
+                signal,
+                ranks: job.stop(signal),
+            });
+            break;
+        }
+        match spawn::spawn_rank(plan, local_rank, &progress) {
+            Ok((rank, rank_forwarders)) => {
+                job.ranks.push(Rank {
+                    process: rank,
+                    exit: None,
+                });
+                forwarders.extend(rank_forwarders);
+            }
+            Err(error) => {
+                let started = job.stop(libc::SIGTERM);
+                cause = Some(StopCause::SpawnFailed { error, started });
+                break;
+            }
+        }
+    }
+
+    let mut killed_on = None;
+    loop {
+        if let Some(signal) = take_signal() {
+            if job.stopping() {
+                // A second signal: the user does not want to wait.
+                killed_on.get_or_insert(signal);
+                job.kill_running();
+            } else {
+                let ranks = job.stop(signal);
+                cause.get_or_insert(StopCause::Signal { signal, ranks });
+            }
+        }
+        for index in job.reap() {
+            let rank = &job.ranks[index];
+            let exit = rank.exit.clone().unwrap_or(RankExit::Code(0));
+            if exit.success() || job.stopping() {
+                continue;
+            }
+            let (rank, pid) = (rank.process.rank, rank.process.pid);
+            let others = job.stop(libc::SIGTERM);
+            cause = Some(StopCause::RankFailed {
+                rank,
+                pid,
+                exit,
+                others,
+            });
+        }
+        if job.all_exited() {
+            break;
+        }
+        if job.grace_expired() {
+            job.kill_running();
+        }
+        thread::sleep(POLL);
+    }
+    drop(watch);
+
+    drain(forwarders, &progress, plan.kill_grace.max(MIN_DRAIN_STALL));
+    Outcome {
+        cause,
+        killed: job.killed,
+        killed_on,
+        grace: plan.kill_grace,
+    }
+}
+
+struct Rank {
+    process: RankProcess,
+    /// Set once reaped.
+    exit: Option<RankExit>,
+}
+
+/// The started ranks and where stopping them stands.
+struct Supervisor {
+    ranks: Vec<Rank>,
+    grace: Duration,
+    /// When the running ranks get SIGKILL; set by the first stop.
+    kill_at: Option<Instant>,
+    /// Ranks sent SIGKILL.
+    killed: Vec<usize>,
+}
+
+impl Supervisor {
+    fn new(grace: Duration) -> Self {
+        Supervisor {
+            ranks: Vec::new(),
+            grace,
+            kill_at: None,
+            killed: Vec::new(),
+        }
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Rank> {
+        self.ranks.iter().filter(|r| r.exit.is_none())
+    }
+
+    fn stopping(&self) -> bool {
+        self.kill_at.is_some()
+    }
+
+    fn all_exited(&self) -> bool {
+        self.running().next().is_none()
+    }
+
+    fn grace_expired(&self) -> bool {
+        self.kill_at.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Send `signal` to every running rank and start the grace period (if
+    /// not started yet). Returns how many ranks were signalled.
+    fn stop(&mut self, signal: c_int) -> usize {
+        self.kill_at.get_or_insert(Instant::now() + self.grace);
+        let mut sent = 0;
+        for rank in self.running() {
+            let (r, pid) = (rank.process.rank, rank.process.pid);
+            match signals::send_to_rank(pid, signal) {
+                Ok(()) => {
+                    tracing::debug!(rank = r, pid, signal, "sent stop signal");
+                    sent += 1;
+                }
+                Err(e) => tracing::warn!(rank = r, pid, "could not send {signal}: {e}"),
+            }
+        }
+        sent
+    }
+
+    /// SIGKILL every running rank (once each).
+    fn kill_running(&mut self) {
+        let mut killed = Vec::new();
+        for rank in self.running() {
+            let (r, pid) = (rank.process.rank, rank.process.pid);
+            if self.killed.contains(&r) {
+                continue;
+            }
+            if let Err(e) = signals::send_to_rank(pid, libc::SIGKILL) {
+                tracing::warn!(rank = r, pid, "could not send SIGKILL: {e}");
+            }
+            killed.push(r);
+        }
+        self.killed.extend(killed);
+    }
+
+    /// Reap ranks that have exited; returns their indices in rank order.
+    fn reap(&mut self) -> Vec<usize> {
+        let mut exited = Vec::new();
+        for (index, rank) in self.ranks.iter_mut().enumerate() {
+            if rank.exit.is_some() {
+                continue;
+            }
+            let exit = match rank.process.child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(status)) => RankExit::from_status(status),
+                Err(e) => RankExit::Unknown(e.to_string()),
+            };
+            tracing::debug!(
+                rank = rank.process.rank,
+                pid = rank.process.pid,
+                "rank {}",
+                exit.describe()
+            );
+            rank.exit = Some(exit);
+            exited.push(index);
+        }
+        exited
+    }
+}
+
+/// Wait for the forwarder threads to copy what the ranks wrote. A pipe that
+/// stays open with no output for `stall` after its rank exited is held by a
+/// process the rank left behind; stop waiting for it rather than hang.
+fn drain(forwarders: Vec<Forwarder>, progress: &AtomicU64, stall: Duration) {
+    let mut last = progress.load(Ordering::Relaxed);
+    let mut last_change = Instant::now();
+    while !forwarders.iter().all(|f| f.thread.is_finished()) {
+        if last_change.elapsed() >= stall {
+            for f in forwarders.iter().filter(|f| !f.thread.is_finished()) {
+                eprintln!(
+                    "tensorcomm run: rank {}'s {} is still open {:?} after it exited (a process it started holds it); not waiting for it",
+                    f.rank,
+                    f.stream.name(),
+                    stall
+                );
+            }
+            return;
+        }
+        thread::sleep(POLL);
+        let now = progress.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        }
+    }
+    for f in forwarders {
+        if f.thread.join().is_err() {
+            tracing::warn!(rank = f.rank, "output thread panicked");
+        }
+    }
+}
