@@ -35,6 +35,7 @@ mod dtype;
 mod element;
 mod layout;
 mod raw;
+mod sparse;
 mod storage;
 mod views;
 
@@ -43,3 +44,4 @@ pub use device::Device;
 pub use dtype::DType;
 pub use element::Element;
 pub use layout::{channels_last_strides, contiguous_strides, Layout, Offsets};
+pub use sparse::SparseTensor;
