@@ -45,7 +45,19 @@ pub struct Tensor<'a> {
 
 impl<'a> Tensor<'a> {
     /// Builds a handle after checking that `layout` fits the storage.
+    /// Also refuses layouts whose element count or byte count does not fit
+    /// (possible with zero strides), so `numel()` and `nbytes()` are exact.
     pub(super) fn with_storage(storage: Storage<'a>, dtype: DType, layout: Layout) -> Result<Self> {
+        let numel = checked_numel(layout.shape())?;
+        if numel
+            .checked_mul(dtype.size())
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "shape {:?} has {numel} {dtype} elements, more bytes than memory can address",
+                layout.shape()
+            )));
+        }
         layout.check_fits(storage.nbytes() / dtype.size())?;
         let device = storage.device();
         Ok(Tensor {
@@ -489,6 +501,17 @@ mod tests {
             Tensor::zeros(&[usize::MAX / 2], DType::F64),
             Err(Error::InvalidArgument(_))
         ));
+        // Zero strides make a small storage look huge: still refused.
+        let broadcast = Layout::new(&[usize::MAX, 2], &[0, 0], 0).unwrap();
+        assert!(matches!(
+            Tensor::from_vec_with_layout(vec![1u8], broadcast),
+            Err(Error::InvalidArgument(m)) if m.contains("more elements")
+        ));
+        let broadcast = Layout::new(&[usize::MAX / 4], &[0], 0).unwrap();
+        assert!(matches!(
+            Tensor::from_vec_with_layout(vec![1i64], broadcast),
+            Err(Error::InvalidArgument(m)) if m.contains("more bytes")
+        ));
     }
 
     #[test]
@@ -525,6 +548,14 @@ mod tests {
             .unwrap();
         let like = view.empty_like_preserving_layout().unwrap();
         assert_eq!((like.offset(), like.storage_nbytes()), (0, 48));
+    }
+
+    #[test]
+    fn tensors_can_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Tensor<'static>>();
+        send_sync::<Tensor<'_>>();
+        send_sync::<crate::tensor::SparseTensor>();
     }
 
     #[test]

@@ -282,6 +282,23 @@ mod tests {
     }
 
     #[test]
+    fn writing_span_bytes_checks_the_length() {
+        let t = Tensor::zeros(&[2, 2], DType::I32).unwrap();
+        match t.write_dense_span_bytes(&[0; 15]) {
+            Err(Error::InvalidArgument(msg)) => assert!(
+                msg.contains("expected 16 bytes") && msg.contains("found 15"),
+                "{msg}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let gappy = t.narrow(1, 0, 1).unwrap();
+        assert!(matches!(
+            gappy.write_dense_span_bytes(&[0; 8]),
+            Err(Error::InvalidLayout(_))
+        ));
+    }
+
+    #[test]
     fn dense_span_of_permuted_and_offset_views() {
         let t = Tensor::from_vec((0..12u8).collect(), &[2, 3, 2]).unwrap();
         let p = t.permute(&[2, 0, 1]).unwrap();

@@ -29,10 +29,14 @@ impl SparseTensor {
     /// # Ok::<(), tensorcomm::Error>(())
     /// ```
     pub fn coalesce(&self) -> Result<SparseTensor> {
-        if self.coalesced {
-            return Ok(self.clone());
-        }
         let nnz = self.nnz();
+        // Below, nnz >= 2, so a value row is `numel / nnz` elements.
+        if self.coalesced || nnz < 2 {
+            return Ok(SparseTensor {
+                coalesced: true,
+                ..self.clone()
+            });
+        }
         let sparse_dim = self.sparse_dim();
         let mut order: Vec<usize> = (0..nnz).collect();
         order.sort_by(|&a, &b| self.compare_entries(a, b)); // stable: keeps given order
@@ -43,9 +47,7 @@ impl SparseTensor {
                 groups.push(start..k + 1);
             }
         }
-        if nnz > 0 {
-            groups.push(groups.last().map_or(0, |g| g.end)..nnz);
-        }
+        groups.push(groups.last().map_or(0, |g| g.end)..nnz);
 
         let unique = groups.len();
         let mut indices = vec![0i64; sparse_dim * unique];
@@ -57,7 +59,7 @@ impl SparseTensor {
         }
         let mut shape = self.values.shape().to_vec();
         shape[0] = unique;
-        let row = self.values.shape()[1..].iter().product();
+        let row = self.values.numel() / nnz;
         let sums = Sums {
             values: &self.values,
             order: &order,

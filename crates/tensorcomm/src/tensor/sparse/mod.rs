@@ -191,8 +191,9 @@ impl SparseTensor {
         let dense = Tensor::zeros(&self.sizes, self.dtype())?;
         let sparse_dim = self.sparse_dim();
         let strides = contiguous_strides(&self.sizes);
-        let row_bytes = self.sizes[sparse_dim..].iter().product::<usize>() * self.dtype().size();
         let nnz = source.nnz();
+        // Each value row is one dense block (values are contiguous).
+        let row_bytes = source.values.nbytes().checked_div(nnz).unwrap_or(0);
         dense.with_bytes_mut(|out| {
             source.values.with_bytes(|rows| {
                 for j in 0..nnz {
