@@ -1,0 +1,182 @@
+//! The memory behind tensors, shared by every view of it.
+//!
+//! A [`Storage`] is a flat run of bytes on one device. Host storage either
+//! owns a type-erased `Vec<T>` (so [`Tensor::into_vec`](super::Tensor::into_vec)
+//! can hand the very same allocation back) or borrows the caller's
+//! `&'a mut [T]` as bytes. Both are reached through `bytemuck`, so no
+//! `unsafe` is needed.
+//!
+//! Views share one storage through [`SharedStorage`] (`Arc<RwLock<..>>`):
+//! many readers at once, one writer at a time. Device memory (pinned host
+//! buffers, CUDA allocations) joins [`Memory`] as new variants when the CUDA
+//! runtime layer exists.
+
+use std::any::Any;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::{DType, Device};
+
+/// Host memory a storage owns: a `Vec<T>` of plain-old-data elements seen
+/// as bytes.
+pub(crate) trait HostBuffer: Send + Sync {
+    /// The elements as bytes.
+    fn bytes(&self) -> &[u8];
+    /// The elements as writable bytes.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// The buffer as `Any`, so the original `Vec<T>` can be recovered.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+    /// Name of the element type, for error messages.
+    fn element_type(&self) -> &'static str;
+}
+
+impl<T: bytemuck::Pod + Send + Sync> HostBuffer for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self.as_slice())
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self.as_mut_slice())
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+
+    fn element_type(&self) -> &'static str {
+        std::any::type_name::<T>()
+    }
+}
+
+/// Where a storage's bytes are.
+pub(crate) enum Memory<'a> {
+    /// Host memory owned by the storage.
+    HostOwned(Box<dyn HostBuffer>),
+    /// Host memory borrowed from the caller for `'a`.
+    HostBorrowed(&'a mut [u8]),
+    // Pinned host memory and CUDA allocations (cudarc `CudaSlice<T>`) are
+    // added here by the CUDA runtime layer; `device()` and the byte
+    // accessors below are the places that learn about them.
+}
+
+/// A flat run of bytes on one device, shared by the tensors viewing it.
+pub(crate) struct Storage<'a> {
+    memory: Memory<'a>,
+}
+
+/// The handle every view holds.
+pub(crate) type SharedStorage<'a> = Arc<RwLock<Storage<'a>>>;
+
+impl<'a> Storage<'a> {
+    /// Storage owning `data` (no copy).
+    pub(crate) fn from_vec<T: bytemuck::Pod + Send + Sync>(data: Vec<T>) -> Self {
+        Storage {
+            memory: Memory::HostOwned(Box::new(data)),
+        }
+    }
+
+    /// Storage viewing the caller's bytes for `'a` (no copy).
+    pub(crate) fn borrowed(bytes: &'a mut [u8]) -> Self {
+        Storage {
+            memory: Memory::HostBorrowed(bytes),
+        }
+    }
+
+    /// Zero-filled host storage of `len` elements of `dtype`, allocated as a
+    /// `Vec` of the dtype's Rust type (so `into_vec` can return it).
+    pub(crate) fn zeros(dtype: DType, len: usize) -> Self {
+        super::element::dispatch_dtype!(dtype, T => {
+            Storage::from_vec(vec![<T as bytemuck::Zeroable>::zeroed(); len])
+        })
+    }
+
+    /// Wraps the storage for sharing between views.
+    pub(crate) fn shared(self) -> SharedStorage<'a> {
+        Arc::new(RwLock::new(self))
+    }
+
+    /// The device holding the bytes.
+    pub(crate) fn device(&self) -> Device {
+        match self.memory {
+            Memory::HostOwned(_) | Memory::HostBorrowed(_) => Device::Cpu,
+        }
+    }
+
+    /// Size in bytes.
+    pub(crate) fn nbytes(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// The bytes of host storage.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.memory {
+            Memory::HostOwned(buffer) => buffer.bytes(),
+            Memory::HostBorrowed(bytes) => bytes,
+        }
+    }
+
+    /// The writable bytes of host storage.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.memory {
+            Memory::HostOwned(buffer) => buffer.bytes_mut(),
+            Memory::HostBorrowed(bytes) => bytes,
+        }
+    }
+
+    /// The storage's memory, for taking an owned buffer back.
+    pub(crate) fn into_memory(self) -> Memory<'a> {
+        self.memory
+    }
+}
+
+/// Read access to shared storage. A poisoned lock is still usable: the
+/// storage is plain bytes with no invariant a panic could break.
+pub(crate) fn read<'s, 'a>(storage: &'s SharedStorage<'a>) -> RwLockReadGuard<'s, Storage<'a>> {
+    storage.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Write access to shared storage (see [`read`] about poisoning).
+pub(crate) fn write<'s, 'a>(storage: &'s SharedStorage<'a>) -> RwLockWriteGuard<'s, Storage<'a>> {
+    storage.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_storage_exposes_the_vec_bytes_without_copying() {
+        let data = vec![1.0f32, 2.0];
+        let ptr = data.as_ptr() as *const u8;
+        let storage = Storage::from_vec(data);
+        assert_eq!(storage.bytes().as_ptr(), ptr);
+        assert_eq!(storage.nbytes(), 8);
+        assert_eq!(storage.device(), Device::Cpu);
+        match storage.into_memory() {
+            Memory::HostOwned(buffer) => {
+                assert_eq!(buffer.element_type(), "f32");
+                let back = buffer.into_any().downcast::<Vec<f32>>().unwrap();
+                assert_eq!(back.as_ptr() as *const u8, ptr);
+            }
+            Memory::HostBorrowed(_) => panic!("owned storage became borrowed"),
+        }
+    }
+
+    #[test]
+    fn borrowed_storage_writes_land_in_the_callers_memory() {
+        let mut data = [0u16; 3];
+        {
+            let mut storage = Storage::borrowed(bytemuck::cast_slice_mut(&mut data));
+            storage.bytes_mut()[2..4].copy_from_slice(&7u16.to_ne_bytes());
+        }
+        assert_eq!(data, [0, 7, 0]);
+    }
+
+    #[test]
+    fn zeros_allocates_the_dtype_type() {
+        for dtype in DType::ALL {
+            let storage = Storage::zeros(dtype, 5);
+            assert_eq!(storage.nbytes(), 5 * dtype.size());
+            assert!(storage.bytes().iter().all(|&b| b == 0));
+        }
+    }
+}
