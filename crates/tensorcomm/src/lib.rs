@@ -27,3 +27,8 @@ pub mod store;
 pub mod tensor;
 
 pub use error::{Error, Result};
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,1 +1,111 @@
 //! Rendezvous: turning an init method into a rank, a world size and a store.
+//!
+//! Three init methods, as in `torch.distributed`:
+//! - `env://` reads the torchrun contract (`MASTER_ADDR`, `MASTER_PORT`,
+//!   `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`), falling back to
+//!   SLURM (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`) and Open MPI
+//!   (`OMPI_COMM_WORLD_RANK`, `_SIZE`, `_LOCAL_RANK`) variables;
+//! - `tcp://host:port?rank=R&world_size=W`;
+//! - `file:///path?rank=R&world_size=W` (a [`FileStore`] on a shared file
+//!   system).
+//!
+//! For TCP, rank 0 hosts the [`TcpStore`] server and waits until every rank
+//! has connected; for a file, every rank waits at a barrier in the file.
+
+mod init_method;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use init_method::{InitMethod, StoreAddress};
+
+use crate::store::{FileStore, Store, TcpStore, TcpStoreOptions};
+use crate::Result;
+
+/// A process that has found its peers.
+pub struct Rendezvous {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// The number of ranks in the job.
+    pub world_size: usize,
+    /// This process's index among the ranks of its node, when known.
+    pub local_rank: Option<usize>,
+    /// How many ranks run on this node, when known.
+    pub local_world_size: Option<usize>,
+    /// The store every rank of the job is connected to.
+    pub store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for Rendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rendezvous")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Meets the other ranks described by `init_method`, reading the process
+/// environment for `env://`, and waiting at most `timeout` for them.
+///
+/// ```
+/// use std::time::Duration;
+/// use tensorcomm::rendezvous::rendezvous;
+///
+/// // A job of one: rank 0 hosts the store on a free port.
+/// let r = rendezvous("tcp://127.0.0.1:0?rank=0&world_size=1", Duration::from_secs(10))?;
+/// assert_eq!((r.rank, r.world_size), (0, 1));
+/// r.store.set("hello", b"world")?;
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn rendezvous(init_method: &str, timeout: Duration) -> Result<Rendezvous> {
+    let method = InitMethod::parse(init_method, |name| std::env::var(name).ok())?;
+    connect(&method, timeout)
+}
+
+/// Meets the other ranks of an already parsed init method.
+pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
+    let store: Arc<dyn Store> = match &method.address {
+        StoreAddress::Tcp { host, port } => {
+            let options = TcpStoreOptions {
+                timeout,
+                ..TcpStoreOptions::default()
+            };
+            let addr = join_host_port(host, *port);
+            if method.rank == 0 {
+                // Listen on every interface so ranks on other nodes reach us
+                // whatever name MASTER_ADDR gives this host.
+                let any = if host.contains(':') { "::" } else { "0.0.0.0" };
+                let bind = join_host_port(any, *port);
+                tracing::debug!(%bind, world_size = method.world_size, "rank 0 hosting the TCP store");
+                Arc::new(TcpStore::host(&bind, method.world_size, &options)?)
+            } else {
+                tracing::debug!(%addr, rank = method.rank, "connecting to the TCP store");
+                Arc::new(TcpStore::connect(&addr, &options)?)
+            }
+        }
+        StoreAddress::File { path } => {
+            let store = FileStore::open(path)?;
+            store.barrier("tensorcomm/rendezvous", method.world_size, Some(timeout))?;
+            Arc::new(store)
+        }
+    };
+    store.set_timeout(crate::store::DEFAULT_TIMEOUT);
+    Ok(Rendezvous {
+        rank: method.rank,
+        world_size: method.world_size,
+        local_rank: method.local_rank,
+        local_world_size: method.local_world_size,
+        store,
+    })
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
