@@ -28,12 +28,15 @@
 mod hash;
 mod prefix;
 pub(crate) mod state;
+mod tcp;
 mod timeout;
 
 use std::time::Duration;
 
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
+pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};
+pub use tcp::{DEFAULT_MAX_MESSAGE_SIZE, TOKEN_ENV};
 pub use timeout::DefaultTimeout;
 
 use crate::{Error, Result};
