@@ -309,3 +309,40 @@ fn every_waiter_of_a_queue_gets_one_element() {
     assert_eq!(got, (0..CLIENTS as u8).collect::<Vec<_>>());
     assert_eq!(pusher.queue_len("jobs").unwrap(), 0);
 }
+
+#[test]
+fn connect_retries_until_the_server_is_up() {
+    // A free port with nothing listening on it (yet).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+
+    let err = TcpStore::connect(&addr, &options(Duration::from_millis(100))).unwrap_err();
+    match &err {
+        Error::StoreConnect {
+            addr: a,
+            timeout,
+            reason,
+        } => {
+            assert_eq!(a, &addr);
+            assert_eq!(*timeout, Duration::from_millis(100));
+            assert!(reason.contains("refused"), "{reason}");
+        }
+        other => panic!("expected StoreConnect, got {other}"),
+    }
+
+    let connecting = {
+        let addr = addr.clone();
+        thread::spawn(move || TcpStore::connect(&addr, &options(Duration::from_secs(10))))
+    };
+    // Not a synchronisation: the test passes whether the client's first
+    // attempt comes before or after the bind; this makes "before" likely.
+    thread::sleep(Duration::from_millis(50));
+    let server = TcpStoreServer::bind(&addr, &options(Duration::from_secs(5))).unwrap();
+    let store = connecting.join().unwrap().unwrap();
+    store.set("k", b"v").unwrap();
+    assert_eq!(server.clients_joined(), 1);
+}
