@@ -47,12 +47,10 @@ pub(crate) async fn serve(
     }
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut rd, &mut wr, &config)).await {
-        Ok(Ok(true)) => {
-            let joined = state.client_joined();
-            debug!(%peer, joined, "store client joined");
-        }
-        Ok(Ok(false)) => debug!(%peer, "store client connected again"),
+    let handshake = handshake(&mut rd, &mut wr, &state, &config);
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(Some(joined))) => debug!(%peer, joined, "store client joined"),
+        Ok(Ok(None)) => debug!(%peer, "store client connected again"),
         Ok(Err(reason)) => {
             warn!(%peer, "store connection closed during the handshake: {reason}");
             return;
@@ -68,13 +66,15 @@ pub(crate) async fn serve(
     }
 }
 
-/// Reads the hello and answers it. `Ok(join)` when accepted, with whether
-/// the client asked to be counted as joined.
+/// Reads the hello and answers it. When accepted, returns the number of
+/// joined clients if this one asked to be counted (it is counted before the
+/// welcome goes out, so a client whose `connect` returned is counted).
 async fn handshake(
     rd: &mut BufReader<OwnedReadHalf>,
     wr: &mut OwnedWriteHalf,
+    state: &ServerState,
     config: &ServerConfig,
-) -> Result<bool, String> {
+) -> Result<Option<usize>, String> {
     let mut magic = [0u8; 8];
     rd.read_exact(&mut magic)
         .await
@@ -108,11 +108,15 @@ async fn handshake(
             .map_err(|e| format!("expected a {token_len}-byte token, the read failed: {e}"))?;
         check_token(config.token.as_deref(), &token)
     };
+    let joined = match &verdict {
+        Ok(()) if flags & FLAG_JOIN != 0 => Some(state.client_joined()),
+        _ => None,
+    };
     let welcome = encode_welcome(verdict.as_ref().map(|_| ()).map_err(String::as_str));
     wr.write_all(&welcome)
         .await
         .map_err(|e| format!("could not send the handshake reply: {e}"))?;
-    verdict.map(|()| flags & FLAG_JOIN != 0)
+    verdict.map(|()| joined)
 }
 
 /// A server without a token accepts everyone; one with a token only
@@ -191,6 +195,10 @@ async fn serve_requests(
         wr.write_all(&out)
             .await
             .map_err(|e| format!("could not send a reply: {e}"))?;
+        if let Response::Failed(reason) = response {
+            // The client drops a connection that failed; so does the server.
+            return Err(reason);
+        }
         if body.capacity() > KEEP_BUFFER {
             body = Vec::new();
         }
