@@ -3,13 +3,15 @@
 //! 1. **Wake-up**: C client threads (each its own connection) wait for one
 //!    key; once the server reports all C requests blocked, one client sets
 //!    the key. Reported: time from just before the `set` until the last
-//!    waiter returned, and until the median waiter returned. Repeated.
+//!    waiter returned, and until the median waiter returned. Repeated; the
+//!    clients start each round together and stay connected until the end,
+//!    so no client's own traffic overlaps another's wake-up.
 //! 2. **Round trip**: `set` and `get` latency from one client (p50, p99).
 //! 3. **Throughput**: ops/s of a set+get mix from 1, 8, 64 client threads.
 
 use std::process::ExitCode;
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -166,35 +168,82 @@ fn wake_up(
     rounds: usize,
 ) -> Result<Vec<WakeRound>, String> {
     let (tx, rx) = mpsc::channel();
+    let gate = Arc::new(Gate::default());
     let mut handles = Vec::with_capacity(clients);
     for _ in 0..clients {
         let tx = tx.clone();
+        let client_gate = gate.clone();
         let (client_addr, client_options) = (addr.to_string(), options.clone());
         let spawned = thread::Builder::new()
             .name("bench-waiter".into())
             .stack_size(CLIENT_STACK)
-            .spawn(move || waiter(&client_addr, &client_options, rounds, &tx));
+            .spawn(move || {
+                let store = waiter(&client_addr, &client_options, rounds, &tx, &client_gate);
+                // Threads exiting and connections closing would compete
+                // with the last round's wake-ups: stay until all are done.
+                client_gate.wait_until_open(rounds);
+                drop(store);
+            });
         match spawned {
             Ok(handle) => handles.push(handle),
             Err(e) => {
                 release_waiters(addr, options, rounds);
+                gate.open_all();
                 return Err(format!("could not start client thread: {e}"));
             }
         }
     }
     drop(tx);
-    let outcome = lead_rounds(server, addr, options, clients, rounds, &rx);
+    let outcome = lead_rounds(server, addr, options, clients, rounds, &rx, &gate);
     if outcome.is_err() {
         release_waiters(addr, options, rounds);
     }
+    gate.open_all();
     for handle in handles {
         let _ = handle.join();
     }
     outcome
 }
 
+/// Lets the waiting clients into one round at a time, so that clients
+/// woken in round r do not start round r+1 while others are still being
+/// woken (that would measure the clients' own traffic, not the wake-up).
+#[derive(Default)]
+struct Gate {
+    /// Rounds opened so far; round r may start once `opened > r`.
+    opened: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Gate {
+    fn open(&self, round: usize) {
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        *opened = (*opened).max(round + 1);
+        self.changed.notify_all();
+    }
+
+    fn open_all(&self) {
+        self.open(usize::MAX - 1);
+    }
+
+    fn wait_until_open(&self, round: usize) {
+        let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let _opened = self
+            .changed
+            .wait_while(opened, |opened| *opened <= round)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
 /// One waiting client: every round, count itself in, wait, report.
-fn waiter(addr: &str, options: &TcpStoreOptions, rounds: usize, tx: &mpsc::Sender<Event>) {
+/// Returns its store, to be closed once every client is done.
+fn waiter(
+    addr: &str,
+    options: &TcpStoreOptions,
+    rounds: usize,
+    tx: &mpsc::Sender<Event>,
+    gate: &Gate,
+) -> Option<TcpStore> {
     let store = match TcpStore::connect(addr, options) {
         Ok(store) => {
             let _ = tx.send(Event::Connected(Ok(())));
@@ -202,10 +251,11 @@ fn waiter(addr: &str, options: &TcpStoreOptions, rounds: usize, tx: &mpsc::Sende
         }
         Err(e) => {
             let _ = tx.send(Event::Connected(Err(e.to_string())));
-            return;
+            return None;
         }
     };
     for round in 0..rounds {
+        gate.wait_until_open(round);
         let woke = store
             .add(&ready_key(round), 1)
             .and_then(|_| store.wait(&[&go_key(round)]))
@@ -213,9 +263,10 @@ fn waiter(addr: &str, options: &TcpStoreOptions, rounds: usize, tx: &mpsc::Sende
             .map_err(|e| e.to_string());
         let failed = woke.is_err();
         if tx.send(Event::Woke(woke)).is_err() || failed {
-            return;
+            break;
         }
     }
+    Some(store)
 }
 
 fn lead_rounds(
@@ -225,6 +276,7 @@ fn lead_rounds(
     clients: usize,
     rounds: usize,
     rx: &mpsc::Receiver<Event>,
+    gate: &Gate,
 ) -> Result<Vec<WakeRound>, String> {
     for _ in 0..clients {
         match rx.recv() {
@@ -237,6 +289,7 @@ fn lead_rounds(
     let setter = TcpStore::connect(addr, options).map_err(|e| e.to_string())?;
     let mut results = Vec::with_capacity(rounds);
     for round in 0..rounds {
+        gate.open(round);
         // Everyone counted in, and every wait request blocked on the server.
         let ready = ready_key(round);
         wait_for(|| Ok(setter.add(&ready, 0).map_err(|e| e.to_string())? as usize == clients))?;
