@@ -56,10 +56,7 @@ pub enum Error {
     // ---- stores -------------------------------------------------------
     /// `get`/`wait`/`queue_pop` ran out of time before the keys existed.
     #[error("timed out after {timeout:?} waiting for keys {keys:?} in the store")]
-    StoreTimeout {
-        keys: Vec<String>,
-        timeout: Duration,
-    },
+    StoreTimeout { keys: Vec<String>, timeout: Duration },
     /// A non-blocking read found no such key.
     #[error("key {key:?} not found in the store")]
     KeyNotFound { key: String },
@@ -70,9 +67,7 @@ pub enum Error {
     #[error("address {addr} is already in use (is another store or job running there?)")]
     AddressInUse { addr: String },
     /// The server hosting rank waited for its clients and not all came.
-    #[error(
-        "timed out after {timeout:?} waiting for store clients: {joined}/{expected} clients joined"
-    )]
+    #[error("timed out after {timeout:?} waiting for store clients: {joined}/{expected} clients joined")]
     ClientsTimeout {
         joined: usize,
         expected: usize,

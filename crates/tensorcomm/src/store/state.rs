@@ -33,8 +33,7 @@ impl KvState {
             Some(bytes) => parse_counter(key, bytes)?,
         };
         let next = current.wrapping_add(delta);
-        self.kv
-            .insert(key.to_string(), next.to_string().into_bytes());
+        self.kv.insert(key.to_string(), next.to_string().into_bytes());
         Ok(next)
     }
 
