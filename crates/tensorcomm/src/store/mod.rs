@@ -29,6 +29,7 @@ mod file;
 mod hash;
 mod prefix;
 pub(crate) mod state;
+mod tcp;
 mod timeout;
 
 use std::time::Duration;
@@ -36,6 +37,8 @@ use std::time::Duration;
 pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
+pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};
+pub use tcp::{DEFAULT_MAX_MESSAGE_SIZE, TOKEN_ENV};
 pub use timeout::DefaultTimeout;
 
 use crate::{Error, Result};

@@ -1,0 +1,63 @@
+//! Settings shared by the TCP store's server and clients.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::store::DEFAULT_TIMEOUT;
+
+/// The environment variable a [`TcpStoreOptions::default`] reads its shared
+/// secret from.
+pub const TOKEN_ENV: &str = "TENSORCOMM_STORE_TOKEN";
+
+/// The default largest message (request or reply) either side accepts: 64 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 20;
+
+/// How a [`super::TcpStoreServer`] serves and a [`super::TcpStore`] connects.
+///
+/// ```
+/// use std::time::Duration;
+/// use tensorcomm::store::TcpStoreOptions;
+///
+/// let options = TcpStoreOptions {
+///     timeout: Duration::from_secs(30),
+///     token: Some("s3cret".into()),
+///     ..TcpStoreOptions::default()
+/// };
+/// assert_eq!(options.max_message_size, 64 << 20);
+/// // The token never shows up in logs.
+/// assert!(!format!("{options:?}").contains("s3cret"));
+/// ```
+#[derive(Clone)]
+pub struct TcpStoreOptions {
+    /// The default timeout of blocking calls, and how long a client keeps
+    /// retrying to connect (300 s by default).
+    pub timeout: Duration,
+    /// A shared secret: a server with a token refuses clients that do not
+    /// present the same one. Defaults to `$TENSORCOMM_STORE_TOKEN` if set and
+    /// not empty.
+    pub token: Option<String>,
+    /// The largest message, in bytes, either side accepts (64 MiB by default).
+    /// A peer announcing a larger one is disconnected before anything is
+    /// allocated for it.
+    pub max_message_size: usize,
+}
+
+impl Default for TcpStoreOptions {
+    fn default() -> Self {
+        TcpStoreOptions {
+            timeout: DEFAULT_TIMEOUT,
+            token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+        }
+    }
+}
+
+impl fmt::Debug for TcpStoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpStoreOptions")
+            .field("timeout", &self.timeout)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_message_size", &self.max_message_size)
+            .finish()
+    }
+}
