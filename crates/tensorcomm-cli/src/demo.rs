@@ -71,10 +71,13 @@ fn launch_self(args: &DemoArgs) -> ExitCode {
     };
     let rank_args: Vec<OsString> = [
         "demo".to_string(),
-        format!("--store={}", match args.store {
-            StoreKind::Tcp => "tcp",
-            StoreKind::File => "file",
-        }),
+        format!(
+            "--store={}",
+            match args.store {
+                StoreKind::Tcp => "tcp",
+                StoreKind::File => "file",
+            }
+        ),
         format!("--bytes={}", args.bytes),
         format!("--adds={}", args.adds),
         format!("--timeout-secs={}", args.timeout_secs),
@@ -109,7 +112,10 @@ fn run_rank(args: &DemoArgs) -> DemoResult<()> {
     let (rank, world) = (rdzv.rank, rdzv.world_size);
     let store = rdzv.store;
     store.set_timeout(timeout);
-    println!("rendezvous of {world} ranks took {:.1} ms", ms(start.elapsed()));
+    println!(
+        "rendezvous of {world} ranks took {:.1} ms",
+        ms(start.elapsed())
+    );
 
     exchange_payloads(&*store, rank, world, args.bytes)?;
     count_together(&*store, world, args.adds)?;
@@ -173,12 +179,21 @@ fn pass_ring_token(store: &dyn Store, rank: usize, world: usize) -> DemoResult<(
     }
     let token = store.queue_pop(&queue(rank))?;
     let stamps = String::from_utf8(token)?;
-    let expected: Vec<String> = (0..(if rank == 0 { world } else { rank })).map(|r| r.to_string()).collect();
+    let expected: Vec<String> = (0..(if rank == 0 { world } else { rank }))
+        .map(|r| r.to_string())
+        .collect();
     if stamps != expected.join(",") {
-        return Err(format!("ring token reached rank {rank} as {stamps:?}, expected {:?}", expected.join(",")).into());
+        return Err(format!(
+            "ring token reached rank {rank} as {stamps:?}, expected {:?}",
+            expected.join(",")
+        )
+        .into());
     }
     if rank != 0 {
-        store.queue_push(&queue((rank + 1) % world), format!("{stamps},{rank}").as_bytes())?;
+        store.queue_push(
+            &queue((rank + 1) % world),
+            format!("{stamps},{rank}").as_bytes(),
+        )?;
     } else {
         println!("ring token went round all {world} ranks: {stamps}");
     }

@@ -8,7 +8,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tensorcomm::store::{FileStore, HashStore, PrefixStore, Store};
+use tensorcomm::store::{
+    FileStore, HashStore, PrefixStore, Store, TcpStore, TcpStoreOptions, TcpStoreServer,
+};
 use tensorcomm::Error;
 
 /// Hands out clients of one store.
@@ -35,6 +37,16 @@ impl Fixture for File {
     }
 }
 
+struct Tcp {
+    server: TcpStoreServer,
+}
+impl Fixture for Tcp {
+    fn client(&self) -> Arc<dyn Store> {
+        let addr = self.server.local_addr().to_string();
+        Arc::new(TcpStore::connect(&addr, &TcpStoreOptions::default()).expect("connect"))
+    }
+}
+
 /// A prefix store over another fixture's clients, checked through the prefix.
 struct Prefixed<F>(F);
 impl<F: Fixture> Fixture for Prefixed<F> {
@@ -55,6 +67,12 @@ fn file() -> File {
         _dir: dir,
         path,
         _keeper: keeper,
+    }
+}
+
+fn tcp() -> Tcp {
+    Tcp {
+        server: TcpStoreServer::bind("127.0.0.1:0", &TcpStoreOptions::default()).expect("bind"),
     }
 }
 
@@ -294,4 +312,6 @@ macro_rules! suite {
 
 suite!(hash_store, hash());
 suite!(file_store, file());
+suite!(tcp_store, tcp());
 suite!(prefix_over_hash, Prefixed(hash()));
+suite!(prefix_over_tcp, Prefixed(tcp()));
