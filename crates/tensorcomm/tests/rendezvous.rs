@@ -1,0 +1,110 @@
+//! Rendezvous of several ranks (threads here) through tcp:// and file://.
+
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tensorcomm::rendezvous::rendezvous;
+use tensorcomm::Error;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Runs `world` ranks of `url_of(rank)` and checks they share one store.
+fn meet(world: usize, url_of: impl Fn(usize) -> String) {
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let url = url_of(rank);
+            thread::spawn(move || {
+                let r = rendezvous(&url, Duration::from_secs(20)).expect("rendezvous");
+                assert_eq!((r.rank, r.world_size), (rank, world));
+                r.store
+                    .set(&format!("hello/{rank}"), rank.to_string().as_bytes())
+                    .unwrap();
+                let keys: Vec<String> = (0..world).map(|p| format!("hello/{p}")).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let all = r.store.multi_get(&refs).unwrap();
+                for (peer, value) in all.iter().enumerate() {
+                    assert_eq!(value, peer.to_string().as_bytes());
+                }
+                r.store.barrier("done", world, None).unwrap();
+                r.store.timeout()
+            })
+        })
+        .collect();
+    for h in handles {
+        // rendezvous hands back stores with the c10d default timeout
+        assert_eq!(h.join().unwrap(), Duration::from_secs(300));
+    }
+}
+
+#[test]
+fn ranks_meet_over_tcp() {
+    let port = free_port();
+    meet(4, |rank| {
+        format!("tcp://127.0.0.1:{port}?rank={rank}&world_size=4")
+    });
+}
+
+#[test]
+fn ranks_meet_over_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rdzv");
+    let shown = path.display().to_string();
+    meet(3, |rank| format!("file://{shown}?rank={rank}&world_size=3"));
+    assert!(!path.exists(), "the last user removes the file");
+}
+
+#[test]
+fn rank_zero_reports_how_many_ranks_joined() {
+    let port = free_port();
+    let start = Instant::now();
+    let err = rendezvous(
+        &format!("tcp://127.0.0.1:{port}?rank=0&world_size=2"),
+        Duration::from_millis(300),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ClientsTimeout {
+                joined: 1,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("1/2 clients joined"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_rank_without_its_host_names_the_address() {
+    let port = free_port();
+    let err = rendezvous(
+        &format!("tcp://127.0.0.1:{port}?rank=1&world_size=2"),
+        Duration::from_millis(300),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::StoreConnect { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_rendezvous_reports_missing_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "file://{}?rank=0&world_size=3",
+        dir.path().join("f").display()
+    );
+    let err = rendezvous(&url, Duration::from_millis(200)).unwrap_err();
+    assert!(err.to_string().contains("1/3"), "{err}");
+}
