@@ -60,7 +60,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         timeout: Duration::from_secs(args.timeout_secs),
         ..TcpStoreOptions::default()
     };
-    let addr = host_port(&args.host, args.port);
+    let addr = tensorcomm::rendezvous::host_port(&args.host, args.port);
     let server = match TcpStoreServer::bind(&addr, &options) {
         Ok(server) => server,
         Err(e) => {
@@ -91,27 +91,5 @@ fn serve(args: ServeArgs) -> ExitCode {
     // alive until SIGINT/SIGTERM ends it (the kernel closes every socket).
     loop {
         std::thread::park();
-    }
-}
-
-/// "host:port", with brackets around an IPv6 literal.
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_port;
-
-    #[test]
-    fn ipv6_hosts_get_brackets() {
-        assert_eq!(host_port("0.0.0.0", 29500), "0.0.0.0:29500");
-        assert_eq!(host_port("::", 1), "[::]:1");
-        assert_eq!(host_port("[::1]", 2), "[::1]:2");
-        assert_eq!(host_port("node7", 3), "node7:3");
     }
 }

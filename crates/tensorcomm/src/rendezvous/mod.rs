@@ -73,12 +73,12 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
                 timeout,
                 ..TcpStoreOptions::default()
             };
-            let addr = join_host_port(host, *port);
+            let addr = host_port(host, *port);
             if method.rank == 0 {
                 // Listen on every interface so ranks on other nodes reach us
                 // whatever name MASTER_ADDR gives this host.
                 let any = if host.contains(':') { "::" } else { "0.0.0.0" };
-                let bind = join_host_port(any, *port);
+                let bind = host_port(any, *port);
                 tracing::debug!(%bind, world_size = method.world_size, "rank 0 hosting the TCP store");
                 Arc::new(TcpStore::host(&bind, method.world_size, &options)?)
             } else {
@@ -102,8 +102,17 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
     })
 }
 
-fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
+/// `host:port`, with brackets around an IPv6 literal.
+///
+/// ```
+/// use tensorcomm::rendezvous::host_port;
+/// assert_eq!(host_port("10.0.0.1", 29500), "10.0.0.1:29500");
+/// assert_eq!(host_port("::", 1), "[::]:1");
+/// assert_eq!(host_port("[::1]", 2), "[::1]:2");
+/// assert_eq!(host_port("node7", 3), "node7:3");
+/// ```
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
