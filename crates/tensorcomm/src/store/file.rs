@@ -394,3 +394,45 @@ impl Store for FileStore {
         self.timeout.set(timeout)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_is_not_a_store_log_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("not-a-store");
+        std::fs::write(&path, b"hello, I am a text file").unwrap();
+        let err = FileStore::open(&path)
+            .err()
+            .expect("opening garbage must fail");
+        assert!(matches!(err, Error::Protocol { .. }), "{err:?}");
+        assert!(err.to_string().contains("not-a-store"), "{err}");
+    }
+
+    #[test]
+    fn the_log_replays_deletes_appends_and_queue_pops_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let a = FileStore::open(&path).unwrap();
+        a.set("k", b"1").unwrap();
+        a.append("k", b"2").unwrap();
+        a.set("gone", b"x").unwrap();
+        assert!(a.delete_key("gone").unwrap());
+        a.queue_push("q", b"first").unwrap();
+        a.queue_push("q", b"second").unwrap();
+        assert_eq!(a.queue_pop("q").unwrap(), b"first");
+        // A newcomer replays the whole log and sees the same state.
+        let b = FileStore::open(&path).unwrap();
+        assert_eq!(b.get("k").unwrap(), b"12");
+        assert!(!b.check(&["gone"]).unwrap());
+        assert_eq!(b.queue_len("q").unwrap(), 1);
+        assert_eq!(b.queue_pop("q").unwrap(), b"second");
+        assert_eq!(a.queue_len("q").unwrap(), 0);
+        drop(a);
+        assert!(path.exists(), "one user left");
+        drop(b);
+        assert!(!path.exists(), "the last user removes the file");
+    }
+}
