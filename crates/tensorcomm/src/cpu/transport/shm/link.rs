@@ -623,6 +623,12 @@ mod tests {
     }
 
     #[test]
+    fn links_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ShmLink>();
+    }
+
+    #[test]
     fn bad_arguments_are_refused_before_touching_the_store() {
         let store = HashStore::new();
         let same = ShmLink::connect(&store, "x", 3, 3, 4096, Duration::from_secs(1));
