@@ -134,6 +134,31 @@ pub enum Error {
     #[error("unsupported init method {found:?}: expected env://, tcp://host:port?rank=R&world_size=W or file:///path?rank=R&world_size=W")]
     UnsupportedInitMethod { found: String },
 
+    // ---- shared memory ------------------------------------------------
+    /// A peer closed its end of a transport or its process exited while
+    /// this rank still needed it.
+    #[error("peer rank {peer} is gone while {during}: {reason}")]
+    PeerDied {
+        peer: usize,
+        during: String,
+        reason: String,
+    },
+    /// A transport operation with a peer ran past its deadline.
+    #[error("timed out after {waited:?} with peer rank {peer} while {during}")]
+    TransportTimeout {
+        peer: usize,
+        during: String,
+        waited: Duration,
+    },
+    /// A shared-memory segment does not have the header this build expects.
+    #[error("shared-memory segment {segment:?} has a bad header: expected {field} {expected}, found {found}")]
+    ShmBadHeader {
+        segment: String,
+        field: String,
+        expected: String,
+        found: String,
+    },
+
     // ---- system -------------------------------------------------------
     /// An operating-system call failed.
     #[error("{context}: {source}")]

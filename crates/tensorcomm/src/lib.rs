@@ -21,6 +21,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cpu;
 pub mod error;
 pub mod rendezvous;
 pub mod store;

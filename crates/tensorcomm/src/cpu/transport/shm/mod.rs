@@ -1,0 +1,36 @@
+//! The shared-memory transport: a byte pipe between two ranks of one host.
+//!
+//! [`ShmLink::connect`] maps one POSIX shared-memory segment per pair of
+//! ranks (layout in `layout.rs`): a one-page header, then two
+//! single-producer single-consumer byte rings, one per direction. A byte
+//! goes through exactly two copies: the sender's buffer into the ring, the
+//! ring into the receiver's buffer. The rings' counters are monotonic
+//! `AtomicU64`s on their own cache lines, published with Release and read
+//! with Acquire (`ring.rs`).
+//!
+//! A blocked call spins on the counters for ~50 µs, then yields until
+//! ~2 ms, then sleeps up to 1 ms at a time (`wait.rs`). While it waits it
+//! watches the peer's `closed` flag (set when the peer drops its link) and,
+//! every 5 ms, asks the kernel whether the peer's process still holds its
+//! lock on the segment (`segment.rs` says why a lock and not `kill(pid, 0)`).
+//! So a dead peer is noticed within a few milliseconds, and the error names
+//! its rank.
+//!
+//! The segment's name is unlinked as soon as both ranks have mapped it, so
+//! a crash never leaves anything behind in `/dev/shm`.
+//!
+//! Linux only (open-file-description locks); on other systems this module
+//! is empty.
+#![cfg(target_os = "linux")]
+
+mod layout;
+mod link;
+mod ring;
+mod segment;
+mod wait;
+
+pub use link::ShmLink;
+
+/// A good ring capacity per direction: 4 MiB, enough to stream large
+/// messages without the two sides waiting on each other.
+pub const DEFAULT_CAPACITY: usize = 4 << 20;

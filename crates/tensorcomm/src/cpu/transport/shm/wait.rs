@@ -1,0 +1,76 @@
+//! How a blocked send or recv waits: spin, then yield, then sleep.
+//!
+//! A peer that answers within a few microseconds is caught while spinning,
+//! so small round trips never enter the kernel. A peer that is busy for
+//! longer gets the core back: first through `yield_now` (cheap, still
+//! prompt), then through sleeps that grow to [`MAX_SLEEP`], so a rank that
+//! waits for seconds costs almost nothing.
+
+use std::time::{Duration, Instant};
+
+/// Spin on the ring counters for this long after the last progress.
+pub(super) const SPIN_FOR: Duration = Duration::from_micros(50);
+/// Then yield the core until this long after the last progress.
+pub(super) const YIELD_UNTIL: Duration = Duration::from_millis(2);
+/// The first sleep after yielding; each later one doubles, up to MAX_SLEEP.
+const FIRST_SLEEP: Duration = Duration::from_micros(20);
+/// The longest sleep, which bounds how late a waiter notices new data.
+pub(super) const MAX_SLEEP: Duration = Duration::from_millis(1);
+
+/// The waiting state of one blocked call.
+pub(super) struct Backoff {
+    since: Instant,
+    sleep: Duration,
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff {
+            since: Instant::now(),
+            sleep: FIRST_SLEEP,
+        }
+    }
+
+    /// Called after progress: the next wait spins again.
+    pub fn reset(&mut self) {
+        self.since = Instant::now();
+        self.sleep = FIRST_SLEEP;
+    }
+
+    /// Waits a little, more the longer nothing has happened.
+    pub fn snooze(&mut self) {
+        let idle = self.since.elapsed();
+        if idle < SPIN_FOR {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        } else if idle < YIELD_UNTIL {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(self.sleep);
+            self.sleep = (self.sleep * 2).min(MAX_SLEEP);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleeps_grow_to_max_sleep_and_progress_starts_over() {
+        let mut b = Backoff::new();
+        b.snooze(); // spinning: no sleep taken yet
+        assert_eq!(b.sleep, FIRST_SLEEP);
+        std::thread::sleep(YIELD_UNTIL);
+        for _ in 0..8 {
+            b.snooze();
+        }
+        assert_eq!(b.sleep, MAX_SLEEP);
+        let t = Instant::now();
+        b.snooze();
+        assert!(t.elapsed() >= MAX_SLEEP);
+        b.reset();
+        assert_eq!(b.sleep, FIRST_SLEEP);
+    }
+}
