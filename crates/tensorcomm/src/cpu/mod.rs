@@ -13,5 +13,6 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+pub mod algorithms;
 pub mod reduce;
 pub mod transport;
