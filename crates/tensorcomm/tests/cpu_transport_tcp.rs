@@ -242,3 +242,21 @@ fn bad_peer_ranks_are_refused_before_any_io() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn abort_fails_a_peer_blocked_on_this_rank_at_once() {
+    let transports = mesh(2);
+    thread::scope(|s| {
+        let blocked = s.spawn(|| {
+            let mut buf = [0u8; 8];
+            transports[1].recv(0, &mut buf, soon())
+        });
+        // The receiver is blocked (or about to be): abort wakes it either way.
+        transports[0].abort();
+        let started = Instant::now();
+        let err = blocked.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::PeerClosed { peer: 0, .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    });
+    assert!(transports[0].send(1, b"x", soon()).is_err());
+}

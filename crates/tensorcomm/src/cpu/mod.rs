@@ -14,5 +14,6 @@
 //! ```
 
 pub mod algorithms;
+pub mod backend;
 pub mod reduce;
 pub mod transport;

@@ -78,6 +78,12 @@ pub trait Transport: Send + Sync {
         buf: &mut [u8],
         deadline: Instant,
     ) -> Result<()>;
+
+    /// Closes every connection at once, so that peers blocked on this rank
+    /// fail promptly (a collective that failed here must not leave the
+    /// others waiting for their timeout). The transport is unusable
+    /// afterwards.
+    fn abort(&self);
 }
 
 /// Checks that `peer` is another rank of a group of `world_size`.

@@ -42,6 +42,8 @@ impl Default for TcpTransportOptions {
 struct Peer {
     reader: Mutex<Half>,
     writer: Mutex<Half>,
+    /// A third handle, never locked, for [`Transport::abort`].
+    control: std::net::TcpStream,
 }
 
 /// A full mesh of TCP connections between the ranks of a group.
@@ -114,7 +116,11 @@ impl TcpTransport {
             let reader = stream
                 .try_clone()
                 .map_err(|e| Error::io(format!("duplicating the socket to rank {peer}"), e))?;
+            let control = stream
+                .try_clone()
+                .map_err(|e| Error::io(format!("duplicating the socket to rank {peer}"), e))?;
             peers.push(Some(Peer {
+                control,
                 reader: Mutex::new(Half::new(reader)),
                 writer: Mutex::new(Half::new(stream)),
             }));
@@ -222,5 +228,12 @@ impl Transport for TcpTransport {
             (sent, received)
         });
         received.and(sent)
+    }
+
+    fn abort(&self) {
+        for peer in self.peers.iter().flatten() {
+            // Already closed by the peer is fine: it is closed either way.
+            let _ = peer.control.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
