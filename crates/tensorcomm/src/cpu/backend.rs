@@ -78,6 +78,9 @@ struct Queue {
 
 /// The CPU backend's [`ProcessGroup`].
 pub struct ProcessGroupCpu {
+    /// Kept for the group's lifetime: on rank 0 of a TCP rendezvous this
+    /// is the store server, which slower ranks may still be reading.
+    _store: Arc<dyn Store>,
     shared: Arc<Shared>,
     queue: Mutex<Queue>,
     timeout: Duration,
@@ -122,6 +125,7 @@ impl ProcessGroupCpu {
             })
             .map_err(|e| Error::io("starting the process group's thread", e))?;
         Ok(ProcessGroupCpu {
+            _store: store,
             shared: Arc::new(Shared {
                 rank,
                 size,
