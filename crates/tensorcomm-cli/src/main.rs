@@ -1,5 +1,7 @@
-//! The `tensorcomm` command: launch ranks, serve a store, run the demo.
+//! The `tensorcomm` command: launch ranks, serve a store, run the demo,
+//! benchmark collectives.
 
+mod bench;
 mod demo;
 mod launch;
 mod store_cmd;
@@ -24,6 +26,8 @@ enum Command {
     Store(store_cmd::StoreArgs),
     /// The demo job: ranks rendezvous through the store and exchange data.
     Demo(demo::DemoArgs),
+    /// Benchmark a collective, nccl-tests style.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
         Command::Run(args) => launch::main(args),
         Command::Store(args) => store_cmd::main(args),
         Command::Demo(args) => demo::main(args),
+        Command::Bench(args) => bench::main(args),
     }
 }
 

@@ -158,6 +158,66 @@ pub enum Error {
         expected: String,
         found: String,
     },
+    // ---- transports and process groups --------------------------------
+    /// A peer closed its connection (or its process ended) mid-transfer.
+    #[error("rank {peer} closed its connection while {during}")]
+    PeerClosed { peer: usize, during: String },
+    /// A peer did not send or accept bytes before the deadline.
+    #[error("rank {peer} did not respond within {timeout:?} while {during}")]
+    PeerTimeout {
+        peer: usize,
+        during: String,
+        timeout: Duration,
+    },
+    /// A transfer with a peer failed with an operating-system error.
+    #[error("transfer with rank {peer} failed while {during}: {source}")]
+    PeerIo {
+        peer: usize,
+        during: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A peer sent bytes that are not what the protocol expects.
+    #[error("rank {peer} broke the protocol: expected {expected}, found {found}")]
+    PeerProtocol {
+        peer: usize,
+        expected: String,
+        found: String,
+    },
+    /// A collective's arguments were refused on this rank; nothing was sent.
+    #[error("{op}: invalid arguments: {reason}")]
+    InvalidCollective { op: String, reason: String },
+    /// A reduce op is not defined for a dtype (bitwise ops on floats) or a
+    /// tensor kind (only SUM for sparse tensors).
+    #[error("{op}: reduce op {reduce_op} is not supported for {what}")]
+    UnsupportedReduceOp {
+        op: String,
+        reduce_op: String,
+        what: String,
+    },
+    /// Ranks called different collectives (or the same one with different
+    /// dtypes, shapes or roots) at the same sequence number.
+    #[error("collective mismatch detected by rank {rank}: this rank ran {mine}, rank {peer} ran {theirs}")]
+    CollectiveMismatch {
+        rank: usize,
+        peer: usize,
+        mine: String,
+        theirs: String,
+    },
+    /// A collective failed on this rank; `ranks` are the peers that did not
+    /// arrive or whose connection failed.
+    #[error("{op} (sequence number {seq}) failed on rank {rank}; ranks {ranks:?} did not arrive: {source}")]
+    CollectiveFailed {
+        op: String,
+        seq: u64,
+        rank: usize,
+        ranks: Vec<usize>,
+        #[source]
+        source: Box<Error>,
+    },
+    /// A process group was used after a failure broke its connections.
+    #[error("the process group is unusable after {op} (sequence number {seq}) failed; create a new group")]
+    GroupBroken { op: String, seq: u64 },
 
     // ---- system -------------------------------------------------------
     /// An operating-system call failed.

@@ -8,6 +8,8 @@
 //! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
 //! - [`rendezvous`]: turning an init method (`env://`, `tcp://`, `file://`)
 //!   into a rank, a world size and a connected store.
+//! - [`cpu`]: transports (TCP), reduction kernels and collective algorithms
+//!   of the CPU backend.
 //!
 //! ```
 //! use tensorcomm::store::{HashStore, Store};
@@ -23,6 +25,7 @@
 
 pub mod cpu;
 pub mod error;
+pub mod group;
 pub mod rendezvous;
 pub mod store;
 pub mod tensor;

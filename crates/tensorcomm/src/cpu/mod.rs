@@ -1,1 +1,19 @@
+//! The CPU backend's machinery: transports that move bytes between the
+//! ranks of a group, reduction kernels, and collective algorithms written
+//! over the [`Transport`](transport::Transport) trait.
+//!
+//! ```
+//! use tensorcomm::cpu::reduce::{reduce_into, ReduceOp};
+//! use tensorcomm::tensor::DType;
+//!
+//! let mut acc: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+//! let other: Vec<u8> = [3.0f32, -5.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+//! reduce_into(ReduceOp::Max, DType::F32, &mut acc, &other)?;
+//! assert_eq!(acc[4..8], 2.0f32.to_ne_bytes());
+//! # Ok::<(), tensorcomm::Error>(())
+//! ```
+
+pub mod algorithms;
+pub mod backend;
+pub mod reduce;
 pub mod transport;

@@ -1,1 +1,98 @@
+//! Point-to-point byte movement between the ranks of one group.
+//!
+//! A [`Transport`] knows its rank and world size and moves exact byte
+//! counts to and from peers, each call bounded by a deadline. There is no
+//! framing: both sides know how many bytes a step of an algorithm moves, and
+//! the process group adds its own headers where it needs them. Failures name
+//! the peer ([`Error::PeerClosed`], [`Error::PeerTimeout`],
+//! [`Error::PeerIo`]), so a collective can say which rank went missing.
+//!
+//! [`TcpTransport`] is a full mesh of TCP connections set up through a
+//! [`Store`](crate::store::Store). A shared-memory transport implements the
+//! same trait over per-peer `ShmLink`s: `send`/`recv` map to the link's
+//! blocking calls and [`Transport::send_recv`] to a loop over its
+//! non-blocking `try_send_some`/`try_recv_some`, so it can be added as one
+//! file beside `tcp/`.
+//!
+//! ```
+//! use std::{sync::Arc, thread, time::{Duration, Instant}};
+//! use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
+//! use tensorcomm::store::HashStore;
+//!
+//! let store = Arc::new(HashStore::new());
+//! let peer = {
+//!     let store = store.clone();
+//!     thread::spawn(move || -> tensorcomm::Result<Vec<u8>> {
+//!         let t = TcpTransport::connect(&*store, "doc", 1, 2, &TcpTransportOptions::default())?;
+//!         let mut buf = vec![0u8; 5];
+//!         t.recv(0, &mut buf, Instant::now() + Duration::from_secs(10))?;
+//!         Ok(buf)
+//!     })
+//! };
+//! let t = TcpTransport::connect(&*store, "doc", 0, 2, &TcpTransportOptions::default())?;
+//! t.send(1, b"hello", Instant::now() + Duration::from_secs(10))?;
+//! assert_eq!(peer.join().unwrap()?, b"hello");
+//! # Ok::<(), tensorcomm::Error>(())
+//! ```
+
 pub mod shm;
+mod tcp;
+
+use std::time::Instant;
+
+pub use tcp::{TcpTransport, TcpTransportOptions};
+
+use crate::Result;
+
+/// Moves bytes between the ranks of one group.
+///
+/// Every call blocks until the whole buffer has moved, the deadline passes
+/// ([`Error::PeerTimeout`](crate::Error::PeerTimeout)) or the peer fails
+/// ([`Error::PeerClosed`](crate::Error::PeerClosed),
+/// [`Error::PeerIo`](crate::Error::PeerIo)). Messages between a pair of
+/// ranks arrive in the order they were sent. A transport may be shared by
+/// threads, but the algorithms of one group use it from one thread at a
+/// time; concurrent sends to the same peer are serialised.
+pub trait Transport: Send + Sync {
+    /// This process's rank in the group.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks in the group.
+    fn world_size(&self) -> usize;
+
+    /// Sends all of `data` to rank `to`.
+    fn send(&self, to: usize, data: &[u8], deadline: Instant) -> Result<()>;
+
+    /// Receives exactly `buf.len()` bytes from rank `from`.
+    fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()>;
+
+    /// Sends `data` to `to` while receiving `buf.len()` bytes from `from`,
+    /// making progress on both at once, so that every rank of a ring (or
+    /// both ranks of a pair exchanging) can call it at the same time without
+    /// deadlock, whatever the message size. `to` and `from` may be the same
+    /// rank.
+    fn send_recv(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        buf: &mut [u8],
+        deadline: Instant,
+    ) -> Result<()>;
+
+    /// Closes every connection at once, so that peers blocked on this rank
+    /// fail promptly (a collective that failed here must not leave the
+    /// others waiting for their timeout). The transport is unusable
+    /// afterwards.
+    fn abort(&self);
+}
+
+/// Checks that `peer` is another rank of a group of `world_size`.
+pub(crate) fn check_peer(rank: usize, world_size: usize, peer: usize, op: &str) -> Result<()> {
+    if peer >= world_size || peer == rank {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{op}: expected a peer rank in 0..{world_size} other than this rank {rank}, found {peer}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! `tensorcomm bench`: nccl-tests-style collective benchmarks.
+//!
+//! `tensorcomm bench --op all_reduce --backend cpu -n 4 -b 8 -e 64M -f 2
+//! --dtype f32` starts 4 local ranks of itself (or, inside `tensorcomm run`,
+//! is one rank), and for each size from `-b` to `-e`, multiplying by `-f`,
+//! times `--iters` collectives after `--warmup` ones and prints size,
+//! count, dtype, op, time (the slowest rank's mean, µs), algbw and busbw
+//! (nccl-tests formulas, `row.rs`) and a correctness check of a separate
+//! run against the reference in `data.rs`. `--json` prints one JSON object
+//! per row instead (lines carry the launcher's `[rank0]: ` prefix when the
+//! bench starts its own ranks).
+
+mod data;
+mod row;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tensorcomm::group::{init_process_group, Backend, ProcessGroup, ReduceOp};
+use tensorcomm::tensor::{DType, Tensor};
+
+pub use row::Row;
+
+/// Which process-group backend runs the collectives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    /// The CPU backend (TCP between ranks).
+    Cpu,
+}
+
+/// The collectives that can be benchmarked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchOp {
+    /// SUM all-reduce.
+    #[value(name = "all_reduce")]
+    AllReduce,
+    /// Broadcast from rank 0.
+    #[value(name = "broadcast")]
+    Broadcast,
+}
+
+impl BenchOp {
+    fn name(self) -> &'static str {
+        match self {
+            BenchOp::AllReduce => "all_reduce",
+            BenchOp::Broadcast => "broadcast",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The collective to time.
+    #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
+    op: BenchOp,
+    /// The backend running it.
+    #[arg(long, value_enum, default_value_t = BenchBackend::Cpu)]
+    backend: BenchBackend,
+    /// Ranks to start when run on its own (ignored inside a launcher).
+    #[arg(short = 'n', long = "nproc", default_value_t = 2)]
+    nproc: usize,
+    /// Smallest size in bytes per rank (suffixes K, M, G: binary).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    min_bytes: usize,
+    /// Largest size in bytes per rank.
+    #[arg(short = 'e', long = "maxbytes", default_value = "1M", value_parser = parse_size)]
+    max_bytes: usize,
+    /// Multiply the size by this factor between rows.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// Timed iterations per size.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed iterations per size before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Print one JSON object per row instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses `8`, `64K`, `64M`, `1G` (binary multiples).
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (digits, shift) = match s.trim().to_ascii_uppercase().chars().last() {
+        Some('K') => (&s[..s.len() - 1], 10),
+        Some('M') => (&s[..s.len() - 1], 20),
+        Some('G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1usize << shift))
+        .ok_or_else(|| format!("expected a size such as 8, 64K, 64M or 1G, found {s:?}"))
+}
+
+pub fn main(args: BenchArgs) -> ExitCode {
+    if args.factor < 2 || args.min_bytes == 0 || args.min_bytes > args.max_bytes || args.iters == 0
+    {
+        eprintln!("tensorcomm bench: expected 0 < -b <= -e, -f >= 2 and --iters >= 1");
+        return ExitCode::from(2);
+    }
+    if std::env::var_os("RANK").is_none() {
+        return launch_self(&args);
+    }
+    match run_rank(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("tensorcomm bench: some results were WRONG");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("tensorcomm bench failed: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch_self(args: &BenchArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!("tensorcomm bench: cannot find its own executable: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut rank_args: Vec<String> = vec![
+        "bench".into(),
+        format!("--op={}", args.op.name()),
+        "--backend=cpu".into(),
+        format!("--minbytes={}", args.min_bytes),
+        format!("--maxbytes={}", args.max_bytes),
+        format!("--stepfactor={}", args.factor),
+        format!("--dtype={}", args.dtype),
+        format!("--iters={}", args.iters),
+        format!("--warmup={}", args.warmup),
+    ];
+    if args.json {
+        rank_args.push("--json".into());
+    }
+    let rank_args: Vec<OsString> = rank_args.into_iter().map(OsString::from).collect();
+    crate::launch::launch_local(&exe, &rank_args, args.nproc, None, &[])
+}
+
+/// Runs every size on this rank; rank 0 prints. True when all rows were
+/// correct.
+fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
+    let pg = match args.backend {
+        BenchBackend::Cpu => init_process_group(Backend::Cpu, "env://")?,
+    };
+    let (rank, ranks) = (pg.rank(), pg.size());
+    let dtype = args.dtype;
+    if rank == 0 && !args.json {
+        println!(
+            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend), {} iterations after {} warm-up",
+            args.op.name(),
+            dtype,
+            args.backend,
+            args.iters,
+            args.warmup
+        );
+        println!("{}", Row::header());
+    }
+    let mut all_correct = true;
+    let mut size = args.min_bytes;
+    loop {
+        let count = (size / dtype.size()).max(1);
+        let bytes = count * dtype.size();
+        let correct = check(&*pg, args.op, dtype, count)?;
+        let time_us = time(&*pg, args, dtype, count)?;
+        all_correct &= correct;
+        if rank == 0 {
+            let row = Row::new(
+                bytes,
+                count,
+                dtype.name(),
+                args.op.name(),
+                ranks,
+                time_us,
+                correct,
+            );
+            println!("{}", if args.json { row.json() } else { row.text() });
+        }
+        match size.checked_mul(args.factor) {
+            Some(next) if next <= args.max_bytes => size = next,
+            _ => break,
+        }
+    }
+    pg.barrier(None)?.wait()?;
+    Ok(all_correct)
+}
+
+/// Runs the collective once on fresh inputs and compares every element
+/// with the reference; the verdict is agreed by all ranks (MIN).
+fn check(
+    pg: &dyn ProcessGroup,
+    op: BenchOp,
+    dtype: DType,
+    count: usize,
+) -> tensorcomm::Result<bool> {
+    let rank = pg.rank();
+    let t = data::make(dtype, count, |i| data::value(rank, i))?;
+    let ok = match op {
+        BenchOp::AllReduce => {
+            pg.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
+            let got = data::decode(&t)?;
+            (0..count).all(|i| got[i] == data::all_reduce_sum(dtype, pg.size(), i))
+        }
+        BenchOp::Broadcast => {
+            pg.broadcast(&t, 0, None)?.wait()?;
+            let got = data::decode(&t)?;
+            let root = data::decode(&data::make(dtype, count, |i| data::value(0, i))?)?;
+            got == root
+        }
+    };
+    let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
+    pg.all_reduce(&verdict, ReduceOp::Min, None)?.wait()?;
+    Ok(verdict.to_vec::<i32>()?[0] == 1)
+}
+
+/// Mean time of one collective over `iters`, the slowest rank's, in µs.
+fn time(
+    pg: &dyn ProcessGroup,
+    args: &BenchArgs,
+    dtype: DType,
+    count: usize,
+) -> tensorcomm::Result<f64> {
+    let t = data::make(dtype, count, |i| data::value(pg.rank(), i))?;
+    let once = |t: &Tensor<'static>| -> tensorcomm::Result<()> {
+        match args.op {
+            BenchOp::AllReduce => pg.all_reduce(t, ReduceOp::Max, None)?.wait(),
+            BenchOp::Broadcast => pg.broadcast(t, 0, None)?.wait(),
+        }
+    };
+    for _ in 0..args.warmup {
+        once(&t)?;
+    }
+    pg.barrier(None)?.wait()?;
+    let started = Instant::now();
+    for _ in 0..args.iters {
+        once(&t)?;
+    }
+    let mean: Duration = started.elapsed() / args.iters as u32;
+    let slowest = Tensor::from_vec(vec![mean.as_secs_f64() * 1e6], &[1])?;
+    pg.all_reduce(&slowest, ReduceOp::Max, None)?.wait()?;
+    Ok(slowest.to_vec::<f64>()?[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

@@ -1,0 +1,85 @@
+//! `tensorcomm bench` end to end: it starts its own ranks, prints one
+//! checked row per size, and `--json` gives parseable rows.
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+        .arg("bench")
+        .args(args)
+        .env_remove("RANK")
+        .output()
+        .expect("start tensorcomm bench");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn all_reduce_rows_cover_every_size_and_are_correct() {
+    let common = [
+        "--backend",
+        "cpu",
+        "-n",
+        "3",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "8",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ];
+    let (ok, stdout, stderr) =
+        bench(&[&common[..], &["--op", "all_reduce", "--dtype", "i32"]].concat());
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" all_reduce ") && !l.contains('#'))
+        .collect();
+    let sizes: Vec<&str> = rows
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(sizes, ["8", "64", "512", "4096"], "{stdout}");
+    assert!(
+        rows.iter().all(|l| l.trim_end().ends_with("OK")),
+        "{stdout}"
+    );
+
+    let (ok, stdout, stderr) = bench(
+        &[
+            &common[..],
+            &["--op", "broadcast", "--dtype", "bf16", "--json"],
+        ]
+        .concat(),
+    );
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[rank0]: "))
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for row in rows {
+        assert_eq!(row["op"], "broadcast");
+        assert_eq!(row["dtype"], "bf16");
+        assert_eq!(row["correct"], true);
+        assert!(row["time_us"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn bad_size_arguments_are_refused() {
+    let (ok, _, stderr) = bench(&["-b", "1M", "-e", "8"]);
+    assert!(!ok);
+    assert!(stderr.contains("-b <= -e"), "{stderr}");
+    let (ok, _, stderr) = bench(&["-b", "12Q"]);
+    assert!(!ok);
+    assert!(stderr.contains("64K"), "{stderr}");
+}

@@ -1,0 +1,162 @@
+//! Collective algorithms, one per file, each a plain function over a
+//! [`Transport`] working in place on a byte buffer of `dtype` elements.
+//!
+//! - [`all_reduce_direct`]: everyone sends everything to everyone, then
+//!   reduces in rank order; fewest round trips, for small messages.
+//! - [`all_reduce_halving_doubling`]: recursive halving reduce-scatter and
+//!   recursive doubling all-gather (Rabenseifner), with the extra ranks of a
+//!   non-power-of-two world folded in first; `2 log2 p` steps.
+//! - [`all_reduce_ring`]: ring reduce-scatter then ring all-gather, each
+//!   chunk moved in segments; bandwidth-optimal for large messages.
+//! - [`broadcast_tree`]: binomial-tree broadcast from any root.
+//!
+//! Every rank ends with bit-identical results: each element is reduced once,
+//! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
+//! picks an all-reduce by message size and world size.
+//!
+//! ```
+//! use std::{sync::Arc, thread, time::{Duration, Instant}};
+//! use tensorcomm::cpu::algorithms::all_reduce;
+//! use tensorcomm::cpu::reduce::ReduceOp;
+//! use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions};
+//! use tensorcomm::store::HashStore;
+//! use tensorcomm::tensor::DType;
+//!
+//! let store = Arc::new(HashStore::new());
+//! let ranks: Vec<_> = (0..3).map(|rank| {
+//!     let store = store.clone();
+//!     thread::spawn(move || -> tensorcomm::Result<Vec<u8>> {
+//!         let t = TcpTransport::connect(&*store, "doc", rank, 3, &TcpTransportOptions::default())?;
+//!         let mut buf = vec![rank as u8 + 1; 4];
+//!         all_reduce(&t, &mut buf, DType::U8, ReduceOp::Sum, Instant::now() + Duration::from_secs(10))?;
+//!         Ok(buf)
+//!     })
+//! }).collect();
+//! for r in ranks {
+//!     assert_eq!(r.join().unwrap()?, [6, 6, 6, 6]);
+//! }
+//! # Ok::<(), tensorcomm::Error>(())
+//! ```
+
+mod broadcast_tree;
+mod direct;
+mod halving_doubling;
+mod ring;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::ops::Range;
+use std::time::Instant;
+
+pub use broadcast_tree::broadcast_tree;
+pub use direct::all_reduce_direct;
+pub use halving_doubling::all_reduce_halving_doubling;
+pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
+
+use super::reduce::ReduceOp;
+use super::transport::Transport;
+use crate::tensor::DType;
+use crate::Result;
+
+/// Messages up to this many bytes use [`all_reduce_direct`] (when the world
+/// is small enough, see [`DIRECT_MAX_WORLD`]).
+///
+/// Provisional: a starting guess, to be replaced by the crossover measured
+/// with `tensorcomm bench` on the target machines.
+pub const DIRECT_MAX_BYTES: usize = 4 << 10;
+
+/// Largest world for which [`all_reduce_direct`] is chosen (its traffic and
+/// memory grow with the world size). Provisional, like [`DIRECT_MAX_BYTES`].
+pub const DIRECT_MAX_WORLD: usize = 8;
+
+/// Messages of at least this many bytes use [`all_reduce_ring`]; between
+/// the direct and ring thresholds, [`all_reduce_halving_doubling`].
+/// Provisional, like [`DIRECT_MAX_BYTES`].
+pub const RING_MIN_BYTES: usize = 1 << 20;
+
+/// The all-reduce algorithms to choose from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReduceAlgorithm {
+    Direct,
+    HalvingDoubling,
+    Ring,
+}
+
+/// Picks the all-reduce algorithm for a message of `nbytes` over
+/// `world_size` ranks, from the provisional thresholds above.
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::{select_all_reduce, AllReduceAlgorithm};
+/// assert_eq!(select_all_reduce(8, 4), AllReduceAlgorithm::Direct);
+/// assert_eq!(select_all_reduce(64 << 20, 4), AllReduceAlgorithm::Ring);
+/// ```
+pub fn select_all_reduce(nbytes: usize, world_size: usize) -> AllReduceAlgorithm {
+    if nbytes <= DIRECT_MAX_BYTES && world_size <= DIRECT_MAX_WORLD {
+        AllReduceAlgorithm::Direct
+    } else if nbytes >= RING_MIN_BYTES {
+        AllReduceAlgorithm::Ring
+    } else {
+        AllReduceAlgorithm::HalvingDoubling
+    }
+}
+
+/// All-reduces `buf` (elements of `dtype`) in place with the algorithm
+/// [`select_all_reduce`] picks.
+pub fn all_reduce(
+    t: &dyn Transport,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    deadline: Instant,
+) -> Result<()> {
+    all_reduce_with(
+        select_all_reduce(buf.len(), t.world_size()),
+        t,
+        buf,
+        dtype,
+        op,
+        deadline,
+    )
+}
+
+/// All-reduces `buf` in place with the given algorithm.
+pub fn all_reduce_with(
+    algorithm: AllReduceAlgorithm,
+    t: &dyn Transport,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    deadline: Instant,
+) -> Result<()> {
+    tracing::trace!(?algorithm, bytes = buf.len(), "all_reduce");
+    match algorithm {
+        AllReduceAlgorithm::Direct => all_reduce_direct(t, buf, dtype, op, deadline),
+        AllReduceAlgorithm::HalvingDoubling => {
+            all_reduce_halving_doubling(t, buf, dtype, op, deadline)
+        }
+        AllReduceAlgorithm::Ring => all_reduce_ring(t, buf, dtype, op, deadline),
+    }
+}
+
+/// Byte offsets splitting `nbytes` of `elem`-byte elements into `parts`
+/// blocks of whole elements whose sizes differ by at most one element:
+/// block `i` is `offsets[i]..offsets[i + 1]`.
+pub(crate) fn block_offsets(nbytes: usize, elem: usize, parts: usize) -> Vec<usize> {
+    let n = nbytes / elem;
+    (0..=parts).map(|i| i * n / parts * elem).collect()
+}
+
+/// Two disjoint ranges of `buf`, one to read and one to write.
+pub(crate) fn split_read_write(
+    buf: &mut [u8],
+    read: Range<usize>,
+    write: Range<usize>,
+) -> (&[u8], &mut [u8]) {
+    if read.start >= write.end {
+        let (head, tail) = buf.split_at_mut(read.start);
+        (&tail[..read.len()], &mut head[write])
+    } else {
+        let (head, tail) = buf.split_at_mut(write.start);
+        (&head[read], &mut tail[..write.len()])
+    }
+}

@@ -1,0 +1,191 @@
+//! Test harness for algorithms: a TCP mesh on loopback, one thread per
+//! rank, and an all-reduce checker against a scalar reference.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use half::bf16;
+
+use crate::cpu::reduce::ReduceOp;
+use crate::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
+use crate::store::HashStore;
+use crate::tensor::DType;
+use crate::Result;
+
+pub(crate) fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+/// Runs `f` on every rank of a fresh mesh of `world` ranks, one thread
+/// each, and returns the results in rank order.
+pub(crate) fn run_ranks<R: Send>(world: usize, f: impl Fn(&dyn Transport) -> R + Sync) -> Vec<R> {
+    let store = Arc::new(HashStore::new());
+    let f = &f;
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let options = TcpTransportOptions {
+                        timeout: Duration::from_secs(30),
+                        ..TcpTransportOptions::default()
+                    };
+                    let t = TcpTransport::connect(&*store, "test", rank, world, &options)
+                        .expect("mesh setup");
+                    f(&t)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+/// One all-reduce case: a dtype, an op and the value rank `r` holds at
+/// element `i` (small integers, exact in every dtype).
+struct Case {
+    dtype: DType,
+    op: ReduceOp,
+    value: fn(usize, usize) -> f64,
+}
+
+const CASES: [Case; 7] = [
+    Case {
+        dtype: DType::I64,
+        op: ReduceOp::Sum,
+        value: |r, i| (r * 1000 + i) as f64 * if i % 2 == 1 { -1.0 } else { 1.0 },
+    },
+    Case {
+        dtype: DType::I32,
+        op: ReduceOp::Product,
+        value: |r, i| ((r + i) % 3 + 1) as f64,
+    },
+    Case {
+        dtype: DType::F32,
+        op: ReduceOp::Max,
+        value: |r, i| ((r * 5 + i * 7) % 13) as f64 - 6.0,
+    },
+    Case {
+        dtype: DType::F64,
+        op: ReduceOp::Avg,
+        value: |r, i| (r * 3 + i) as f64,
+    },
+    Case {
+        dtype: DType::U8,
+        op: ReduceOp::Bxor,
+        value: |r, i| ((r * 37 + i * 11) % 256) as f64,
+    },
+    Case {
+        dtype: DType::BF16,
+        op: ReduceOp::Min,
+        value: |r, i| ((r + 2 * i) % 9) as f64 - 4.0,
+    },
+    Case {
+        dtype: DType::Bool,
+        op: ReduceOp::Band,
+        value: |r, i| f64::from((r + i) % 3 != 0),
+    },
+];
+
+fn encode(dtype: DType, v: f64) -> Vec<u8> {
+    match dtype {
+        DType::I64 => (v as i64).to_ne_bytes().to_vec(),
+        DType::I32 => (v as i32).to_ne_bytes().to_vec(),
+        DType::F32 => (v as f32).to_ne_bytes().to_vec(),
+        DType::F64 => v.to_ne_bytes().to_vec(),
+        DType::BF16 => bf16::from_f64(v).to_ne_bytes().to_vec(),
+        DType::U8 | DType::Bool => vec![v as u8],
+        DType::I8 => vec![v as i8 as u8],
+        DType::F16 => half::f16::from_f64(v).to_ne_bytes().to_vec(),
+    }
+}
+
+fn reference(case: &Case, world: usize, i: usize) -> f64 {
+    let mut acc = (case.value)(0, i);
+    for r in 1..world {
+        let b = (case.value)(r, i);
+        acc = match case.op {
+            ReduceOp::Sum | ReduceOp::Avg => acc + b,
+            ReduceOp::Product => acc * b,
+            ReduceOp::Max => acc.max(b),
+            ReduceOp::Min => acc.min(b),
+            ReduceOp::Bxor => ((acc as i64) ^ (b as i64)) as f64,
+            ReduceOp::Band => ((acc as i64) & (b as i64)) as f64,
+            other => unreachable!("{other}"),
+        };
+    }
+    if case.op == ReduceOp::Avg {
+        acc /= world as f64;
+    }
+    acc
+}
+
+/// Runs `algorithm` for every case, world size and element count, checking
+/// each rank's result against the reference, plus a random f32 sum that
+/// must come out bit-identical on every rank.
+pub(crate) fn check_all_reduce(
+    worlds: &[usize],
+    lengths: &[usize],
+    algorithm: impl Fn(&dyn Transport, &mut [u8], DType, ReduceOp, Instant) -> Result<()> + Sync,
+) {
+    for &world in worlds {
+        let results = run_ranks(world, |t| {
+            let mut out = Vec::new();
+            for &n in lengths {
+                for case in &CASES {
+                    let mut buf: Vec<u8> = (0..n)
+                        .flat_map(|i| encode(case.dtype, (case.value)(t.rank(), i)))
+                        .collect();
+                    algorithm(t, &mut buf, case.dtype, case.op, deadline()).expect("all_reduce");
+                    out.push(buf);
+                }
+                let mut noise: Vec<u8> = (0..n)
+                    .flat_map(|i| {
+                        let x = ((t.rank() * 7919 + i * 104_729) % 1000) as f32 / 997.0 - 0.5;
+                        x.to_ne_bytes()
+                    })
+                    .collect();
+                algorithm(t, &mut noise, DType::F32, ReduceOp::Sum, deadline())
+                    .expect("all_reduce");
+                out.push(noise);
+            }
+            out
+        });
+        let mut k = 0;
+        for &n in lengths {
+            for case in &CASES {
+                let expected: Vec<u8> = (0..n)
+                    .flat_map(|i| encode(case.dtype, reference(case, world, i)))
+                    .collect();
+                for (rank, got) in results.iter().enumerate() {
+                    assert_eq!(
+                        got[k], expected,
+                        "{} {} world {world} n {n} rank {rank}",
+                        case.op, case.dtype
+                    );
+                }
+                k += 1;
+            }
+            for (rank, got) in results.iter().enumerate() {
+                assert_eq!(
+                    got[k], results[0][k],
+                    "f32 sum differs between rank 0 and rank {rank}"
+                );
+                for (i, bytes) in got[k].chunks_exact(4).enumerate() {
+                    let v = f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                    let exact: f64 = (0..world)
+                        .map(|r| ((r * 7919 + i * 104_729) % 1000) as f32 as f64 / 997.0 - 0.5)
+                        .sum();
+                    assert!(
+                        (f64::from(v) - exact).abs() < 1e-4,
+                        "f32 sum {v} vs {exact}"
+                    );
+                }
+            }
+            k += 1;
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Collective fingerprints: what a rank believes the current collective is,
+//! carried in front of the first message it sends to each peer and checked
+//! by the receiver, so mismatched collectives are reported (with both
+//! sides' fingerprints) instead of exchanging garbage or hanging.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::ReduceOp;
+use crate::cpu::transport::Transport;
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// Bytes of an encoded fingerprint.
+pub(crate) const FINGERPRINT_LEN: usize = 32;
+
+/// Which collective a fingerprint describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CollectiveKind {
+    AllReduce = 1,
+    Broadcast = 2,
+    Barrier = 3,
+}
+
+impl CollectiveKind {
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => CollectiveKind::AllReduce,
+            2 => CollectiveKind::Broadcast,
+            3 => CollectiveKind::Barrier,
+            _ => return None,
+        })
+    }
+}
+
+/// A collective as one rank sees it: op, reduce op, dtype, element count,
+/// a hash of shape and strides, root and sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    pub(crate) kind: CollectiveKind,
+    pub(crate) reduce_op: u8,
+    pub(crate) dtype: Option<DType>,
+    pub(crate) root: u32,
+    pub(crate) seq: u64,
+    pub(crate) numel: u64,
+    pub(crate) shape_hash: u64,
+}
+
+fn dtype_code(dtype: Option<DType>) -> u8 {
+    dtype.map_or(0, |d| {
+        DType::ALL
+            .iter()
+            .position(|&x| x == d)
+            .map_or(0, |i| i as u8 + 1)
+    })
+}
+
+/// FNV-1a over shape and strides.
+pub(crate) fn shape_hash(shape: &[usize], strides: &[usize]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in shape.iter().chain([&usize::MAX]).chain(strides) {
+        for b in (*v as u64).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The reduce-op code of a fingerprint (0 for collectives without one).
+pub(crate) fn reduce_code(op: Option<ReduceOp>) -> u8 {
+    match op {
+        None => 0,
+        Some(ReduceOp::Sum) => 1,
+        Some(ReduceOp::Avg) => 2,
+        Some(ReduceOp::Product) => 3,
+        Some(ReduceOp::Min) => 4,
+        Some(ReduceOp::Max) => 5,
+        Some(ReduceOp::Band) => 6,
+        Some(ReduceOp::Bor) => 7,
+        Some(ReduceOp::Bxor) => 8,
+        Some(ReduceOp::PremulSum(_)) => 9,
+    }
+}
+
+const REDUCE_NAMES: [&str; 10] = [
+    "-",
+    "SUM",
+    "AVG",
+    "PRODUCT",
+    "MIN",
+    "MAX",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "PREMUL_SUM",
+];
+
+impl Fingerprint {
+    pub(crate) fn encode(&self) -> [u8; FINGERPRINT_LEN] {
+        let mut out = [0u8; FINGERPRINT_LEN];
+        out[0] = self.kind as u8;
+        out[1] = self.reduce_op;
+        out[2] = dtype_code(self.dtype);
+        out[4..8].copy_from_slice(&self.root.to_le_bytes());
+        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        out[16..24].copy_from_slice(&self.numel.to_le_bytes());
+        out[24..32].copy_from_slice(&self.shape_hash.to_le_bytes());
+        out
+    }
+
+    /// Decodes a peer's fingerprint; `None` when the bytes are not one.
+    fn decode(bytes: &[u8; FINGERPRINT_LEN]) -> Option<Self> {
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let dtype = match bytes[2] {
+            0 => None,
+            c => Some(*DType::ALL.get(usize::from(c) - 1)?),
+        };
+        if usize::from(bytes[1]) >= REDUCE_NAMES.len() || bytes[3] != 0 {
+            return None;
+        }
+        Some(Fingerprint {
+            kind: CollectiveKind::from_code(bytes[0])?,
+            reduce_op: bytes[1],
+            dtype,
+            root: u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]),
+            seq: u64_at(8),
+            numel: u64_at(16),
+            shape_hash: u64_at(24),
+        })
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (seq {}", self.kind.name(), self.seq)?;
+        if self.reduce_op != 0 {
+            write!(f, ", {}", REDUCE_NAMES[usize::from(self.reduce_op)])?;
+        }
+        if let Some(dtype) = self.dtype {
+            write!(
+                f,
+                ", {dtype}, {} elements, shape/strides hash {:#018x}",
+                self.numel, self.shape_hash
+            )?;
+        }
+        if self.kind == CollectiveKind::Broadcast {
+            write!(f, ", root {}", self.root)?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Messages up to this size are sent in one write with the fingerprint in
+/// front (one copy of a small buffer, no extra round trip); larger ones
+/// send the fingerprint first as its own small message. Small enough that
+/// the whole write always fits the socket buffers of an idle connection,
+/// so a pair sending to each other cannot block on it.
+const COMBINE_MAX: usize = 4 << 10;
+
+/// A transport that puts this rank's fingerprint in front of the first
+/// message to each peer and checks the one in front of the first message
+/// from each peer.
+pub(crate) struct Fingerprinted<'a> {
+    inner: &'a dyn Transport,
+    mine: Fingerprint,
+    encoded: [u8; FINGERPRINT_LEN],
+    sent: Vec<AtomicBool>,
+    received: Vec<AtomicBool>,
+}
+
+impl<'a> Fingerprinted<'a> {
+    pub(crate) fn new(inner: &'a dyn Transport, mine: Fingerprint) -> Self {
+        let n = inner.world_size();
+        Fingerprinted {
+            inner,
+            mine,
+            encoded: mine.encode(),
+            sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            received: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn first_send(&self, to: usize) -> bool {
+        self.sent
+            .get(to)
+            .is_some_and(|s| !s.swap(true, Ordering::Relaxed))
+    }
+
+    fn first_recv(&self, from: usize) -> bool {
+        self.received
+            .get(from)
+            .is_some_and(|s| !s.swap(true, Ordering::Relaxed))
+    }
+
+    fn check(&self, from: usize, theirs: &[u8; FINGERPRINT_LEN]) -> Result<()> {
+        if theirs == &self.encoded {
+            return Ok(());
+        }
+        let described = match Fingerprint::decode(theirs) {
+            Some(fp) => fp.to_string(),
+            None => format!("unrecognised fingerprint bytes {theirs:?}"),
+        };
+        Err(Error::CollectiveMismatch {
+            rank: self.inner.rank(),
+            peer: from,
+            mine: self.mine.to_string(),
+            theirs: described,
+        })
+    }
+
+    /// Reads and checks the peer's fingerprint on its own: a message of the
+    /// wrong length cannot make this rank wait for bytes that never come.
+    fn check_header(&self, from: usize, deadline: Instant) -> Result<()> {
+        let mut theirs = [0u8; FINGERPRINT_LEN];
+        self.inner.recv(from, &mut theirs, deadline)?;
+        self.check(from, &theirs)
+    }
+
+    fn with_header(&self, data: &[u8]) -> Vec<u8> {
+        let mut staged = Vec::with_capacity(FINGERPRINT_LEN + data.len());
+        staged.extend_from_slice(&self.encoded);
+        staged.extend_from_slice(data);
+        staged
+    }
+}
+
+impl Transport for Fingerprinted<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn send(&self, to: usize, data: &[u8], deadline: Instant) -> Result<()> {
+        if !self.first_send(to) {
+            return self.inner.send(to, data, deadline);
+        }
+        if data.len() <= COMBINE_MAX {
+            return self.inner.send(to, &self.with_header(data), deadline);
+        }
+        self.inner.send(to, &self.encoded, deadline)?;
+        self.inner.send(to, data, deadline)
+    }
+
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
+    fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
+        if self.first_recv(from) {
+            self.check_header(from, deadline)?;
+        }
+        self.inner.recv(from, buf, deadline)
+    }
+
+    fn send_recv(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        buf: &mut [u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        let (header_out, header_in) = (self.first_send(to), self.first_recv(from));
+        match (header_out, header_in) {
+            (false, false) => self.inner.send_recv(to, data, from, buf, deadline),
+            (true, false) if data.len() <= COMBINE_MAX => {
+                self.inner
+                    .send_recv(to, &self.with_header(data), from, buf, deadline)
+            }
+            (true, false) => {
+                self.inner.send(to, &self.encoded, deadline)?;
+                self.inner.send_recv(to, data, from, buf, deadline)
+            }
+            (true, true) if data.len() <= COMBINE_MAX => {
+                // Everything goes out while the peer's fingerprint comes in;
+                // the rest of its message is already on its way.
+                let mut theirs = [0u8; FINGERPRINT_LEN];
+                self.inner
+                    .send_recv(to, &self.with_header(data), from, &mut theirs, deadline)?;
+                self.check(from, &theirs)?;
+                self.inner.recv(from, buf, deadline)
+            }
+            (out, true) => {
+                let header: &[u8] = if out { &self.encoded } else { &[] };
+                let mut theirs = [0u8; FINGERPRINT_LEN];
+                self.inner
+                    .send_recv(to, header, from, &mut theirs, deadline)?;
+                self.check(from, &theirs)?;
+                self.inner.send_recv(to, data, from, buf, deadline)
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! `Work`: the handle a collective returns.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::Result;
+
+/// Where a collective's outcome is left by the thread running it.
+#[derive(Default)]
+pub(crate) struct Completion {
+    outcome: Mutex<Option<Result<()>>>,
+    done: Condvar,
+}
+
+impl Completion {
+    fn lock(&self) -> MutexGuard<'_, Option<Result<()>>> {
+        self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the outcome and wakes every waiter.
+    pub(crate) fn complete(&self, outcome: Result<()>) {
+        *self.lock() = Some(outcome);
+        self.done.notify_all();
+    }
+}
+
+/// A collective in flight (or finished): c10d's `Work`.
+///
+/// Collectives of one group run in the order they were called, on the
+/// group's own thread; the call returns at once with a `Work`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+/// use tensorcomm::tensor::Tensor;
+///
+/// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+/// let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+/// let work = pg.all_reduce(&t, ReduceOp::Sum, None)?;
+/// assert!(work.wait_timeout(Duration::from_secs(10)));
+/// assert!(work.is_completed());
+/// work.wait()?;
+/// assert_eq!(t.to_vec::<f32>()?, [1.0, 2.0]);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+#[must_use = "a collective's errors are only seen through its Work"]
+pub struct Work {
+    completion: Arc<Completion>,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("completed", &self.is_completed())
+            .finish()
+    }
+}
+
+impl Work {
+    pub(crate) fn new() -> (Self, Arc<Completion>) {
+        let completion = Arc::new(Completion::default());
+        (
+            Work {
+                completion: completion.clone(),
+            },
+            completion,
+        )
+    }
+
+    /// A `Work` that is already finished with `outcome`.
+    pub(crate) fn done(outcome: Result<()>) -> Self {
+        let (work, completion) = Work::new();
+        completion.complete(outcome);
+        work
+    }
+
+    /// True once the collective has finished, successfully or not.
+    pub fn is_completed(&self) -> bool {
+        self.completion.lock().is_some()
+    }
+
+    /// Waits at most `timeout` for the collective to finish; true if it has.
+    /// The collective's own timeout still bounds it when this returns false.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.completion.lock();
+        while guard.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = self
+                .completion
+                .done
+                .wait_timeout(guard, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+
+    /// Waits for the collective and returns its outcome.
+    pub fn wait(self) -> Result<()> {
+        let mut guard = self.completion.lock();
+        loop {
+            if let Some(outcome) = guard.take() {
+                return outcome;
+            }
+            guard = self
+                .completion
+                .done
+                .wait(guard)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The outcome if the collective has finished (taking it: a second call
+    /// returns `None`), without waiting.
+    pub fn result(&mut self) -> Option<Result<()>> {
+        self.completion.lock().take()
+    }
+}

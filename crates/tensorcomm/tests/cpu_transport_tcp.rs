@@ -1,0 +1,262 @@
+//! The TCP full-mesh transport between threads over loopback: setup for
+//! several world sizes, exact delivery in both directions, large exchanges
+//! without deadlock, and failures that name the peer.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
+use tensorcomm::store::{HashStore, Store};
+use tensorcomm::Error;
+
+fn options(timeout: Duration) -> TcpTransportOptions {
+    TcpTransportOptions {
+        timeout,
+        ..TcpTransportOptions::default()
+    }
+}
+
+/// Sets up a mesh of `world` transports, one per thread.
+fn mesh(world: usize) -> Vec<TcpTransport> {
+    let store = Arc::new(HashStore::new());
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let store = store.clone();
+            thread::spawn(move || {
+                TcpTransport::connect(
+                    &*store,
+                    "mesh",
+                    rank,
+                    world,
+                    &options(Duration::from_secs(30)),
+                )
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect()
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+fn message(from: usize, to: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i * 31 + from * 7 + to * 13) as u8)
+        .collect()
+}
+
+#[test]
+fn every_pair_exchanges_exact_bytes_for_world_sizes_1_to_8() {
+    for world in [1, 2, 3, 4, 8] {
+        let transports = mesh(world);
+        thread::scope(|s| {
+            for t in &transports {
+                s.spawn(move || {
+                    let (rank, world) = (t.rank(), t.world_size());
+                    for shift in 1..world {
+                        let to = (rank + shift) % world;
+                        let from = (rank + world - shift) % world;
+                        let len = 100 + shift;
+                        let mut got = vec![0u8; len];
+                        t.send_recv(to, &message(rank, to, len), from, &mut got, soon())
+                            .unwrap();
+                        assert_eq!(got, message(from, rank, len), "world {world} rank {rank}");
+                    }
+                    // Plain send then recv, in order.
+                    if world > 1 {
+                        let next = (rank + 1) % world;
+                        let prev = (rank + world - 1) % world;
+                        if rank % 2 == 0 {
+                            t.send(next, &[rank as u8; 3], soon()).unwrap();
+                        }
+                        let mut got = [0u8; 3];
+                        t.recv(prev, &mut got, soon()).unwrap();
+                        if rank % 2 == 1 {
+                            t.send(next, &[rank as u8; 3], soon()).unwrap();
+                        }
+                        assert_eq!(got, [prev as u8; 3]);
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn large_exchanges_in_a_pair_and_a_ring_do_not_deadlock() {
+    // A pair sending 8 MiB to each other over one connection.
+    let pair = mesh(2);
+    let len = 8 << 20;
+    thread::scope(|s| {
+        for t in &pair {
+            s.spawn(move || {
+                let peer = 1 - t.rank();
+                let mut got = vec![0u8; len];
+                t.send_recv(peer, &message(t.rank(), peer, len), peer, &mut got, soon())
+                    .unwrap();
+                assert!(got == message(peer, t.rank(), len));
+            });
+        }
+    });
+    // A ring of three passing 3 MiB each way, twice.
+    let ring = mesh(3);
+    let len = 3 << 20;
+    thread::scope(|s| {
+        for t in &ring {
+            s.spawn(move || {
+                let (to, from) = ((t.rank() + 1) % 3, (t.rank() + 2) % 3);
+                for _ in 0..2 {
+                    let mut got = vec![0u8; len];
+                    t.send_recv(to, &message(t.rank(), to, len), from, &mut got, soon())
+                        .unwrap();
+                    assert!(got == message(from, t.rank(), len));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_peer_closing_its_connection_fails_the_receiver_promptly_naming_it() {
+    let mut transports = mesh(3);
+    let gone = transports.remove(2);
+    drop(gone);
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    match transports[0].recv(2, &mut buf, soon()) {
+        Err(Error::PeerClosed { peer, during }) => {
+            assert_eq!(peer, 2);
+            assert!(during.contains("receiving"), "{during}");
+        }
+        other => panic!("expected PeerClosed naming rank 2, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Sending to the closed peer fails too (perhaps after the first write
+    // lands in the socket buffer), naming it.
+    let err = (0..64)
+        .find_map(|_| transports[1].send(2, &[0u8; 65536], soon()).err())
+        .expect("sending to a closed peer must fail");
+    assert!(
+        matches!(
+            err,
+            Error::PeerClosed { peer: 2, .. } | Error::PeerIo { peer: 2, .. }
+        ),
+        "{err:?}"
+    );
+    // The connection between the survivors still works.
+    thread::scope(|s| {
+        s.spawn(|| transports[1].send(0, b"ok", soon()).unwrap());
+        let mut got = [0u8; 2];
+        transports[0].recv(1, &mut got, soon()).unwrap();
+        assert_eq!(&got, b"ok");
+    });
+}
+
+#[test]
+fn a_silent_peer_times_out_naming_it() {
+    let transports = mesh(2);
+    let mut buf = [0u8; 4];
+    let started = Instant::now();
+    match transports[1].recv(0, &mut buf, Instant::now() + Duration::from_millis(150)) {
+        Err(Error::PeerTimeout {
+            peer: 0, during, ..
+        }) => {
+            assert!(during.contains("0 of 4 bytes"), "{during}")
+        }
+        other => panic!("expected PeerTimeout naming rank 0, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn setup_names_a_rank_that_never_arrives() {
+    let store = HashStore::new();
+    let err = TcpTransport::connect(&store, "lonely", 0, 3, &options(Duration::from_millis(200)))
+        .unwrap_err();
+    match err {
+        Error::PeerTimeout { peer, during, .. } => {
+            assert_eq!(peer, 1);
+            assert!(during.contains("[1, 2]"), "{during}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A higher rank waiting for a lower rank's address gets a store timeout.
+    let err = TcpTransport::connect(
+        &store,
+        "lonely2",
+        1,
+        2,
+        &options(Duration::from_millis(100)),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::StoreTimeout { .. }), "{err:?}");
+}
+
+#[test]
+fn a_stray_connection_is_refused_with_a_protocol_error() {
+    let store = Arc::new(HashStore::new());
+    let rank0 = {
+        let store = store.clone();
+        thread::spawn(move || {
+            TcpTransport::connect(&*store, "stray", 0, 2, &options(Duration::from_secs(10)))
+        })
+    };
+    let addr = String::from_utf8(store.get("stray/addr/0").unwrap()).unwrap();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    match rank0.join().unwrap() {
+        Err(Error::PeerProtocol {
+            expected, found, ..
+        }) => {
+            assert!(expected.contains("hello"), "{expected}");
+            assert!(found.contains("71, 69, 84"), "{found}"); // "GET"
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_peer_ranks_are_refused_before_any_io() {
+    let transports = mesh(2);
+    let t = &transports[0];
+    assert!(matches!(
+        t.send(0, b"x", soon()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        t.recv(5, &mut [0], soon()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        t.send_recv(1, b"x", 2, &mut [0], soon()),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn abort_fails_a_peer_blocked_on_this_rank_at_once() {
+    let transports = mesh(2);
+    thread::scope(|s| {
+        let blocked = s.spawn(|| {
+            let mut buf = [0u8; 8];
+            transports[1].recv(0, &mut buf, soon())
+        });
+        // The receiver is blocked (or about to be): abort wakes it either way.
+        transports[0].abort();
+        let started = Instant::now();
+        let err = blocked.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::PeerClosed { peer: 0, .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    });
+    assert!(transports[0].send(1, b"x", soon()).is_err());
+}

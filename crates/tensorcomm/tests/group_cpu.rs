@@ -1,0 +1,299 @@
+//! The CPU process group between threads over loopback: collectives against
+//! independent references for world sizes 1-8, validation before sending,
+//! mismatches, dead and silent peers.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use tensorcomm::group::{ProcessGroup, ReduceOp};
+use tensorcomm::store::HashStore;
+use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::Error;
+
+/// Builds one group per rank (in parallel, as setup needs everyone).
+fn groups(world: usize, store: &Arc<HashStore>, prefix: &str) -> Vec<ProcessGroupCpu> {
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let (store, prefix) = (store.clone(), prefix.to_string());
+            let options = CpuOptions {
+                timeout: Duration::from_secs(30),
+                ..CpuOptions::default()
+            };
+            thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect()
+}
+
+fn value(rank: usize, i: usize) -> i64 {
+    ((rank * 31 + i * 7) % 19) as i64 - 9
+}
+
+#[test]
+fn all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8() {
+    for world in [1, 2, 3, 4, 8] {
+        let pgs = groups(world, &Arc::new(HashStore::new()), "pg");
+        thread::scope(|s| {
+            for pg in &pgs {
+                s.spawn(move || {
+                    let rank = pg.rank();
+                    // 10 elements: direct; 3000 f32: halving-doubling; 300k: ring.
+                    for n in [10usize, 3000, 300_000] {
+                        let sum =
+                            Tensor::from_vec((0..n).map(|i| value(rank, i) as f32).collect(), &[n])
+                                .unwrap();
+                        let max =
+                            Tensor::from_vec((0..n).map(|i| value(rank, i) as i32).collect(), &[n])
+                                .unwrap();
+                        let avg =
+                            Tensor::from_vec((0..n).map(|i| value(rank, i) as f64).collect(), &[n])
+                                .unwrap();
+                        let works = [
+                            pg.all_reduce(&sum, ReduceOp::Sum, None).unwrap(),
+                            pg.all_reduce(&max, ReduceOp::Max, None).unwrap(),
+                            pg.all_reduce(&avg, ReduceOp::Avg, None).unwrap(),
+                        ];
+                        for w in works {
+                            w.wait().unwrap();
+                        }
+                        let (sum, max, avg) = (
+                            sum.to_vec::<f32>().unwrap(),
+                            max.to_vec::<i32>().unwrap(),
+                            avg.to_vec::<f64>().unwrap(),
+                        );
+                        for i in 0..n {
+                            let all: Vec<i64> = (0..world).map(|r| value(r, i)).collect();
+                            let total: i64 = all.iter().sum();
+                            assert_eq!(sum[i], total as f32, "sum world {world} n {n} i {i}");
+                            assert_eq!(max[i] as i64, *all.iter().max().unwrap());
+                            assert_eq!(avg[i], total as f64 / world as f64);
+                        }
+                    }
+                    for root in 0..world {
+                        let t = Tensor::from_vec(vec![rank as u8; 33], &[3, 11]).unwrap();
+                        pg.broadcast(&t, root, None).unwrap().wait().unwrap();
+                        assert_eq!(t.to_vec::<u8>().unwrap(), vec![root as u8; 33]);
+                    }
+                    pg.barrier(None).unwrap().wait().unwrap();
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable() {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    let f = Tensor::zeros(&[4], DType::F32).unwrap();
+    match pgs[0].all_reduce(&f, ReduceOp::Bxor, None) {
+        Err(Error::UnsupportedReduceOp {
+            op,
+            reduce_op,
+            what,
+        }) => {
+            assert_eq!((op.as_str(), reduce_op.as_str()), ("all_reduce", "BXOR"));
+            assert!(what.contains("f32"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let strided = Tensor::zeros(&[4, 4], DType::I32)
+        .unwrap()
+        .narrow(1, 0, 2)
+        .unwrap();
+    assert!(matches!(
+        pgs[0].all_reduce(&strided, ReduceOp::Sum, None),
+        Err(Error::InvalidCollective { .. })
+    ));
+    match pgs[0].broadcast(&f, 2, None) {
+        Err(Error::InvalidCollective { op, reason }) => {
+            assert_eq!(op, "broadcast");
+            assert!(reason.contains("found 2"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // No sequence number was taken: the next collective matches rank 1's.
+    thread::scope(|s| {
+        for pg in &pgs {
+            s.spawn(move || {
+                let t = Tensor::from_vec(vec![1i64, 2], &[2]).unwrap();
+                pg.all_reduce(&t, ReduceOp::Sum, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(t.to_vec::<i64>().unwrap(), [2, 4]);
+            });
+        }
+    });
+}
+
+fn expect_failed(err: Error, op: &str, seq: u64) -> (Vec<usize>, Error) {
+    match err {
+        Error::CollectiveFailed {
+            op: o,
+            seq: s,
+            ranks,
+            source,
+            ..
+        } => {
+            assert_eq!((o.as_str(), s), (op, seq));
+            (ranks, *source)
+        }
+        other => panic!("expected CollectiveFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints() {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    let errors: Vec<Error> = thread::scope(|s| {
+        let hs: Vec<_> = pgs
+            .iter()
+            .map(|pg| {
+                s.spawn(move || {
+                    let n = 4 + pg.rank();
+                    let t = Tensor::zeros(&[n], DType::F32).unwrap();
+                    pg.all_reduce(&t, ReduceOp::Sum, None)
+                        .unwrap()
+                        .wait()
+                        .unwrap_err()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, err) in errors.into_iter().enumerate() {
+        let (ranks, source) = expect_failed(err, "all_reduce", 0);
+        assert_eq!(ranks, [1 - rank]);
+        match source {
+            Error::CollectiveMismatch { mine, theirs, .. } => {
+                let (m, t) = if rank == 0 {
+                    ("4 elements", "5 elements")
+                } else {
+                    ("5 elements", "4 elements")
+                };
+                assert!(mine.contains(m) && theirs.contains(t), "{mine} / {theirs}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+    // The group is broken now, and says so.
+    let t = Tensor::zeros(&[4], DType::F32).unwrap();
+    assert!(matches!(
+        pgs[0].all_reduce(&t, ReduceOp::Sum, None).unwrap().wait(),
+        Err(Error::GroupBroken { seq: 0, .. })
+    ));
+}
+
+#[test]
+fn mismatched_ops_fail_every_rank_promptly() {
+    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+    let started = Instant::now();
+    let errors: Vec<Error> = thread::scope(|s| {
+        let hs: Vec<_> = pgs
+            .iter()
+            .map(|pg| {
+                s.spawn(move || {
+                    let t = Tensor::zeros(&[8], DType::I32).unwrap();
+                    let op = if pg.rank() == 2 {
+                        ReduceOp::Max
+                    } else {
+                        ReduceOp::Sum
+                    };
+                    pg.all_reduce(&t, op, None).unwrap().wait().unwrap_err()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let mut mismatches = 0;
+    for err in errors {
+        let (_, source) = expect_failed(err, "all_reduce", 0);
+        if let Error::CollectiveMismatch { mine, theirs, .. } = source {
+            assert!(
+                mine.contains("MAX") != theirs.contains("MAX"),
+                "{mine} / {theirs}"
+            );
+            mismatches += 1;
+        }
+    }
+    assert!(mismatches >= 2, "rank 2 and its peers see the mismatch");
+}
+
+#[test]
+fn a_dead_peer_fails_every_survivor_promptly_naming_it() {
+    let mut pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+    drop(pgs.pop()); // rank 2 goes away, closing its connections
+    let started = Instant::now();
+    let named: Vec<Vec<usize>> = thread::scope(|s| {
+        let hs: Vec<_> = pgs
+            .iter()
+            .map(|pg| {
+                s.spawn(move || {
+                    let t = Tensor::zeros(&[16], DType::F64).unwrap();
+                    let err = pg
+                        .all_reduce(&t, ReduceOp::Sum, None)
+                        .unwrap()
+                        .wait()
+                        .unwrap_err();
+                    assert!(
+                        err.to_string().contains("all_reduce (sequence number 0)"),
+                        "{err}"
+                    );
+                    let (ranks, source) = expect_failed(err, "all_reduce", 0);
+                    assert!(matches!(source, Error::PeerClosed { .. }), "{source:?}");
+                    ranks
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // A survivor that was talking to rank 2 names it; one that was waiting
+    // on the other survivor (which gave up and closed) names that one.
+    assert!(named.contains(&vec![2]), "{named:?}");
+    assert!(named.iter().all(|r| r.len() == 1), "{named:?}");
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works() {
+    let store = Arc::new(HashStore::new());
+    let pgs = groups(2, &store, "first");
+    let t = Tensor::zeros(&[4], DType::I64).unwrap();
+    let started = Instant::now();
+    let err = pgs[0]
+        .all_reduce(&t, ReduceOp::Sum, Some(Duration::from_millis(300)))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let (ranks, source) = expect_failed(err, "all_reduce", 0);
+    assert_eq!(ranks, [1]);
+    assert!(
+        matches!(source, Error::PeerTimeout { peer: 1, .. }),
+        "{source:?}"
+    );
+    drop(pgs);
+    let fresh = groups(2, &store, "second");
+    thread::scope(|s| {
+        for pg in &fresh {
+            s.spawn(move || {
+                let t = Tensor::from_vec(vec![3i64; 4], &[4]).unwrap();
+                pg.all_reduce(&t, ReduceOp::Product, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(t.to_vec::<i64>().unwrap(), [9; 4]);
+            });
+        }
+    });
+}
