@@ -134,6 +134,35 @@ pub enum Error {
     #[error("unsupported init method {found:?}: expected env://, tcp://host:port?rank=R&world_size=W or file:///path?rank=R&world_size=W")]
     UnsupportedInitMethod { found: String },
 
+    // ---- cuda ---------------------------------------------------------
+    /// No usable CUDA driver (or NVRTC) on this machine, or no such GPU.
+    #[error("CUDA is not available: {reason}")]
+    NoCuda { reason: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed with {code}: {message}")]
+    Cuda {
+        call: String,
+        code: String,
+        message: String,
+    },
+    /// NVRTC could not compile a kernel.
+    #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
+    Nvrtc {
+        kernel: String,
+        arch: String,
+        log: String,
+    },
+    /// An argument of a `cuda::comm` operation was wrong; names the
+    /// offending tensor (or device) index, what was expected and what was found.
+    #[error("{op}: {what}{}: expected {expected}, found {found}", index.map(|i| format!(" at index {i}")).unwrap_or_default())]
+    CommArgument {
+        op: &'static str,
+        what: String,
+        index: Option<usize>,
+        expected: String,
+        found: String,
+    },
+
     // ---- system -------------------------------------------------------
     /// An operating-system call failed.
     #[error("{context}: {source}")]
