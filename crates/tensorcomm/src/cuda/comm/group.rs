@@ -13,11 +13,12 @@ use crate::tensor::{DType, Tensor};
 /// use tensorcomm::tensor::{DType, Tensor};
 /// let ts = vec![
 ///     Tensor::zeros(&[4], DType::F32)?,  // 16 bytes
-///     Tensor::zeros(&[4], DType::F64)?,  // 32 bytes
+///     Tensor::zeros(&[4], DType::F64)?,  // 32 bytes: reaches 20 at once
 ///     Tensor::zeros(&[2], DType::F32)?,  //  8 bytes: f32 bucket reaches 24 >= 20
 ///     Tensor::zeros(&[1], DType::F32)?,
 /// ];
-/// assert_eq!(take_tensors(&ts, 20), vec![vec![0, 2], vec![1], vec![3]]);
+/// // The f64 tensor fills its bucket first, then the f32 bucket closes.
+/// assert_eq!(take_tensors(&ts, 20), vec![vec![1], vec![0, 2], vec![3]]);
 /// # Ok::<(), tensorcomm::Error>(())
 /// ```
 pub fn take_tensors(tensors: &[Tensor<'_>], buffer_size: usize) -> Vec<Vec<usize>> {

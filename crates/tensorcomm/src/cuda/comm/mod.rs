@@ -52,7 +52,7 @@ pub use broadcast::{broadcast, broadcast_coalesced, broadcast_out, DEFAULT_BUFFE
 pub use gather::{gather, gather_out};
 pub use group::take_tensors;
 pub use reduce::{reduce_add, reduce_add_coalesced};
-pub use scatter::{scatter, scatter_out};
+pub use scatter::{scatter, scatter_out, scatter_sizes};
 
 use crate::tensor::{Device, Tensor};
 use crate::{Error, Result};
