@@ -1,5 +1,6 @@
 //! The `tensorcomm` command: launch ranks, serve a store, run the demo.
 
+mod bench_cuda;
 mod demo;
 mod launch;
 mod store_cmd;
@@ -24,6 +25,8 @@ enum Command {
     Store(store_cmd::StoreArgs),
     /// The demo job: ranks rendezvous through the store and exchange data.
     Demo(demo::DemoArgs),
+    /// Benchmark cuda::comm on two GPUs (optionally against PyTorch's timings).
+    BenchCuda(bench_cuda::BenchCudaArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Command::Run(args) => launch::main(args),
         Command::Store(args) => store_cmd::main(args),
         Command::Demo(args) => demo::main(args),
+        Command::BenchCuda(args) => bench_cuda::main(args),
     }
 }
 
