@@ -2,6 +2,7 @@
 //! benchmark collectives.
 
 mod bench;
+mod bench_cuda;
 mod demo;
 mod launch;
 mod store_cmd;
@@ -28,6 +29,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Benchmark a collective, nccl-tests style.
     Bench(bench::BenchArgs),
+    /// Benchmark cuda::comm on two GPUs (optionally against PyTorch's timings).
+    BenchCuda(bench_cuda::BenchCudaArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Command::Store(args) => store_cmd::main(args),
         Command::Demo(args) => demo::main(args),
         Command::Bench(args) => bench::main(args),
+        Command::BenchCuda(args) => bench_cuda::main(args),
     }
 }
 

@@ -218,6 +218,34 @@ pub enum Error {
     /// A process group was used after a failure broke its connections.
     #[error("the process group is unusable after {op} (sequence number {seq}) failed; create a new group")]
     GroupBroken { op: String, seq: u64 },
+    // ---- cuda ---------------------------------------------------------
+    /// No usable CUDA driver (or NVRTC) on this machine, or no such GPU.
+    #[error("CUDA is not available: {reason}")]
+    NoCuda { reason: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed with {code}: {message}")]
+    Cuda {
+        call: String,
+        code: String,
+        message: String,
+    },
+    /// NVRTC could not compile a kernel.
+    #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
+    Nvrtc {
+        kernel: String,
+        arch: String,
+        log: String,
+    },
+    /// An argument of a `cuda::comm` operation was wrong; names the
+    /// offending tensor (or device) index, what was expected and what was found.
+    #[error("{op}: {what}{}: expected {expected}, found {found}", index.map(|i| format!(" at index {i}")).unwrap_or_default())]
+    CommArgument {
+        op: &'static str,
+        what: String,
+        index: Option<usize>,
+        expected: String,
+        found: String,
+    },
 
     // ---- system -------------------------------------------------------
     /// An operating-system call failed.

@@ -6,6 +6,8 @@
 //!
 //! - [`tensor`]: dtypes, devices, dense and sparse tensor handles.
 //! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
+//! - `cuda` (feature `cuda`, on by default): the CUDA runtime layer and
+//!   `cuda::comm`, single-process multi-GPU broadcast/scatter/gather/reduce.
 //! - [`rendezvous`]: turning an init method (`env://`, `tcp://`, `file://`)
 //!   into a rank, a world size and a connected store.
 //! - [`cpu`]: transports (TCP), reduction kernels and collective algorithms
@@ -24,6 +26,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod group;
 pub mod rendezvous;

@@ -22,12 +22,16 @@ impl<'a> Tensor<'a> {
     /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype(T::DTYPE, "to_vec")?;
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() {
+            return self.to_device(super::Device::Cpu)?.to_vec();
+        }
         let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); self.numel()];
         let guard = storage::read(&self.storage);
         copy_elements(
             bytemuck::cast_slice_mut(&mut out),
             &Layout::contiguous(self.shape()),
-            guard.bytes(),
+            guard.bytes()?,
             &self.layout,
             self.dtype.size(),
         );
@@ -44,12 +48,16 @@ impl<'a> Tensor<'a> {
     /// ```
     pub fn to_vec_bool(&self) -> Result<Vec<bool>> {
         self.check_dtype(DType::Bool, "to_vec_bool")?;
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() {
+            return self.to_device(super::Device::Cpu)?.to_vec_bool();
+        }
         let mut bytes = vec![0u8; self.numel()];
         let guard = storage::read(&self.storage);
         copy_elements(
             &mut bytes,
             &Layout::contiguous(self.shape()),
-            guard.bytes(),
+            guard.bytes()?,
             &self.layout,
             1,
         );
@@ -89,6 +97,10 @@ impl<'a> Tensor<'a> {
         if self.numel() == 0 {
             return Ok(());
         }
+        #[cfg(feature = "cuda")]
+        if self.device.is_cuda() || src.device.is_cuda() {
+            return super::cuda::copy_between(self, src);
+        }
         let size = self.dtype.size();
         if self.shares_storage(src) {
             if self.layout == src.layout {
@@ -101,12 +113,12 @@ impl<'a> Tensor<'a> {
             copy_elements(
                 &mut staged,
                 &staged_layout,
-                guard.bytes(),
+                guard.bytes()?,
                 &src.layout,
                 size,
             );
             copy_elements(
-                guard.bytes_mut(),
+                guard.bytes_mut()?,
                 &self.layout,
                 &staged,
                 &staged_layout,
@@ -127,9 +139,9 @@ impl<'a> Tensor<'a> {
             dst_guard = storage::write(&self.storage);
         }
         copy_elements(
-            dst_guard.bytes_mut(),
+            dst_guard.bytes_mut()?,
             &self.layout,
-            src_guard.bytes(),
+            src_guard.bytes()?,
             &src.layout,
             size,
         );
@@ -199,7 +211,7 @@ impl<'a> Tensor<'a> {
     fn fill_element(&self, element: &[u8]) -> Result<()> {
         let size = element.len();
         let mut guard = storage::write(&self.storage);
-        let bytes = guard.bytes_mut();
+        let bytes = guard.bytes_mut()?;
         match self.layout.span() {
             Some(span) if self.layout.is_non_overlapping_and_dense() => {
                 for slot in bytes[span.start * size..span.end * size].chunks_exact_mut(size) {
@@ -267,7 +279,7 @@ pub(super) fn copy_elements(
 /// True when both layouts are non-overlapping and dense with the same
 /// strides on every dimension that has more than one element, so their
 /// spans hold the elements in the same order.
-fn same_dense_order(a: &Layout, b: &Layout) -> bool {
+pub(super) fn same_dense_order(a: &Layout, b: &Layout) -> bool {
     a.is_non_overlapping_and_dense()
         && b.is_non_overlapping_and_dense()
         && a.shape() == b.shape()

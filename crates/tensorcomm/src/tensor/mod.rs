@@ -28,6 +28,8 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod data;
 mod dense;
 mod device;
@@ -45,3 +47,6 @@ pub use dtype::DType;
 pub use element::Element;
 pub use layout::{channels_last_strides, contiguous_strides, Layout, Offsets};
 pub use sparse::SparseTensor;
+
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::preserved_layout_of;

@@ -51,7 +51,7 @@ impl<'a> Tensor<'a> {
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         let range = self.dense_span_byte_range()?;
         let guard = storage::read(&self.storage);
-        Ok(f(&guard.bytes()[range]))
+        Ok(f(&guard.bytes()?[range]))
     }
 
     /// Runs `f` on the writable bytes of the dense span while holding the
@@ -68,7 +68,7 @@ impl<'a> Tensor<'a> {
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
         let range = self.dense_span_byte_range()?;
         let mut guard = storage::write(&self.storage);
-        Ok(f(&mut guard.bytes_mut()[range]))
+        Ok(f(&mut guard.bytes_mut()?[range]))
     }
 
     /// A copy of the bytes of the dense span.
@@ -173,6 +173,10 @@ impl<'a> Tensor<'a> {
             Memory::HostOwned(buffer) => Ok(buffer),
             Memory::HostBorrowed(_) => Err(Error::InvalidArgument(format!(
                 "{op}: the tensor borrows the caller's memory and owns no Vec to give back"
+            ))),
+            #[cfg(feature = "cuda")]
+            _ => Err(Error::InvalidArgument(format!(
+                "{op}: the tensor's memory is pinned or on a GPU, not a Vec; use to_vec"
             ))),
         }
     }

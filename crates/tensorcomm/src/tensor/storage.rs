@@ -15,6 +15,16 @@ use std::any::Any;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{DType, Device};
+use crate::Result;
+
+/// The error for host-only access to GPU memory.
+#[cfg(feature = "cuda")]
+fn not_host(ordinal: usize) -> crate::Error {
+    crate::Error::InvalidArgument(format!(
+        "expected a tensor in host memory, found one on cuda:{ordinal} \
+         (copy it with to_device(Device::Cpu) first)"
+    ))
+}
 
 /// Host memory a storage owns: a `Vec<T>` of plain-old-data elements seen
 /// as bytes.
@@ -53,9 +63,12 @@ pub(crate) enum Memory<'a> {
     HostOwned(Box<dyn HostBuffer>),
     /// Host memory borrowed from the caller for `'a`.
     HostBorrowed(&'a mut [u8]),
-    // Pinned host memory and CUDA allocations (cudarc `CudaSlice<T>`) are
-    // added here by the CUDA runtime layer; `device()` and the byte
-    // accessors below are the places that learn about them.
+    /// Page-locked host memory (fast, asynchronous copies to GPUs).
+    #[cfg(feature = "cuda")]
+    Pinned(crate::cuda::runtime::PinnedBuffer),
+    /// Memory on a GPU; its bytes are reached through `cuda::runtime`.
+    #[cfg(feature = "cuda")]
+    Cuda(super::cuda::CudaMemory<'a>),
 }
 
 /// A flat run of bytes on one device, shared by the tensors viewing it.
@@ -94,31 +107,65 @@ impl<'a> Storage<'a> {
         Arc::new(RwLock::new(self))
     }
 
+    /// Storage over `memory`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_memory(memory: Memory<'a>) -> Self {
+        Storage { memory }
+    }
+
     /// The device holding the bytes.
     pub(crate) fn device(&self) -> Device {
-        match self.memory {
+        match &self.memory {
             Memory::HostOwned(_) | Memory::HostBorrowed(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Memory::Pinned(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Memory::Cuda(m) => Device::Cuda(m.device()),
         }
     }
 
     /// Size in bytes.
     pub(crate) fn nbytes(&self) -> usize {
-        self.bytes().len()
-    }
-
-    /// The bytes of host storage.
-    pub(crate) fn bytes(&self) -> &[u8] {
         match &self.memory {
-            Memory::HostOwned(buffer) => buffer.bytes(),
-            Memory::HostBorrowed(bytes) => bytes,
+            Memory::HostOwned(buffer) => buffer.bytes().len(),
+            Memory::HostBorrowed(bytes) => bytes.len(),
+            #[cfg(feature = "cuda")]
+            Memory::Pinned(p) => p.len(),
+            #[cfg(feature = "cuda")]
+            Memory::Cuda(m) => m.len(),
         }
     }
 
-    /// The writable bytes of host storage.
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+    /// The bytes of host storage; an error for GPU storage.
+    pub(crate) fn bytes(&self) -> Result<&[u8]> {
+        match &self.memory {
+            Memory::HostOwned(buffer) => Ok(buffer.bytes()),
+            Memory::HostBorrowed(bytes) => Ok(bytes),
+            #[cfg(feature = "cuda")]
+            Memory::Pinned(p) => Ok(p.as_slice()),
+            #[cfg(feature = "cuda")]
+            Memory::Cuda(m) => Err(not_host(m.device())),
+        }
+    }
+
+    /// The writable bytes of host storage; an error for GPU storage.
+    pub(crate) fn bytes_mut(&mut self) -> Result<&mut [u8]> {
         match &mut self.memory {
-            Memory::HostOwned(buffer) => buffer.bytes_mut(),
-            Memory::HostBorrowed(bytes) => bytes,
+            Memory::HostOwned(buffer) => Ok(buffer.bytes_mut()),
+            Memory::HostBorrowed(bytes) => Ok(bytes),
+            #[cfg(feature = "cuda")]
+            Memory::Pinned(p) => Ok(p.as_mut_slice()),
+            #[cfg(feature = "cuda")]
+            Memory::Cuda(m) => Err(not_host(m.device())),
+        }
+    }
+
+    /// The GPU memory behind CUDA storage.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(&self) -> Option<&super::cuda::CudaMemory<'a>> {
+        match &self.memory {
+            Memory::Cuda(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -148,7 +195,7 @@ mod tests {
         let data = vec![1.0f32, 2.0];
         let ptr = data.as_ptr() as *const u8;
         let storage = Storage::from_vec(data);
-        assert_eq!(storage.bytes().as_ptr(), ptr);
+        assert_eq!(storage.bytes().unwrap().as_ptr(), ptr);
         assert_eq!(storage.nbytes(), 8);
         assert_eq!(storage.device(), Device::Cpu);
         match storage.into_memory() {
@@ -157,7 +204,7 @@ mod tests {
                 let back = buffer.into_any().downcast::<Vec<f32>>().unwrap();
                 assert_eq!(back.as_ptr() as *const u8, ptr);
             }
-            Memory::HostBorrowed(_) => panic!("owned storage became borrowed"),
+            _ => panic!("owned storage became something else"),
         }
     }
 
@@ -166,7 +213,7 @@ mod tests {
         let mut data = [0u16; 3];
         {
             let mut storage = Storage::borrowed(bytemuck::cast_slice_mut(&mut data));
-            storage.bytes_mut()[2..4].copy_from_slice(&7u16.to_ne_bytes());
+            storage.bytes_mut().unwrap()[2..4].copy_from_slice(&7u16.to_ne_bytes());
         }
         assert_eq!(data, [0, 7, 0]);
     }
@@ -176,7 +223,7 @@ mod tests {
         for dtype in DType::ALL {
             let storage = Storage::zeros(dtype, 5);
             assert_eq!(storage.nbytes(), 5 * dtype.size());
-            assert!(storage.bytes().iter().all(|&b| b == 0));
+            assert!(storage.bytes().unwrap().iter().all(|&b| b == 0));
         }
     }
 }

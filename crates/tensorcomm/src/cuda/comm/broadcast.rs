@@ -1,0 +1,226 @@
+//! broadcast, broadcast_out, broadcast_coalesced.
+
+use crate::cuda::runtime;
+use crate::tensor::{Device, Tensor};
+use crate::Result;
+
+use super::copy::{byte_copyable, copy_pairs, output_like, run_spans, span};
+use super::group::take_tensors;
+use super::{arg_error, check_devices, cuda_ordinal};
+
+/// The default bucket size of [`broadcast_coalesced`] and
+/// [`reduce_add_coalesced`](super::reduce_add_coalesced): 10 MiB, as in PyTorch.
+pub const DEFAULT_BUFFER_SIZE: usize = 10 << 20;
+
+/// Copies `tensor` to every device in `devices`. The output for the
+/// tensor's own device is `tensor` itself (same storage, no copy); the
+/// others are new tensors with the same strides when `tensor` is dense. The
+/// source may be a host tensor. Negative device indices are errors.
+///
+/// ```no_run
+/// use tensorcomm::cuda::comm::broadcast;
+/// use tensorcomm::tensor::{Device, Tensor};
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?.to_device(Device::Cuda(0))?;
+/// let out = broadcast(&x, &[0, 1])?;
+/// assert!(out[0].shares_storage(&x));
+/// assert_eq!(out[1].device(), Device::Cuda(1));
+/// assert_eq!(out[1].to_vec::<f32>()?, [1.0, 2.0]);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn broadcast<'a>(tensor: &Tensor<'a>, devices: &[i64]) -> Result<Vec<Tensor<'a>>> {
+    let devices = check_devices("broadcast", devices)?;
+    let mut outs = Vec::with_capacity(devices.len());
+    let mut fresh = Vec::new();
+    for &d in &devices {
+        if tensor.device() == Device::Cuda(d) {
+            outs.push(None);
+        } else {
+            let t = output_like(tensor, Device::Cuda(d))?;
+            fresh.push(t.clone());
+            outs.push(Some(t));
+        }
+    }
+    let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = fresh.iter().map(|o| (o, tensor)).collect();
+    copy_pairs(&pairs, &|_| None)?;
+    Ok(outs
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| tensor.clone()))
+        .collect())
+}
+
+/// Copies `tensor` into every tensor of `outs`, which must be CUDA tensors
+/// of the source's shape and dtype (any layout). Nothing is written when a
+/// check fails.
+///
+/// ```no_run
+/// use tensorcomm::cuda::comm::broadcast_out;
+/// use tensorcomm::tensor::{DType, Device, Tensor};
+/// let x = Tensor::from_vec(vec![7i32; 4], &[2, 2])?;
+/// let outs = [Tensor::zeros_on(&[2, 2], DType::I32, Device::Cuda(0))?, Tensor::zeros_on(&[2, 2], DType::I32, Device::Cuda(1))?];
+/// broadcast_out(&x, &outs)?;
+/// assert_eq!(outs[1].to_vec::<i32>()?, [7; 4]);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn broadcast_out(tensor: &Tensor<'_>, outs: &[Tensor<'_>]) -> Result<()> {
+    const OP: &str = "broadcast_out";
+    for (i, out) in outs.iter().enumerate() {
+        cuda_ordinal(OP, "output tensor", i, out)?;
+        if out.shape() != tensor.shape() {
+            return Err(arg_error(
+                OP,
+                "output tensor",
+                Some(i),
+                format!("shape {:?} (the source's)", tensor.shape()),
+                format!("shape {:?}", out.shape()),
+            ));
+        }
+        if out.dtype() != tensor.dtype() {
+            return Err(arg_error(
+                OP,
+                "output tensor",
+                Some(i),
+                format!("dtype {} (the source's)", tensor.dtype()),
+                format!("dtype {}", out.dtype()),
+            ));
+        }
+    }
+    let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = outs.iter().map(|o| (o, tensor)).collect();
+    copy_pairs(&pairs, &|_| None)
+}
+
+/// Broadcasts many tensors, all on `devices[0]`, to every device in
+/// `devices`, in buckets of at most about `buffer_size` bytes of one dtype
+/// ([`take_tensors`]). `result[0]` holds the inputs themselves; `result[k]`
+/// holds, in input order, new tensors on `devices[k]`, each with its own
+/// storage and the input's strides when dense. Zero-element tensors keep
+/// their shape. Each bucket is one kernel launch on `devices[0]` that writes
+/// every tensor of the bucket to every other device.
+///
+/// ```no_run
+/// use tensorcomm::cuda::comm::{broadcast_coalesced, DEFAULT_BUFFER_SIZE};
+/// use tensorcomm::tensor::{DType, Device, Tensor};
+/// let params = vec![
+///     Tensor::zeros_on(&[64, 3, 7, 7], DType::F32, Device::Cuda(0))?,
+///     Tensor::zeros_on(&[1000], DType::BF16, Device::Cuda(0))?,
+/// ];
+/// let copies = broadcast_coalesced(&params, &[0, 1], DEFAULT_BUFFER_SIZE)?;
+/// assert_eq!(copies[1][1].device(), Device::Cuda(1));
+/// assert_eq!(copies[1][1].shape(), &[1000]);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn broadcast_coalesced<'a>(
+    tensors: &[Tensor<'a>],
+    devices: &[i64],
+    buffer_size: usize,
+) -> Result<Vec<Vec<Tensor<'a>>>> {
+    const OP: &str = "broadcast_coalesced";
+    let devices = check_devices(OP, devices)?;
+    let Some(&root) = devices.first() else {
+        return Err(arg_error(
+            OP,
+            "devices",
+            None,
+            "at least one device",
+            "an empty list",
+        ));
+    };
+    for (i, t) in tensors.iter().enumerate() {
+        if t.device() != Device::Cuda(root) {
+            return Err(arg_error(
+                OP,
+                "tensor",
+                Some(i),
+                format!("a tensor on devices[0] = cuda:{root}"),
+                format!("a tensor on {}", t.device()),
+            ));
+        }
+    }
+    if buffer_size == 0 {
+        return Err(arg_error(
+            OP,
+            "buffer_size",
+            None,
+            "a positive number of bytes",
+            "0",
+        ));
+    }
+    let mut outputs: Vec<Vec<Tensor<'a>>> = Vec::with_capacity(devices.len());
+    outputs.push(tensors.to_vec());
+    for &d in &devices[1..] {
+        if d == root {
+            outputs.push(tensors.to_vec());
+            continue;
+        }
+        runtime::context(d)?;
+        let outs = tensors
+            .iter()
+            .map(|t| output_like(t, Device::Cuda(d)))
+            .collect::<Result<Vec<_>>>()?;
+        outputs.push(outs);
+    }
+    for bucket in take_tensors(tensors, buffer_size) {
+        let mut spans = Vec::new();
+        let mut strided = Vec::new();
+        for out in outputs.iter().skip(1) {
+            for &i in &bucket {
+                let (dst, src) = (&out[i], &tensors[i]);
+                if dst.numel() == 0 || dst.shares_storage(src) {
+                    continue;
+                }
+                if byte_copyable(dst, src) {
+                    spans.push(span(dst, src)?);
+                } else {
+                    strided.push((dst, src));
+                }
+            }
+        }
+        run_spans(&spans, &|_| None)?;
+        copy_pairs(&strided, &|_| None)?;
+    }
+    Ok(outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+    use crate::Error;
+
+    #[test]
+    fn arguments_are_checked_before_any_gpu_work() {
+        let host = Tensor::zeros(&[2], DType::F32).unwrap();
+        match broadcast(&host, &[0, -1]) {
+            Err(Error::CommArgument {
+                op,
+                index,
+                expected,
+                found,
+                ..
+            }) => {
+                assert_eq!((op, index, found.as_str()), ("broadcast", Some(1), "-1"));
+                assert!(expected.contains("non-negative"));
+            }
+            other => panic!("{other:?}"),
+        }
+        match broadcast_coalesced(std::slice::from_ref(&host), &[0, 1], 1024) {
+            Err(e @ Error::CommArgument { index: Some(0), .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("cuda:0") && msg.contains("found a tensor on cpu"),
+                    "{msg}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            broadcast_coalesced(&[], &[], 1024),
+            Err(Error::CommArgument { what, .. }) if what == "devices"
+        ));
+        match broadcast_out(&host, std::slice::from_ref(&host)) {
+            Err(e @ Error::CommArgument { index: Some(0), .. }) => {
+                assert!(e.to_string().contains("a CUDA tensor"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

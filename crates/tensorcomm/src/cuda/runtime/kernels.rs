@@ -1,0 +1,343 @@
+//! tensorcomm's own kernels (`kernels.cu`) and their launchers: a
+//! multi-tensor byte copy, a strided element copy and an element-wise sum
+//! of up to eight inputs. Pointers may point into other GPUs' memory where
+//! peer access is enabled ([`enable_peer_access`](super::enable_peer_access)).
+
+use std::ffi::{c_void, CString};
+
+use cudarc::driver::{result, sys};
+
+use super::context::Context;
+use super::driver::check;
+use super::memory::DevicePtr;
+use super::nvrtc;
+use super::stream::Stream;
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// The CUDA C source of the kernels.
+pub(crate) const SOURCE: &str = include_str!("kernels.cu");
+
+/// Ranges one `multi_copy` launch takes (`MAX_COPY` in kernels.cu).
+pub(crate) const MAX_COPY: usize = 96;
+/// Dimensions the strided copy handles (`MAX_DIMS`).
+pub(crate) const MAX_DIMS: usize = 8;
+/// Inputs one sum launch reads (`MAX_SRC`).
+pub(crate) const MAX_SRC: usize = 8;
+/// Bytes of a range one block copies at a time.
+const CHUNK_BYTES: u64 = 64 << 10;
+
+/// One range of a multi-tensor copy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CopyDesc {
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: u64,
+}
+
+impl CopyDesc {
+    pub(crate) fn new(src: DevicePtr, dst: DevicePtr, bytes: usize) -> Self {
+        CopyDesc {
+            src: src.0,
+            dst: dst.0,
+            bytes: bytes as u64,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyBatch {
+    count: u64,
+    chunk_start: [u64; MAX_COPY + 1],
+    d: [CopyDesc; MAX_COPY],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StridedArgs {
+    pub src: u64,
+    pub dst: u64,
+    pub numel: u64,
+    pub ndim: i64,
+    pub elem_size: i64,
+    pub sizes: [i64; MAX_DIMS],
+    pub src_strides: [i64; MAX_DIMS],
+    pub dst_strides: [i64; MAX_DIMS],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ReduceArgs {
+    dst: u64,
+    src: [u64; MAX_SRC],
+    nsrc: u64,
+    numel: u64,
+    vector: u64,
+}
+
+/// A loaded module's functions. `CUfunction` handles are plain handles that
+/// any thread may use with the context current.
+pub(crate) struct Kernels {
+    _module: Module,
+    multi_copy: Function,
+    strided_copy: Function,
+    reduce_add: [Function; 9],
+}
+
+struct Module(sys::CUmodule);
+// SAFETY: a module handle is a context-wide handle, usable from any thread.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Module {}
+
+#[derive(Clone, Copy)]
+struct Function(sys::CUfunction);
+// SAFETY: a function handle is a context-wide handle, usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Function {}
+
+const REDUCE_NAMES: [(DType, &str); 9] = [
+    (DType::F32, "reduce_add_f32"),
+    (DType::F64, "reduce_add_f64"),
+    (DType::F16, "reduce_add_f16"),
+    (DType::BF16, "reduce_add_bf16"),
+    (DType::I8, "reduce_add_i8"),
+    (DType::U8, "reduce_add_u8"),
+    (DType::I32, "reduce_add_i32"),
+    (DType::I64, "reduce_add_i64"),
+    (DType::Bool, "reduce_add_bool"),
+];
+
+impl Kernels {
+    pub(super) fn load(ctx: &Context) -> Result<Kernels> {
+        let image = nvrtc::cubin("tensorcomm", SOURCE, &ctx.arch())?;
+        ctx.bind()?;
+        // SAFETY: `image` is a complete CUBIN produced by NVRTC for this
+        // device's architecture; the driver copies it during the call.
+        let module = check("cuModuleLoadData", unsafe {
+            result::module::load_data(image.as_ptr().cast())
+        })?;
+        let module = Module(module);
+        let get = |name: &str| -> Result<Function> {
+            let cname = CString::new(name).map_err(|_| Error::InvalidArgument(name.into()))?;
+            // SAFETY: `module` is loaded and `cname` a valid C string.
+            check("cuModuleGetFunction", unsafe {
+                result::module::get_function(module.0, cname)
+            })
+            .map(Function)
+        };
+        let multi_copy = get("multi_copy")?;
+        let strided_copy = get("strided_copy")?;
+        let mut reduce_add = [multi_copy; 9];
+        for (slot, (_, name)) in reduce_add.iter_mut().zip(REDUCE_NAMES) {
+            *slot = get(name)?;
+        }
+        Ok(Kernels {
+            _module: module,
+            multi_copy,
+            strided_copy,
+            reduce_add,
+        })
+    }
+}
+
+fn launch<P>(
+    ctx: &Context,
+    f: Function,
+    grid: u32,
+    block: u32,
+    stream: &Stream,
+    params: &mut [*mut c_void],
+    _keep: &P,
+) -> Result<()> {
+    ctx.bind()?;
+    // SAFETY: `f` belongs to `ctx`'s module; each parameter points at a
+    // live value of the type the kernel declares (the #[repr(C)] mirrors
+    // above), kept alive by the caller for the duration of this call (the
+    // driver copies parameters at launch). The device addresses inside were
+    // taken from live buffers that the caller keeps until the stream is
+    // synchronised.
+    check("cuLaunchKernel", unsafe {
+        result::launch_kernel(
+            f.0,
+            (grid.max(1), 1, 1),
+            (block, 1, 1),
+            0,
+            stream.cu_stream(),
+            params,
+        )
+    })
+}
+
+/// Groups ranges into launches of at most [`MAX_COPY`], dropping empty
+/// ones. Returns, per launch, the ranges and their chunk-start prefix sums.
+pub(crate) fn plan_copy_batches(
+    descs: &[CopyDesc],
+    chunk_bytes: u64,
+) -> Vec<(Vec<CopyDesc>, Vec<u64>)> {
+    let non_empty: Vec<CopyDesc> = descs.iter().copied().filter(|d| d.bytes > 0).collect();
+    non_empty
+        .chunks(MAX_COPY)
+        .map(|batch| {
+            let mut starts = Vec::with_capacity(batch.len() + 1);
+            let mut total = 0u64;
+            starts.push(0);
+            for d in batch {
+                total += d.bytes.div_ceil(chunk_bytes);
+                starts.push(total);
+            }
+            (batch.to_vec(), starts)
+        })
+        .collect()
+}
+
+/// Queues copies of many byte ranges on `stream` (a launch per
+/// [`MAX_COPY`] ranges). Every range must lie in memory that the caller
+/// keeps alive until the stream has run, on `ctx`'s GPU or on GPUs it has
+/// peer access to.
+pub(crate) fn multi_copy(ctx: &Context, stream: &Stream, descs: &[CopyDesc]) -> Result<()> {
+    let kernels = ctx.kernels()?;
+    for (batch, starts) in plan_copy_batches(descs, CHUNK_BYTES) {
+        let mut args = CopyBatch {
+            count: batch.len() as u64,
+            chunk_start: [0; MAX_COPY + 1],
+            d: [CopyDesc::default(); MAX_COPY],
+        };
+        args.chunk_start[..starts.len()].copy_from_slice(&starts);
+        args.d[..batch.len()].copy_from_slice(&batch);
+        let total = starts.last().copied().unwrap_or(0);
+        let grid = total.min(u64::from(ctx.sm_count()) * 4) as u32;
+        let mut chunk = CHUNK_BYTES;
+        let mut params = [
+            (&mut args as *mut CopyBatch).cast::<c_void>(),
+            (&mut chunk as *mut u64).cast::<c_void>(),
+        ];
+        launch(
+            ctx,
+            kernels.multi_copy,
+            grid,
+            512,
+            stream,
+            &mut params,
+            &args,
+        )?;
+    }
+    Ok(())
+}
+
+/// Queues an element copy between two strided layouts of `numel` elements
+/// (see [`StridedArgs`]); same preconditions as [`multi_copy`].
+pub(crate) fn strided_copy(ctx: &Context, stream: &Stream, mut args: StridedArgs) -> Result<()> {
+    if args.numel == 0 {
+        return Ok(());
+    }
+    let kernels = ctx.kernels()?;
+    let grid = args.numel.div_ceil(256).min(u64::from(ctx.sm_count()) * 8) as u32;
+    let mut params = [(&mut args as *mut StridedArgs).cast::<c_void>()];
+    launch(
+        ctx,
+        kernels.strided_copy,
+        grid,
+        256,
+        stream,
+        &mut params,
+        &(),
+    )
+}
+
+/// Queues `dst = sum(srcs)` element-wise over `numel` elements of `dtype`
+/// (at most [`MAX_SRC`] inputs; `dst` may be one of them). Same
+/// preconditions as [`multi_copy`].
+pub(crate) fn reduce_add(
+    ctx: &Context,
+    stream: &Stream,
+    dtype: DType,
+    dst: DevicePtr,
+    srcs: &[DevicePtr],
+    numel: usize,
+) -> Result<()> {
+    if srcs.is_empty() || srcs.len() > MAX_SRC {
+        return Err(Error::InvalidArgument(format!(
+            "reduce_add kernel: expected 1 to {MAX_SRC} inputs, found {}",
+            srcs.len()
+        )));
+    }
+    if numel == 0 {
+        return Ok(());
+    }
+    let kernels = ctx.kernels()?;
+    let index = REDUCE_NAMES
+        .iter()
+        .position(|(d, _)| *d == dtype)
+        .unwrap_or(0);
+    let mut args = ReduceArgs {
+        dst: dst.0,
+        src: [0; MAX_SRC],
+        nsrc: srcs.len() as u64,
+        numel: numel as u64,
+        vector: 0,
+    };
+    for (slot, p) in args.src.iter_mut().zip(srcs) {
+        *slot = p.0;
+    }
+    let aligned = std::iter::once(dst)
+        .chain(srcs.iter().copied())
+        .all(|p| p.0 % 16 == 0);
+    args.vector = u64::from(aligned);
+    let per_thread = if aligned {
+        (16 / dtype.size()) as u64
+    } else {
+        1
+    };
+    let threads = (numel as u64).div_ceil(per_thread);
+    let grid = threads.div_ceil(256).min(u64::from(ctx.sm_count()) * 8) as u32;
+    let mut params = [(&mut args as *mut ReduceArgs).cast::<c_void>()];
+    launch(
+        ctx,
+        kernels.reduce_add[index],
+        grid,
+        256,
+        stream,
+        &mut params,
+        &(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(bytes: u64) -> CopyDesc {
+        CopyDesc {
+            src: 0,
+            dst: 0,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn copy_batches_drop_empty_ranges_and_split_at_the_limit() {
+        let descs: Vec<CopyDesc> = (0..200u64).map(|i| d(i % 3 * 100_000)).collect();
+        let batches = plan_copy_batches(&descs, 65536);
+        let kept: usize = batches.iter().map(|(b, _)| b.len()).sum();
+        assert_eq!(kept, descs.iter().filter(|x| x.bytes > 0).count());
+        assert!(batches
+            .iter()
+            .all(|(b, s)| b.len() <= MAX_COPY && s.len() == b.len() + 1));
+        let (first, starts) = &batches[0];
+        // 100000 bytes is 2 chunks of 64 KiB, 200000 is 4.
+        assert_eq!(first[0].bytes, 100_000);
+        assert_eq!(&starts[..4], &[0, 2, 6, 8]);
+    }
+
+    #[test]
+    fn the_param_structs_fit_the_launch_limit() {
+        // cuLaunchKernel takes at most 4 KiB of parameters on every GPU.
+        assert!(std::mem::size_of::<CopyBatch>() + 8 <= 4096);
+        assert!(std::mem::size_of::<StridedArgs>() <= 4096);
+        assert_eq!(std::mem::size_of::<CopyDesc>(), 24);
+    }
+}

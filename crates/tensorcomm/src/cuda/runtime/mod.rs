@@ -1,0 +1,44 @@
+//! The CUDA runtime layer: the only module that calls cudarc's raw API.
+//!
+//! - devices and their primary contexts ([`context`], [`device_count`]),
+//! - streams and events ([`Stream`], [`Event`]),
+//! - device buffers from `cuMemAlloc`, suitable for IPC, kept in a
+//!   per-device cache for reuse ([`DeviceBuffer`]), and pinned host memory
+//!   ([`PinnedBuffer`]),
+//! - peer access ([`enable_peer_access`]) and copies between GPUs,
+//! - NVRTC kernels compiled once per architecture and cached on disk
+//!   ([`cache_dir`]).
+//!
+//! Every CUDA failure is a typed error ([`Error::Cuda`](crate::Error::Cuda),
+//! [`Error::Nvrtc`](crate::Error::Nvrtc)). On a machine without a driver,
+//! every entry point returns [`Error::NoCuda`](crate::Error::NoCuda): the
+//! driver library's presence is checked before the first call into it.
+//!
+//! ```
+//! use tensorcomm::cuda::runtime;
+//! match runtime::device_count() {
+//!     Ok(n) => {
+//!         for i in 0..n {
+//!             let ctx = runtime::context(i)?;
+//!             println!("cuda:{i} {} ({})", ctx.name(), ctx.arch());
+//!         }
+//!     }
+//!     Err(tensorcomm::Error::NoCuda { reason }) => println!("no GPU here: {reason}"),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok::<(), tensorcomm::Error>(())
+//! ```
+
+mod context;
+mod driver;
+pub(crate) mod kernels;
+mod memory;
+mod nvrtc;
+mod stream;
+
+pub use context::{context, device_count, Context};
+pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
+pub use nvrtc::cache_dir;
+pub use stream::{Event, Stream};
+
+pub(crate) use memory::{copy_dtod_async, copy_dtoh_sync, copy_htod_sync, cudarc_slice_parts};

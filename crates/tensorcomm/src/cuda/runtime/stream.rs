@@ -1,0 +1,126 @@
+//! Streams and events.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+
+use super::context::{context, Context};
+use super::driver::check;
+use crate::Result;
+
+/// A CUDA stream on one device: work queued on it runs in order.
+///
+/// Clones are handles on the same stream.
+///
+/// ```no_run
+/// use tensorcomm::cuda::runtime::Stream;
+/// let s = Stream::new(1)?; // a new stream on cuda:1
+/// assert_eq!(s.device(), 1);
+/// s.synchronize()?;
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<CudaStream>,
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream(cuda:{})", self.ordinal)
+    }
+}
+
+impl Stream {
+    /// A new non-blocking stream on GPU `device`.
+    pub fn new(device: usize) -> Result<Stream> {
+        Stream::on(&*context(device)?)
+    }
+
+    pub(super) fn on(ctx: &Context) -> Result<Stream> {
+        ctx.bind()?;
+        let inner = check("cuStreamCreate", ctx.inner.new_stream())?;
+        Ok(Stream {
+            inner,
+            ordinal: ctx.ordinal(),
+        })
+    }
+
+    /// Wraps a cudarc stream (for example candle's or burn's) so tensorcomm
+    /// work can be ordered on it.
+    pub fn from_cudarc(stream: Arc<CudaStream>) -> Stream {
+        let ordinal = stream.context().ordinal();
+        Stream {
+            inner: stream,
+            ordinal,
+        }
+    }
+
+    /// The GPU this stream belongs to.
+    pub fn device(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Waits until all work queued on the stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        check("cuStreamSynchronize", self.inner.synchronize())
+    }
+
+    /// Records an event on the stream (see [`Event`]).
+    pub fn record(&self) -> Result<Event> {
+        let event = check(
+            "cuEventCreate",
+            self.inner
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)),
+        )?;
+        check("cuEventRecord", event.record(&self.inner))?;
+        Ok(Event { inner: event })
+    }
+
+    /// Records a timing event on the stream (for [`Event::elapsed_ms`]).
+    pub fn record_timed(&self) -> Result<Event> {
+        let event = check(
+            "cuEventCreate",
+            self.inner
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+        )?;
+        check("cuEventRecord", event.record(&self.inner))?;
+        Ok(Event { inner: event })
+    }
+
+    /// Makes later work on this stream wait for `event` (which may belong to
+    /// another device).
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        check("cuStreamWaitEvent", self.inner.wait(&event.inner))
+    }
+
+    /// The cudarc stream.
+    pub fn cudarc(&self) -> &Arc<CudaStream> {
+        &self.inner
+    }
+
+    pub(super) fn cu_stream(&self) -> sys::CUstream {
+        self.inner.cu_stream()
+    }
+}
+
+/// A point in a stream's work, for ordering other streams after it or for
+/// timing.
+pub struct Event {
+    inner: CudaEvent,
+}
+
+impl Event {
+    /// Blocks until the work before the event has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        check("cuEventSynchronize", self.inner.synchronize())
+    }
+
+    /// Milliseconds between `self` and the later event `end` (both recorded
+    /// with [`Stream::record_timed`]).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        check("cuEventElapsedTime", self.inner.elapsed_ms(&end.inner))
+    }
+}
