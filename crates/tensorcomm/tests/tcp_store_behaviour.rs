@@ -346,3 +346,26 @@ fn connect_retries_until_the_server_is_up() {
     store.set("k", b"v").unwrap();
     assert_eq!(server.clients_joined(), 1);
 }
+
+/// Rank 0 hosts the server; when it sets a key and leaves at once, a rank
+/// still waiting for that key must get the value, not a lost connection.
+#[test]
+fn a_hosting_store_lingers_until_its_clients_are_done() {
+    for round in 0..20 {
+        let options = TcpStoreOptions::default();
+        let host = TcpStore::host("127.0.0.1:0", 1, &options).unwrap();
+        let addr = host.server_addr().to_string();
+        let client = TcpStore::connect(&addr, &options).unwrap();
+        let waiter = std::thread::spawn(move || {
+            let value = client.get_timeout("done", Duration::from_secs(20));
+            // connected all along, so the host's server waited for us
+            drop(client);
+            value
+        });
+        host.set("done", b"bye").unwrap();
+        let start = Instant::now();
+        drop(host);
+        assert_eq!(waiter.join().unwrap().unwrap(), b"bye", "round {round}");
+        assert!(start.elapsed() < Duration::from_secs(10), "round {round}");
+    }
+}

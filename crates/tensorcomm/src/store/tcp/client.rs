@@ -68,6 +68,30 @@ pub struct TcpStore {
     /// The server hosted by [`TcpStore::host`]; declared last so the
     /// client's connections close before it stops.
     server: Option<TcpStoreServer>,
+    /// How long dropping a hosting store waits for the other clients.
+    linger: Duration,
+}
+
+impl Drop for TcpStore {
+    /// A store hosting the server first closes its own connections, then
+    /// waits up to `linger` for every other client to disconnect, so that a
+    /// rank finishing just after rank 0 still gets its last replies.
+    fn drop(&mut self) {
+        let Some(server) = self.server.take() else {
+            return;
+        };
+        self.idle
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        if !server.wait_until_idle(self.linger) {
+            tracing::warn!(
+                open = server.open_connections(),
+                linger = ?self.linger,
+                "stopping the store server with clients still connected"
+            );
+        }
+    }
 }
 
 impl TcpStore {
@@ -108,6 +132,7 @@ impl TcpStore {
             timeout: DefaultTimeout::new(options.timeout),
             idle: Mutex::new(vec![connection]),
             server: None,
+            linger: options.linger,
         })
     }
 

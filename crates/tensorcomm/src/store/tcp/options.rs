@@ -40,7 +40,15 @@ pub struct TcpStoreOptions {
     /// A peer announcing a larger one is disconnected before anything is
     /// allocated for it.
     pub max_message_size: usize,
+    /// How long a store that hosts its server ([`super::TcpStore::host`],
+    /// rank 0) waits, when dropped, for the other clients to disconnect
+    /// before stopping the server (10 s by default). Ranks that finish a
+    /// moment after rank 0 then still get their last replies.
+    pub linger: Duration,
 }
+
+/// The default [`TcpStoreOptions::linger`].
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(10);
 
 impl Default for TcpStoreOptions {
     fn default() -> Self {
@@ -48,6 +56,7 @@ impl Default for TcpStoreOptions {
             timeout: DEFAULT_TIMEOUT,
             token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            linger: DEFAULT_LINGER,
         }
     }
 }
@@ -58,6 +67,7 @@ impl fmt::Debug for TcpStoreOptions {
             .field("timeout", &self.timeout)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("max_message_size", &self.max_message_size)
+            .field("linger", &self.linger)
             .finish()
     }
 }

@@ -11,7 +11,7 @@ use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
 use super::connection::{self, ServerConfig};
-use super::server_state::ServerState;
+use super::server_state::{OpenConnection, ServerState};
 use super::TcpStoreOptions;
 use crate::{Error, Result};
 
@@ -131,6 +131,30 @@ impl TcpStoreServer {
         Ok(())
     }
 
+    /// Connections open right now (clients of any kind, until they close).
+    pub fn open_connections(&self) -> usize {
+        self.state.open_connections()
+    }
+
+    /// Blocks until every client has closed its connection, at most
+    /// `timeout`; returns whether that happened.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tensorcomm::store::{TcpStore, TcpStoreOptions, TcpStoreServer};
+    ///
+    /// let options = TcpStoreOptions::default();
+    /// let server = TcpStoreServer::bind("127.0.0.1:0", &options)?;
+    /// let client = TcpStore::connect(&server.local_addr().to_string(), &options)?;
+    /// assert!(!server.wait_until_idle(Duration::from_millis(10)));
+    /// drop(client);
+    /// assert!(server.wait_until_idle(Duration::from_secs(10)));
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn wait_until_idle(&self, timeout: Duration) -> bool {
+        self.state.wait_until_idle(timeout) == 0
+    }
+
     /// Requests (get, wait, multi_get, queue_pop) blocked on the server
     /// right now, waiting for keys or queue elements.
     ///
@@ -208,12 +232,12 @@ async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc
         match listener.accept().await {
             Ok((stream, peer)) => {
                 debug!(%peer, "store connection accepted");
-                tokio::spawn(connection::serve(
-                    stream,
-                    peer,
-                    state.clone(),
-                    config.clone(),
-                ));
+                let open = OpenConnection::new(&state);
+                let serve = connection::serve(stream, peer, state.clone(), config.clone());
+                tokio::spawn(async move {
+                    serve.await;
+                    drop(open);
+                });
             }
             Err(e) => {
                 // Usually out of file descriptors: back off instead of

@@ -62,8 +62,56 @@ pub(crate) struct ServerState {
     inner: Mutex<Inner>,
     next_waiter: AtomicU64,
     waiting: AtomicUsize,
-    joined: Mutex<usize>,
-    joined_changed: Condvar,
+    joined: Gauge,
+    connections: Gauge,
+}
+
+/// A count that threads can wait on.
+#[derive(Debug, Default)]
+struct Gauge {
+    value: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Gauge {
+    fn lock(&self) -> MutexGuard<'_, usize> {
+        self.value.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn adjust(&self, f: impl FnOnce(usize) -> usize) -> usize {
+        let mut value = self.lock();
+        *value = f(*value);
+        self.changed.notify_all();
+        *value
+    }
+
+    /// Waits while `keep_waiting(value)` holds, at most `timeout`; returns
+    /// the value it ended with.
+    fn wait_while(&self, timeout: Duration, keep_waiting: impl FnMut(&mut usize) -> bool) -> usize {
+        let value = self.lock();
+        let (value, _) = self
+            .changed
+            .wait_timeout_while(value, timeout, keep_waiting)
+            .unwrap_or_else(|p| p.into_inner());
+        *value
+    }
+}
+
+/// Counts a connection as open for as long as it lives (tasks that are
+/// cancelled still drop it).
+pub(crate) struct OpenConnection(Arc<ServerState>);
+
+impl OpenConnection {
+    pub(crate) fn new(state: &Arc<ServerState>) -> Self {
+        state.connections.adjust(|n| n + 1);
+        OpenConnection(state.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.adjust(|n| n.saturating_sub(1));
+    }
 }
 
 impl ServerState {
@@ -75,26 +123,29 @@ impl ServerState {
 
     /// Counts one more client that completed the handshake.
     pub(crate) fn client_joined(&self) -> usize {
-        let mut joined = self.joined.lock().unwrap_or_else(|p| p.into_inner());
-        *joined += 1;
-        self.joined_changed.notify_all();
-        *joined
+        self.joined.adjust(|n| n + 1)
     }
 
     /// Clients that completed the handshake so far.
     pub(crate) fn clients_joined(&self) -> usize {
-        *self.joined.lock().unwrap_or_else(|p| p.into_inner())
+        *self.joined.lock()
     }
 
     /// Blocks the calling thread until `expected` clients joined; returns the
     /// number joined when it returns (less than `expected` on timeout).
     pub(crate) fn wait_for_clients(&self, expected: usize, timeout: Duration) -> usize {
-        let joined = self.joined.lock().unwrap_or_else(|p| p.into_inner());
-        let (joined, _) = self
-            .joined_changed
-            .wait_timeout_while(joined, timeout, |j| *j < expected)
-            .unwrap_or_else(|p| p.into_inner());
-        *joined
+        self.joined.wait_while(timeout, |j| *j < expected)
+    }
+
+    /// Connections open right now.
+    pub(crate) fn open_connections(&self) -> usize {
+        *self.connections.lock()
+    }
+
+    /// Blocks the calling thread until no connection is open; returns how
+    /// many still are when it returns (more than 0 on timeout).
+    pub(crate) fn wait_until_idle(&self, timeout: Duration) -> usize {
+        self.connections.wait_while(timeout, |n| *n > 0)
     }
 
     /// Requests currently blocked waiting for keys or queue elements.
