@@ -14,7 +14,9 @@ use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
 fn bytes(seed: usize, n: usize) -> Vec<u8> {
-    (0..n).map(|i| ((i * 131 + seed * 17) % 251) as u8).collect()
+    (0..n)
+        .map(|i| ((i * 131 + seed * 17) % 251) as u8)
+        .collect()
 }
 
 #[test]
@@ -29,7 +31,10 @@ fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives() {
             });
             // Sent before the collective but received after it on rank 1.
             let t = Tensor::from_vec(vec![1i64; 5], &[5]).unwrap();
-            pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+            pg.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<i64>().unwrap(), [3; 5]);
             for w in works {
                 w.wait().unwrap();
@@ -37,7 +42,10 @@ fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives() {
         }
         1 => {
             let t = Tensor::from_vec(vec![1i64; 5], &[5]).unwrap();
-            pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+            pg.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<i64>().unwrap(), [3; 5]);
             // Tag 2 first although it was sent last; tag 1 in send order.
             let recv = |tag| {
@@ -52,7 +60,10 @@ fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives() {
         }
         _ => {
             let t = Tensor::from_vec(vec![1i64; 5], &[5]).unwrap();
-            pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+            pg.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<i64>().unwrap(), [3; 5]);
         }
     });
@@ -129,12 +140,18 @@ fn bad_peers_and_tensors_are_refused_before_sending() {
         match result {
             Err(Error::InvalidCollective { op: o, reason }) => {
                 assert_eq!(o, op);
-                assert!(reason.contains(found) && reason.contains("0..2"), "{reason}");
+                assert!(
+                    reason.contains(found) && reason.contains("0..2"),
+                    "{reason}"
+                );
             }
             other => panic!("{other:?}"),
         }
     }
-    let strided = Tensor::zeros(&[4, 4], DType::I32).unwrap().narrow(1, 0, 2).unwrap();
+    let strided = Tensor::zeros(&[4, 4], DType::I32)
+        .unwrap()
+        .narrow(1, 0, 2)
+        .unwrap();
     assert!(matches!(
         pgs[0].send(&strided, 1, 0, None),
         Err(Error::InvalidCollective { .. })
@@ -183,7 +200,10 @@ fn a_size_mismatch_fails_the_receiver_naming_both_sizes_and_the_group_goes_on() 
             assert_eq!(small.to_vec::<i32>().unwrap(), [5; 4]);
         }
         let t = Tensor::from_vec(vec![1.5f64], &[1]).unwrap();
-        pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<f64>().unwrap(), [3.0]);
     });
 }
@@ -195,14 +215,22 @@ fn receives_time_out_by_name_and_later_messages_still_arrive() {
     let started = Instant::now();
     let short = Some(Duration::from_millis(200));
     match pgs[0].recv(&t, 2, 11, short).unwrap().wait() {
-        Err(Error::PeerTimeout { peer: 2, during, timeout }) => {
+        Err(Error::PeerTimeout {
+            peer: 2,
+            during,
+            timeout,
+        }) => {
             assert!(during.contains("tag 11"), "{during}");
             assert_eq!(timeout, Duration::from_millis(200));
         }
         other => panic!("{other:?}"),
     }
     match pgs[0].recv_any_source(&t, 12, short).unwrap().wait() {
-        Err(Error::NoMessage { rank: 0, tag: 12, reason }) => {
+        Err(Error::NoMessage {
+            rank: 0,
+            tag: 12,
+            reason,
+        }) => {
             assert!(reason.contains("200ms"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -228,6 +256,13 @@ fn a_receive_from_a_dropped_peer_fails_at_once() {
     }
     assert!(!any.is_completed(), "rank 1 may still send");
     drop(pgs.pop());
-    assert!(matches!(any.wait(), Err(Error::NoMessage { rank: 0, tag: 1, .. })));
+    assert!(matches!(
+        any.wait(),
+        Err(Error::NoMessage {
+            rank: 0,
+            tag: 1,
+            ..
+        })
+    ));
     assert!(started.elapsed() < Duration::from_secs(10));
 }

@@ -64,8 +64,7 @@ fn sums_match_a_dense_reference_for_world_sizes_1_to_4() {
         let rows: Vec<usize> = (0..10).filter(|&i| dense[i] != [0; 3]).collect();
         let values: Vec<i64> = rows.iter().flat_map(|&i| dense[i]).collect();
         let indices: Vec<i64> = rows.iter().map(|&i| i as i64).collect();
-        for (rank, (got_indices, got_values, coalesced, sizes)) in results.into_iter().enumerate()
-        {
+        for (rank, (got_indices, got_values, coalesced, sizes)) in results.into_iter().enumerate() {
             assert_eq!(got_indices, indices, "world {world} rank {rank}");
             assert_eq!(got_values, values, "world {world} rank {rank}");
             assert!(coalesced);
@@ -83,7 +82,11 @@ fn two_sparse_dims_in_f32_with_duplicates_across_ranks() {
         let indices = vec![r, 2, 0, 0, /* cols */ 1, 3, 0, 0];
         let values = Tensor::from_vec(vec![1.0f32 + r as f32, 0.5, 2.0, 0.25], &[4]).unwrap();
         let s = SparseTensor::new(indices, values, &[3, 4]).unwrap();
-        let sum = pg.all_reduce_sparse(&s, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        let sum = pg
+            .all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         sum.to_dense().unwrap().to_vec::<f32>().unwrap()
     });
     let mut expected = vec![0.0f32; 12];
@@ -103,8 +106,15 @@ fn only_sum_is_accepted_and_mismatched_sizes_are_reported() {
     let s = sparse(&entries(0, 2));
     for op in [ReduceOp::Max, ReduceOp::Avg, ReduceOp::Product] {
         match pgs[0].all_reduce_sparse(&s, op, None) {
-            Err(Error::UnsupportedReduceOp { op: o, reduce_op, what }) => {
-                assert_eq!((o.as_str(), reduce_op.as_str()), ("all_reduce_sparse", op.name()));
+            Err(Error::UnsupportedReduceOp {
+                op: o,
+                reduce_op,
+                what,
+            }) => {
+                assert_eq!(
+                    (o.as_str(), reduce_op.as_str()),
+                    ("all_reduce_sparse", op.name())
+                );
                 assert!(what.contains("sparse"), "{what}");
             }
             other => panic!("{other:?}"),
@@ -115,13 +125,25 @@ fn only_sum_is_accepted_and_mismatched_sizes_are_reported() {
         let n = 4 + pg.rank();
         let values = Tensor::zeros(&[1], DType::F32).unwrap();
         let s = SparseTensor::new(vec![1], values, &[n]).unwrap();
-        pg.all_reduce_sparse(&s, ReduceOp::Sum, None).unwrap().wait().unwrap_err()
+        pg.all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap_err()
     });
     for (rank, err) in errors.into_iter().enumerate() {
         match err {
-            Error::CollectiveFailed { op, seq: 0, ranks, source, .. } => {
+            Error::CollectiveFailed {
+                op,
+                seq: 0,
+                ranks,
+                source,
+                ..
+            } => {
                 assert_eq!((op.as_str(), ranks), ("all_reduce_sparse", vec![1 - rank]));
-                assert!(matches!(*source, Error::CollectiveMismatch { .. }), "{source:?}");
+                assert!(
+                    matches!(*source, Error::CollectiveMismatch { .. }),
+                    "{source:?}"
+                );
             }
             other => panic!("{other:?}"),
         }

@@ -19,7 +19,10 @@ fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
         let rank = pg.rank();
         // The parent runs a collective first: sub-groups still start at 0.
         let t = Tensor::from_vec(vec![rank as i32], &[1]).unwrap();
-        pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<i32>().unwrap(), [6]);
 
         let odd = pg.new_subgroup(&[3, 1]).unwrap();
@@ -30,7 +33,10 @@ fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
         if let Some(odd) = &odd {
             assert_eq!((odd.rank(), odd.size()), (rank / 2, 2));
             let t = Tensor::from_vec(vec![rank as i64; 3], &[3]).unwrap();
-            odd.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+            odd.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<i64>().unwrap(), [4; 3]);
             // Point-to-point uses sub-group ranks.
             let m = Tensor::from_vec(vec![rank as u8], &[1]).unwrap();
@@ -44,19 +50,28 @@ fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
                 assert_eq!(m.to_vec::<u8>().unwrap(), [1]);
             }
             let json = odd.flight_recorder_json();
-            assert!(json.contains(r#""op":"all_reduce","seq":0,"state":"completed""#), "{json}");
+            assert!(
+                json.contains(r#""op":"all_reduce","seq":0,"state":"completed""#),
+                "{json}"
+            );
         }
         if let Some(low) = &low {
             assert_eq!((low.rank(), low.size()), (rank, 3));
             let t = Tensor::from_vec(vec![rank as f32 + 1.0; 2], &[2]).unwrap();
             low.broadcast(&t, 2, None).unwrap().wait().unwrap();
-            low.all_reduce(&t, ReduceOp::Max, None).unwrap().wait().unwrap();
+            low.all_reduce(&t, ReduceOp::Max, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<f32>().unwrap(), [3.0; 2]);
             low.barrier(None).unwrap().wait().unwrap();
         }
         // The parent is still in step after all that.
         let t = Tensor::from_vec(vec![1u8; 2], &[2]).unwrap();
-        pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<u8>().unwrap(), [4, 4]);
         let json = pg.flight_recorder_json();
         assert!(json.contains(r#""seq":1,"state":"completed""#), "{json}");
@@ -76,11 +91,17 @@ fn subgroups_of_subgroups_work() {
         if let Some(solo) = solo {
             assert_eq!((solo.rank(), solo.size()), (0, 1));
             let t = Tensor::from_vec(vec![5i32], &[1]).unwrap();
-            solo.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+            solo.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
             assert_eq!(t.to_vec::<i32>().unwrap(), [5]);
         }
         let t = Tensor::from_vec(vec![pg.rank() as i32], &[1]).unwrap();
-        pair.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        pair.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<i32>().unwrap(), [3]);
     });
 }
@@ -106,7 +127,10 @@ fn bad_rank_lists_are_refused_and_the_group_stays_usable() {
         let both = pg.new_subgroup(&[0, 1]).unwrap().unwrap();
         let t = Tensor::zeros(&[2], DType::F64).unwrap();
         t.fill(pg.rank() as f64 + 0.5).unwrap();
-        both.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        both.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<f64>().unwrap(), [2.0, 2.0]);
     });
 }

@@ -24,8 +24,8 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
-use std::sync::mpsc::{channel, Sender};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -38,8 +38,8 @@ use crate::group::fingerprint::{
     reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
 };
 use crate::group::validate::{check_dense_host, check_peer_rank, check_root};
-use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};
 use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseSlot, SparseWork};
+use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};
 use crate::store::{PrefixStore, Store};
 use crate::tensor::{DType, SparseTensor, Tensor};
 use crate::{Error, Result};
@@ -388,7 +388,10 @@ impl ProcessGroup for ProcessGroupCpu {
             numel: 0,
             shape_hash: 0,
         };
-        let tag = self.origin.monitored_barriers.fetch_add(1, Ordering::Relaxed);
+        let tag = self
+            .origin
+            .monitored_barriers
+            .fetch_add(1, Ordering::Relaxed);
         let wait = timeout.unwrap_or(self.timeout);
         let p2p = self.p2p.clone();
         self.submit(fp, timeout, move |_, _| {
@@ -426,7 +429,10 @@ impl ProcessGroup for ProcessGroupCpu {
             dtype: Some(tensor.dtype()),
             root: 0,
             seq: 0,
-            numel: tensor.sizes().iter().fold(1u64, |n, &s| n.saturating_mul(s as u64)),
+            numel: tensor
+                .sizes()
+                .iter()
+                .fold(1u64, |n, &s| n.saturating_mul(s as u64)),
             shape_hash: shape_hash(tensor.sizes(), &[tensor.sparse_dim()]),
         };
         let slot: SparseSlot = Arc::default();

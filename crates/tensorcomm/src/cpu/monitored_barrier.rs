@@ -8,6 +8,11 @@
 //! their own timeout. With `wait_all` rank 0 waits for every rank and names
 //! all the missing ones; without it, it stops at the lowest rank known to
 //! be missing and names that one.
+//!
+//! The other ranks wait up to twice the timeout for rank 0's verdict: rank
+//! 0 gives it at most one timeout after it arrives, and may itself arrive
+//! up to one timeout after them. A rank that hears nothing in that time
+//! names rank 0.
 
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
@@ -32,7 +37,7 @@ pub(crate) fn monitored_barrier(
             Some(0),
             Channel::BarrierRelease,
             tag,
-            timeout,
+            timeout.saturating_mul(2),
             Box::new(move |m| {
                 let _ = tx.send(m);
             }),
@@ -77,11 +82,20 @@ pub(crate) fn monitored_barrier(
         .filter(|&r| arrived[r] != Some(true))
         .take(if wait_all { usize::MAX } else { 1 })
         .collect();
-    let release: Vec<u8> = missing.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
+    let release: Vec<u8> = missing
+        .iter()
+        .flat_map(|&r| (r as u64).to_le_bytes())
+        .collect();
     let release_deadline = Instant::now() + timeout;
     let mut failed_release = None;
     for peer in 1..p2p.world_size() {
-        let sent = p2p.write(peer, Channel::BarrierRelease, tag, &release, release_deadline);
+        let sent = p2p.write(
+            peer,
+            Channel::BarrierRelease,
+            tag,
+            &release,
+            release_deadline,
+        );
         // A rank that is missing may be gone: its release cannot arrive.
         if let Err(e) = sent {
             if !missing.contains(&peer) && failed_release.is_none() {
@@ -96,7 +110,7 @@ pub(crate) fn monitored_barrier(
 }
 
 fn decode_missing(release: &Message) -> Result<Vec<usize>> {
-    if release.payload.len() % 8 != 0 {
+    if !release.payload.len().is_multiple_of(8) {
         return Err(Error::PeerProtocol {
             peer: release.src,
             expected: "a monitored barrier release of 8-byte rank numbers".into(),

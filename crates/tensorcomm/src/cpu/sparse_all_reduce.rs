@@ -29,9 +29,11 @@ pub(crate) fn all_reduce_sparse(
     let (rank, world) = (t.rank(), t.world_size());
     let sizes = input.sizes();
     let sparse_dim = input.sparse_dim();
-    let row_bytes = input.values().nbytes().checked_div(input.nnz()).unwrap_or_else(|| {
-        sizes[sparse_dim..].iter().product::<usize>() * input.dtype().size()
-    });
+    let row_bytes = input
+        .values()
+        .nbytes()
+        .checked_div(input.nnz())
+        .unwrap_or_else(|| sizes[sparse_dim..].iter().product::<usize>() * input.dtype().size());
     let entry_bytes = sparse_dim * 8 + row_bytes;
 
     // Metadata: nnz, sparse_dim, then the sizes.
@@ -48,11 +50,15 @@ pub(crate) fn all_reduce_sparse(
     metas[rank].copy_from_slice(&meta);
     let mut nnz = vec![0usize; world];
     for (r, m) in metas.iter().enumerate() {
-        let theirs: Vec<usize> = (2..2 + sizes.len()).map(|i| read_u64(m, i) as usize).collect();
+        let theirs: Vec<usize> = (2..2 + sizes.len())
+            .map(|i| read_u64(m, i) as usize)
+            .collect();
         if read_u64(m, 1) as usize != sparse_dim || theirs != sizes {
             return Err(Error::PeerProtocol {
                 peer: r,
-                expected: format!("a sparse tensor of sizes {sizes:?} with {sparse_dim} sparse dimensions"),
+                expected: format!(
+                    "a sparse tensor of sizes {sizes:?} with {sparse_dim} sparse dimensions"
+                ),
                 found: format!("sizes {theirs:?} with {} sparse dimensions", read_u64(m, 1)),
             });
         }
@@ -73,11 +79,12 @@ pub(crate) fn all_reduce_sparse(
     for (r, &n) in nnz.iter().enumerate() {
         let mut buf = Vec::new();
         if r != rank {
-            buf.try_reserve_exact(n * entry_bytes).map_err(|_| Error::PeerProtocol {
-                peer: r,
-                expected: "a sparse tensor that fits in this rank's memory".into(),
-                found: format!("{n} entries of {entry_bytes} bytes"),
-            })?;
+            buf.try_reserve_exact(n * entry_bytes)
+                .map_err(|_| Error::PeerProtocol {
+                    peer: r,
+                    expected: "a sparse tensor that fits in this rank's memory".into(),
+                    found: format!("{n} entries of {entry_bytes} bytes"),
+                })?;
             buf.resize(n * entry_bytes, 0);
         }
         entries.push(buf);

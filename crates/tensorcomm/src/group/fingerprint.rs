@@ -113,7 +113,10 @@ const REDUCE_NAMES: [&str; 10] = [
 /// The c10d name of a fingerprint's reduce-op code (`None` for 0, "no
 /// reduce op", and for unknown codes).
 pub(crate) fn reduce_name(code: u8) -> Option<&'static str> {
-    REDUCE_NAMES.get(usize::from(code)).filter(|_| code != 0).copied()
+    REDUCE_NAMES
+        .get(usize::from(code))
+        .filter(|_| code != 0)
+        .copied()
 }
 
 impl Fingerprint {

@@ -182,8 +182,12 @@ impl FlightRecorder {
             self.rank,
             std::process::id()
         ));
-        std::fs::write(&path, json)
-            .map_err(|e| Error::io(format!("writing the flight recorder to {}", path.display()), e))?;
+        std::fs::write(&path, json).map_err(|e| {
+            Error::io(
+                format!("writing the flight recorder to {}", path.display()),
+                e,
+            )
+        })?;
         Ok(Some(path))
     }
 
@@ -204,7 +208,9 @@ impl FlightRecorder {
                 out.push(',');
             }
             let us = |a: Instant, b: Option<Instant>| {
-                b.map_or("null".to_string(), |b| b.duration_since(a).as_micros().to_string())
+                b.map_or("null".to_string(), |b| {
+                    b.duration_since(a).as_micros().to_string()
+                })
             };
             let peers: Vec<String> = (0..self.size)
                 .filter(|&p| p != self.rank)
@@ -217,7 +223,8 @@ impl FlightRecorder {
                 e.fp.seq,
                 e.state.name(),
                 e.fp.numel,
-                e.fp.dtype.map_or("null".into(), |d| json_string(&d.to_string())),
+                e.fp.dtype
+                    .map_or("null".into(), |d| json_string(&d.to_string())),
                 reduce_name(e.fp.reduce_op).map_or("null".into(), json_string),
                 e.fp.root,
                 peers.join(","),
@@ -283,10 +290,7 @@ mod tests {
             rec.queued(&fp(seq));
         }
         rec.started(1);
-        rec.finished(
-            1,
-            &Err(Error::InvalidArgument("bad \"thing\"".into())),
-        );
+        rec.finished(1, &Err(Error::InvalidArgument("bad \"thing\"".into())));
         let json = rec.to_json();
         assert!(!json.contains(r#""seq":0"#), "{json}");
         assert!(
@@ -298,7 +302,12 @@ mod tests {
         assert!(json.contains(r#""queued_to_started_us":null"#), "{json}");
         let dir = tempfile::tempdir().unwrap();
         let path = rec.dump(Some(dir.path())).unwrap().unwrap();
-        assert!(path.file_name().unwrap().to_str().unwrap().contains("my_group_rank0"));
+        assert!(path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .contains("my_group_rank0"));
         assert_eq!(std::fs::read_to_string(path).unwrap(), json);
         let off = FlightRecorder::new(0, 0, 1, "g");
         off.queued(&fp(0));

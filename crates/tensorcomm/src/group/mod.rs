@@ -158,7 +158,9 @@ pub trait ProcessGroup: Send + Sync {
     /// to rank 0, which waits at most `timeout` for them and then releases
     /// everyone. On timeout every rank that took part fails with
     /// [`Error::RanksMissing`] naming every missing rank (`wait_all`) or the
-    /// lowest one; a rank whose release does not come fails too.
+    /// lowest one. The other ranks wait up to twice `timeout` for rank 0's
+    /// verdict (it may arrive up to one timeout after them) and name rank 0
+    /// when it does not come.
     fn monitored_barrier(&self, timeout: Option<Duration>, wait_all: bool) -> Result<Work>;
 
     /// A sub-group of the ranks `ranks` of this group (sorted: sub-group

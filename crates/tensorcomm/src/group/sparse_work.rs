@@ -52,6 +52,8 @@ impl SparseWork {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .ok_or_else(|| Error::InvalidArgument("all_reduce_sparse finished without a result".into()))
+            .ok_or_else(|| {
+                Error::InvalidArgument("all_reduce_sparse finished without a result".into())
+            })
     }
 }

@@ -42,7 +42,9 @@ pub(crate) fn check_peer_rank(op: &str, peer: usize, rank: usize, size: usize) -
     if peer >= size || peer == rank {
         return Err(Error::InvalidCollective {
             op: op.into(),
-            reason: format!("expected a peer rank in 0..{size} other than this rank {rank}, found {peer}"),
+            reason: format!(
+                "expected a peer rank in 0..{size} other than this rank {rank}, found {peer}"
+            ),
         });
     }
     Ok(())

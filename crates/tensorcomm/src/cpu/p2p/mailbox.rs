@@ -129,10 +129,14 @@ impl Mailbox {
     /// peer (or, for any source, every peer) closed its connection.
     fn closed_error(&self, state: &State, src: Option<usize>, tag: u64) -> Option<Error> {
         match src {
-            Some(peer) => state.closed.get(peer)?.as_ref().map(|why| Error::PeerClosed {
-                peer,
-                during: format!("waiting for a point-to-point message with tag {tag} ({why})"),
-            }),
+            Some(peer) => state
+                .closed
+                .get(peer)?
+                .as_ref()
+                .map(|why| Error::PeerClosed {
+                    peer,
+                    during: format!("waiting for a point-to-point message with tag {tag} ({why})"),
+                }),
             None => {
                 let peers = (0..state.closed.len()).filter(|&p| p != self.rank);
                 let all_closed = peers.clone().all(|p| state.closed[p].is_some());
@@ -149,7 +153,11 @@ impl Mailbox {
     /// or keeps it until one is posted.
     pub(crate) fn arrive(&self, src: usize, channel: Channel, tag: u64, payload: Vec<u8>) {
         let mut state = self.lock();
-        match state.posted.iter().position(|p| p.accepts(src, channel, tag)) {
+        match state
+            .posted
+            .iter()
+            .position(|p| p.accepts(src, channel, tag))
+        {
             Some(i) => {
                 let posted = state.posted.remove(i);
                 drop(state);
@@ -309,7 +317,10 @@ mod tests {
         mb.close(2, "connection reset".into());
         match from2.recv().unwrap() {
             Err(Error::PeerClosed { peer: 2, during }) => {
-                assert!(during.contains("tag 1") && during.contains("reset"), "{during}");
+                assert!(
+                    during.contains("tag 1") && during.contains("reset"),
+                    "{during}"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -317,7 +328,11 @@ mod tests {
         mb.close(1, "eof".into());
         assert!(matches!(
             any.recv().unwrap(),
-            Err(Error::NoMessage { rank: 0, tag: 1, .. })
+            Err(Error::NoMessage {
+                rank: 0,
+                tag: 1,
+                ..
+            })
         ));
         let mb2 = Arc::new(Mailbox::new(1, 2));
         let w2 = {
@@ -327,7 +342,9 @@ mod tests {
         let started = Instant::now();
         let late = collect(&mb2, Some(0), 3, Duration::from_millis(50));
         match late.recv().unwrap() {
-            Err(Error::PeerTimeout { peer: 0, timeout, .. }) => {
+            Err(Error::PeerTimeout {
+                peer: 0, timeout, ..
+            }) => {
                 assert_eq!(timeout, Duration::from_millis(50));
             }
             other => panic!("{other:?}"),

@@ -49,7 +49,14 @@ struct Link {
 }
 
 impl Link {
-    fn write(&self, to: usize, channel: Channel, tag: u64, data: &[u8], deadline: Instant) -> Result<()> {
+    fn write(
+        &self,
+        to: usize,
+        channel: Channel,
+        tag: u64,
+        data: &[u8],
+        deadline: Instant,
+    ) -> Result<()> {
         let header = Header {
             channel,
             tag,
@@ -186,7 +193,13 @@ impl P2p {
     }
 
     /// Queues the bytes of `tensor` to `to` with `tag` on the sender thread.
-    pub(crate) fn send(&self, tensor: Tensor<'static>, to: usize, tag: u64, timeout: Duration) -> Work {
+    pub(crate) fn send(
+        &self,
+        tensor: Tensor<'static>,
+        to: usize,
+        tag: u64,
+        timeout: Duration,
+    ) -> Work {
         let (work, completion) = Work::new();
         let link = self.link.clone();
         let deadline = Instant::now() + timeout;
@@ -220,7 +233,8 @@ impl P2p {
         let deliver: Deliver = Box::new(move |message: Result<Message>| {
             completion.complete_recv(message.and_then(|m| copy_into(&tensor, m, rank, tag)));
         });
-        self.mailbox.post(from, Channel::User, tag, timeout, deliver);
+        self.mailbox
+            .post(from, Channel::User, tag, timeout, deliver);
         work
     }
 
