@@ -218,6 +218,30 @@ pub enum Error {
     /// A process group was used after a failure broke its connections.
     #[error("the process group is unusable after {op} (sequence number {seq}) failed; create a new group")]
     GroupBroken { op: String, seq: u64 },
+    /// A point-to-point message was not the size of the tensor receiving it.
+    #[error("recv on rank {rank}: rank {peer} sent {found} bytes with tag {tag}, expected {expected} bytes (the size of the receiving tensor)")]
+    MessageSizeMismatch {
+        rank: usize,
+        peer: usize,
+        tag: u64,
+        expected: usize,
+        found: usize,
+    },
+    /// `recv_any_source` got no message with its tag: none came in time, or
+    /// every peer closed its connection.
+    #[error("recv_any_source on rank {rank} with tag {tag} got no message: {reason}")]
+    NoMessage {
+        rank: usize,
+        tag: u64,
+        reason: String,
+    },
+    /// `monitored_barrier`: ranks that did not reach rank 0 in time.
+    #[error("monitored_barrier: ranks {missing:?} did not arrive at rank 0 within {timeout:?}")]
+    RanksMissing {
+        missing: Vec<usize>,
+        timeout: Duration,
+    },
+
     // ---- cuda ---------------------------------------------------------
     /// No usable CUDA driver (or NVRTC) on this machine, or no such GPU.
     #[error("CUDA is not available: {reason}")]

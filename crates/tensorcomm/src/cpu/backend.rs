@@ -24,19 +24,24 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
+use super::monitored_barrier::monitored_barrier;
+use super::p2p::P2p;
+use super::sparse_all_reduce::all_reduce_sparse;
 use super::transport::{TcpTransport, TcpTransportOptions, Transport};
 use crate::group::fingerprint::{
     reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
 };
-use crate::group::validate::{check_dense_host, check_root};
+use crate::group::validate::{check_dense_host, check_peer_rank, check_root};
+use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseSlot, SparseWork};
 use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};
-use crate::store::Store;
-use crate::tensor::{DType, Tensor};
+use crate::store::{PrefixStore, Store};
+use crate::tensor::{DType, SparseTensor, Tensor};
 use crate::{Error, Result};
 
 /// How a [`ProcessGroupCpu`] is set up.
@@ -67,6 +72,7 @@ struct Shared {
     transport: TcpTransport,
     /// The collective whose failure broke the group, if any.
     broken: Mutex<Option<(String, u64)>>,
+    recorder: FlightRecorder,
 }
 
 /// The next sequence number and the queue to the group's thread, under one
@@ -84,6 +90,19 @@ pub struct ProcessGroupCpu {
     shared: Arc<Shared>,
     queue: Mutex<Queue>,
     timeout: Duration,
+    p2p: Arc<P2p>,
+    /// What `new_group` needs to set up sub-groups.
+    origin: Origin,
+}
+
+/// Where a group's sub-groups meet: the parent's store and key prefix,
+/// its options, and how many sub-groups it has created.
+struct Origin {
+    store: Arc<dyn Store>,
+    key_prefix: String,
+    options: CpuOptions,
+    subgroups: AtomicU64,
+    monitored_barriers: AtomicU64,
 }
 
 impl std::fmt::Debug for ProcessGroupCpu {
@@ -105,9 +124,20 @@ impl ProcessGroupCpu {
         size: usize,
         options: &CpuOptions,
     ) -> Result<Self> {
+        let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
         let transport = TcpTransport::connect(
             &*store,
             &format!("{key_prefix}/tcp"),
+            rank,
+            size,
+            &TcpTransportOptions {
+                advertise_host: options.advertise_host.clone(),
+                timeout: options.timeout,
+            },
+        )?;
+        let p2p = P2p::connect(
+            &*store,
+            &format!("{key_prefix}/p2p"),
             rank,
             size,
             &TcpTransportOptions {
@@ -125,12 +155,21 @@ impl ProcessGroupCpu {
             })
             .map_err(|e| Error::io("starting the process group's thread", e))?;
         Ok(ProcessGroupCpu {
+            origin: Origin {
+                store: store.clone(),
+                key_prefix: key_prefix.into(),
+                options: options.clone(),
+                subgroups: AtomicU64::new(0),
+                monitored_barriers: AtomicU64::new(0),
+            },
+            p2p: Arc::new(p2p),
             _store: store,
             shared: Arc::new(Shared {
                 rank,
                 size,
                 transport,
                 broken: Mutex::new(None),
+                recorder,
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout: options.timeout,
@@ -149,8 +188,13 @@ impl ProcessGroupCpu {
         let (work, completion) = Work::new();
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         fp.seq = queue.next_seq;
+        self.shared.recorder.queued(&fp);
         let shared = self.shared.clone();
-        let job: Job = Box::new(move || completion.complete(run(&shared, fp, deadline, body)));
+        let job: Job = Box::new(move || {
+            let outcome = run(&shared, fp, deadline, body);
+            shared.recorder.finished(fp.seq, &outcome);
+            completion.complete(outcome)
+        });
         if queue.jobs.send(job).is_err() {
             return Ok(Work::done(Err(Error::GroupBroken {
                 op: fp.kind.name().into(),
@@ -181,6 +225,7 @@ fn run(
     {
         return Err(Error::GroupBroken { op, seq });
     }
+    shared.recorder.started(fp.seq);
     let transport = Fingerprinted::new(&shared.transport, fp);
     let started = Instant::now();
     let outcome = body(&transport, deadline);
@@ -200,6 +245,7 @@ fn run(
             | Error::PeerIo { peer, .. }
             | Error::PeerProtocol { peer, .. }
             | Error::CollectiveMismatch { peer, .. } => vec![*peer],
+            Error::RanksMissing { missing, .. } => missing.clone(),
             _ => Vec::new(),
         };
         Error::CollectiveFailed {
@@ -286,5 +332,163 @@ impl ProcessGroup for ProcessGroupCpu {
         self.submit(fp, timeout, |t, deadline| {
             all_reduce_direct(t, &mut [0u8], DType::U8, ReduceOp::Max, deadline)
         })
+    }
+
+    fn send(
+        &self,
+        tensor: &Tensor<'static>,
+        dst: usize,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        check_dense_host("send", tensor)?;
+        check_peer_rank("send", dst, self.rank(), self.size())?;
+        let timeout = timeout.unwrap_or(self.timeout);
+        Ok(self.p2p.send(tensor.clone(), dst, tag, timeout))
+    }
+
+    fn recv(
+        &self,
+        tensor: &Tensor<'static>,
+        src: usize,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        check_dense_host("recv", tensor)?;
+        check_peer_rank("recv", src, self.rank(), self.size())?;
+        let timeout = timeout.unwrap_or(self.timeout);
+        Ok(self.p2p.recv(tensor.clone(), Some(src), tag, timeout))
+    }
+
+    fn recv_any_source(
+        &self,
+        tensor: &Tensor<'static>,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        check_dense_host("recv_any_source", tensor)?;
+        if self.size() < 2 {
+            return Err(Error::InvalidCollective {
+                op: "recv_any_source".into(),
+                reason: "expected a group with another rank to receive from, found a group of 1"
+                    .into(),
+            });
+        }
+        let timeout = timeout.unwrap_or(self.timeout);
+        Ok(self.p2p.recv(tensor.clone(), None, tag, timeout))
+    }
+
+    fn monitored_barrier(&self, timeout: Option<Duration>, wait_all: bool) -> Result<Work> {
+        let fp = Fingerprint {
+            kind: CollectiveKind::MonitoredBarrier,
+            reduce_op: 0,
+            dtype: None,
+            root: 0,
+            seq: 0,
+            numel: 0,
+            shape_hash: 0,
+        };
+        let tag = self
+            .origin
+            .monitored_barriers
+            .fetch_add(1, Ordering::Relaxed);
+        let wait = timeout.unwrap_or(self.timeout);
+        let p2p = self.p2p.clone();
+        self.submit(fp, timeout, move |_, _| {
+            monitored_barrier(&p2p, tag, wait_all, wait)
+        })
+    }
+
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Arc<dyn ProcessGroup>>> {
+        let group = self.new_subgroup(ranks)?;
+        Ok(group.map(|g| Arc::new(g) as Arc<dyn ProcessGroup>))
+    }
+
+    fn all_reduce_sparse(
+        &self,
+        tensor: &SparseTensor,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<SparseWork> {
+        if op != ReduceOp::Sum {
+            return Err(Error::UnsupportedReduceOp {
+                op: "all_reduce_sparse".into(),
+                reduce_op: op.name().into(),
+                what: "sparse tensors (only SUM is)".into(),
+            });
+        }
+        if !tensor.device().is_cpu() {
+            return Err(Error::InvalidCollective {
+                op: "all_reduce_sparse".into(),
+                reason: format!("expected a host tensor, found one on {}", tensor.device()),
+            });
+        }
+        let fp = Fingerprint {
+            kind: CollectiveKind::AllReduceSparse,
+            reduce_op: reduce_code(Some(op)),
+            dtype: Some(tensor.dtype()),
+            root: 0,
+            seq: 0,
+            numel: tensor
+                .sizes()
+                .iter()
+                .fold(1u64, |n, &s| n.saturating_mul(s as u64)),
+            shape_hash: shape_hash(tensor.sizes(), &[tensor.sparse_dim()]),
+        };
+        let slot: SparseSlot = Arc::default();
+        let (input, out) = (tensor.clone(), slot.clone());
+        let work = self.submit(fp, timeout, move |t, deadline| {
+            let sum = all_reduce_sparse(t, &input, deadline)?;
+            *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(sum);
+            Ok(())
+        })?;
+        Ok(SparseWork::new(work, slot))
+    }
+
+    fn flight_recorder_json(&self) -> String {
+        self.shared.recorder.to_json()
+    }
+}
+
+impl ProcessGroupCpu {
+    /// [`ProcessGroup::new_group`] as a concrete group: a sub-group of the
+    /// ranks `ranks` (sorted) with its own store namespace, connections and
+    /// sequence numbers; `None` on ranks not in it. Every rank of this
+    /// group calls it for every sub-group, in the same order.
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread};
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::group::{ProcessGroup, ReduceOp};
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::tensor::Tensor;
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let ranks: Vec<_> = (0..3).map(|rank| {
+    ///     let store = store.clone();
+    ///     thread::spawn(move || -> tensorcomm::Result<Option<(usize, i32)>> {
+    ///         let pg = ProcessGroupCpu::new(store, "pg", rank, 3, &CpuOptions::default())?;
+    ///         let Some(odd_out) = pg.new_subgroup(&[2, 0])? else { return Ok(None) };
+    ///         let t = Tensor::from_vec(vec![rank as i32], &[1])?;
+    ///         odd_out.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
+    ///         Ok(Some((odd_out.rank(), t.to_vec::<i32>()?[0])))
+    ///     })
+    /// }).collect();
+    /// let got: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()?;
+    /// assert_eq!(got, [Some((0, 2)), None, Some((1, 2))]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn new_subgroup(&self, ranks: &[usize]) -> Result<Option<ProcessGroupCpu>> {
+        let members = check_group_ranks(ranks, self.size())?;
+        let n = self.origin.subgroups.fetch_add(1, Ordering::Relaxed);
+        let Some(rank) = members.iter().position(|&r| r == self.rank()) else {
+            return Ok(None);
+        };
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
+            subgroup_prefix(&self.origin.key_prefix, n),
+            self.origin.store.clone(),
+        ));
+        let group = ProcessGroupCpu::new(store, "pg", rank, members.len(), &self.origin.options)?;
+        Ok(Some(group))
     }
 }

@@ -17,3 +17,7 @@ pub mod algorithms;
 pub mod backend;
 pub mod reduce;
 pub mod transport;
+
+mod monitored_barrier;
+mod p2p;
+mod sparse_all_reduce;

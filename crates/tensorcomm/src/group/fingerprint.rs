@@ -21,6 +21,8 @@ pub(crate) enum CollectiveKind {
     AllReduce = 1,
     Broadcast = 2,
     Barrier = 3,
+    MonitoredBarrier = 64,
+    AllReduceSparse = 65,
 }
 
 impl CollectiveKind {
@@ -29,6 +31,8 @@ impl CollectiveKind {
             CollectiveKind::AllReduce => "all_reduce",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::MonitoredBarrier => "monitored_barrier",
+            CollectiveKind::AllReduceSparse => "all_reduce_sparse",
         }
     }
 
@@ -37,6 +41,8 @@ impl CollectiveKind {
             1 => CollectiveKind::AllReduce,
             2 => CollectiveKind::Broadcast,
             3 => CollectiveKind::Barrier,
+            64 => CollectiveKind::MonitoredBarrier,
+            65 => CollectiveKind::AllReduceSparse,
             _ => return None,
         })
     }
@@ -103,6 +109,15 @@ const REDUCE_NAMES: [&str; 10] = [
     "BXOR",
     "PREMUL_SUM",
 ];
+
+/// The c10d name of a fingerprint's reduce-op code (`None` for 0, "no
+/// reduce op", and for unknown codes).
+pub(crate) fn reduce_name(code: u8) -> Option<&'static str> {
+    REDUCE_NAMES
+        .get(usize::from(code))
+        .filter(|_| code != 0)
+        .copied()
+}
 
 impl Fingerprint {
     pub(crate) fn encode(&self) -> [u8; FINGERPRINT_LEN] {

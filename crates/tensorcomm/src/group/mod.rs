@@ -29,7 +29,10 @@
 //! ```
 
 pub(crate) mod fingerprint;
+mod flight_recorder;
+mod new_group;
 mod reduce_op;
+mod sparse_work;
 pub(crate) mod validate;
 mod work;
 
@@ -40,9 +43,17 @@ use std::time::Duration;
 pub use reduce_op::ReduceOp;
 pub use work::Work;
 
+pub(crate) use flight_recorder::FlightRecorder;
+pub use flight_recorder::{
+    DEFAULT_FLIGHT_RECORDER_SIZE, FLIGHT_RECORDER_DIR_ENV, FLIGHT_RECORDER_SIZE_ENV,
+};
+pub(crate) use new_group::{check_group_ranks, subgroup_prefix};
+pub(crate) use sparse_work::SparseSlot;
+pub use sparse_work::SparseWork;
+
 use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use crate::rendezvous::{self, InitMethod, StoreAddress};
-use crate::tensor::Tensor;
+use crate::tensor::{SparseTensor, Tensor};
 use crate::{Error, Result};
 
 /// How long a collective may take unless the call says otherwise (c10d's
@@ -106,6 +117,72 @@ pub trait ProcessGroup: Send + Sync {
 
     /// Completes once every rank has called it.
     fn barrier(&self, timeout: Option<Duration>) -> Result<Work>;
+
+    /// Sends the bytes of `tensor` to rank `dst`, to be received by a
+    /// [`recv`](ProcessGroup::recv) (or
+    /// [`recv_any_source`](ProcessGroup::recv_any_source)) with the same
+    /// `tag` into a tensor of the same size. The `Work` completes once the
+    /// message is handed to the connection; the receiver buffers messages
+    /// that arrive before their receive is posted. Point-to-point calls take
+    /// no sequence number of the group's collectives.
+    fn send(
+        &self,
+        tensor: &Tensor<'static>,
+        dst: usize,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Receives the message rank `src` sent with `tag` into `tensor`.
+    /// Messages of one sender and tag are received in the order sent. A
+    /// message whose size differs from `tensor`'s fails the receive with
+    /// [`Error::MessageSizeMismatch`] naming both sizes.
+    fn recv(
+        &self,
+        tensor: &Tensor<'static>,
+        src: usize,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Receives the first message any rank sent with `tag` into `tensor`;
+    /// [`Work::source_rank`] says which rank sent it.
+    fn recv_any_source(
+        &self,
+        tensor: &Tensor<'static>,
+        tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// A barrier that names the ranks that did not come: every rank reports
+    /// to rank 0, which waits at most `timeout` for them and then releases
+    /// everyone. On timeout every rank that took part fails with
+    /// [`Error::RanksMissing`] naming every missing rank (`wait_all`) or the
+    /// lowest one. The other ranks wait up to twice `timeout` for rank 0's
+    /// verdict (it may arrive up to one timeout after them) and name rank 0
+    /// when it does not come.
+    fn monitored_barrier(&self, timeout: Option<Duration>, wait_all: bool) -> Result<Work>;
+
+    /// A sub-group of the ranks `ranks` of this group (sorted: sub-group
+    /// rank `i` is the `i`-th smallest of them), with its own connections
+    /// and sequence numbers. Every rank of this group must call it, for
+    /// every sub-group and in the same order; ranks not in `ranks` get
+    /// `None`.
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Arc<dyn ProcessGroup>>>;
+
+    /// Sums a sparse COO tensor over all ranks (only [`ReduceOp::Sum`]);
+    /// every rank gets the coalesced result from [`SparseWork::wait`].
+    fn all_reduce_sparse(
+        &self,
+        tensor: &SparseTensor,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<SparseWork>;
+
+    /// The flight recorder's last collectives of this group, as JSON (see
+    /// [`DEFAULT_FLIGHT_RECORDER_SIZE`] and the environment variables beside
+    /// it).
+    fn flight_recorder_json(&self) -> String;
 }
 
 /// Meets the other ranks through `init_method` (`env://`,

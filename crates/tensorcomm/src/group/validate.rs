@@ -36,3 +36,16 @@ pub(crate) fn check_root(op: &str, root: usize, size: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// `peer` must be another rank of the group (point-to-point calls).
+pub(crate) fn check_peer_rank(op: &str, peer: usize, rank: usize, size: usize) -> Result<()> {
+    if peer >= size || peer == rank {
+        return Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!(
+                "expected a peer rank in 0..{size} other than this rank {rank}, found {peer}"
+            ),
+        });
+    }
+    Ok(())
+}

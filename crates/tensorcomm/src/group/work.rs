@@ -1,6 +1,6 @@
 //! `Work`: the handle a collective returns.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::Result;
@@ -10,6 +10,8 @@ use crate::Result;
 pub(crate) struct Completion {
     outcome: Mutex<Option<Result<()>>>,
     done: Condvar,
+    /// The rank a receive got its message from, set before it completes.
+    source: OnceLock<usize>,
 }
 
 impl Completion {
@@ -21,6 +23,15 @@ impl Completion {
     pub(crate) fn complete(&self, outcome: Result<()>) {
         *self.lock() = Some(outcome);
         self.done.notify_all();
+    }
+
+    /// Records the outcome of a receive, with the rank the message came
+    /// from when it succeeded, and wakes every waiter.
+    pub(crate) fn complete_recv(&self, outcome: Result<usize>) {
+        let outcome = outcome.map(|source| {
+            let _ = self.source.set(source);
+        });
+        self.complete(outcome);
     }
 }
 
@@ -118,5 +129,38 @@ impl Work {
     /// returns `None`), without waiting.
     pub fn result(&mut self) -> Option<Result<()>> {
         self.completion.lock().take()
+    }
+
+    /// The rank a finished receive (`recv`, `recv_any_source`) got its
+    /// message from; `None` before it finishes, when it failed, and for
+    /// every other kind of `Work`.
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread, time::Duration};
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::group::ProcessGroup;
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::tensor::Tensor;
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let sender = {
+    ///     let store = store.clone();
+    ///     thread::spawn(move || -> tensorcomm::Result<()> {
+    ///         let pg = ProcessGroupCpu::new(store, "doc", 1, 2, &CpuOptions::default())?;
+    ///         pg.send(&Tensor::from_vec(vec![7u8; 3], &[3])?, 0, 5, None)?.wait()
+    ///     })
+    /// };
+    /// let pg = ProcessGroupCpu::new(store, "doc", 0, 2, &CpuOptions::default())?;
+    /// let t = Tensor::zeros(&[3], tensorcomm::tensor::DType::U8)?;
+    /// let work = pg.recv_any_source(&t, 5, None)?;
+    /// assert!(work.wait_timeout(Duration::from_secs(30)));
+    /// assert_eq!(work.source_rank(), Some(1));
+    /// work.wait()?;
+    /// assert_eq!(t.to_vec::<u8>()?, [7, 7, 7]);
+    /// sender.join().unwrap()?;
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn source_rank(&self) -> Option<usize> {
+        self.completion.source.get().copied()
     }
 }

@@ -1,0 +1,296 @@
+//! Failures of the CPU process group: monitored barriers naming the ranks
+//! that did not come, the flight recorder's states and JSON, and a rank
+//! process that exits mid-job (the test binary re-runs itself as the
+//! second rank, sharing a FileStore).
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{groups, on_every_rank, options};
+use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::group::{ProcessGroup, ReduceOp};
+use tensorcomm::store::{FileStore, HashStore, Store};
+use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::Error;
+
+fn failed(err: Error) -> (String, u64, Vec<usize>, Error) {
+    match err {
+        Error::CollectiveFailed {
+            op,
+            seq,
+            ranks,
+            source,
+            ..
+        } => (op, seq, ranks, *source),
+        other => panic!("expected CollectiveFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn monitored_barrier_releases_everyone_when_all_arrive() {
+    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+    for wait_all in [true, false] {
+        let outcomes = on_every_rank(&pgs, |pg| {
+            pg.monitored_barrier(Some(Duration::from_secs(30)), wait_all)
+                .unwrap()
+                .wait()
+        });
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    }
+    // Still in step with ordinary collectives afterwards.
+    on_every_rank(&pgs, |pg| {
+        let t = Tensor::from_vec(vec![2u8], &[1]).unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(t.to_vec::<u8>().unwrap(), [6]);
+    });
+}
+
+/// Ranks 1 and 3 of 4 never call the barrier; returns each caller's
+/// missing ranks (rank 0's and rank 2's).
+fn barrier_with_absentees(wait_all: bool) -> Vec<Option<Vec<usize>>> {
+    let pgs = groups(4, &Arc::new(HashStore::new()), "pg");
+    let started = Instant::now();
+    let timeout = Duration::from_millis(300);
+    let named = on_every_rank(&pgs, |pg| {
+        if pg.rank() % 2 == 1 {
+            return None;
+        }
+        let err = pg
+            .monitored_barrier(Some(timeout), wait_all)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let (op, seq, ranks, source) = failed(err);
+        assert_eq!((op.as_str(), seq), ("monitored_barrier", 0));
+        match source {
+            Error::RanksMissing {
+                missing,
+                timeout: t,
+            } => {
+                assert_eq!((&missing, t), (&ranks, timeout));
+            }
+            other => panic!("{other:?}"),
+        }
+        Some(ranks)
+    });
+    assert!(started.elapsed() >= timeout);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    named
+}
+
+#[test]
+fn monitored_barrier_names_every_absent_rank_with_wait_all() {
+    let named = barrier_with_absentees(true);
+    assert_eq!(named, [Some(vec![1, 3]), None, Some(vec![1, 3]), None]);
+}
+
+#[test]
+fn monitored_barrier_names_the_first_absent_rank_without_wait_all() {
+    let named = barrier_with_absentees(false);
+    assert_eq!(named, [Some(vec![1]), None, Some(vec![1]), None]);
+}
+
+#[test]
+fn monitored_barrier_fails_promptly_when_rank_0_is_gone() {
+    let mut pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    drop(pgs.remove(0));
+    let started = Instant::now();
+    let err = pgs[0]
+        .monitored_barrier(None, true)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let (op, _, ranks, source) = failed(err);
+    assert_eq!((op.as_str(), ranks), ("monitored_barrier", vec![0]));
+    assert!(
+        matches!(source, Error::PeerClosed { peer: 0, .. }),
+        "{source:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn monitored_barrier_without_rank_0_names_it_after_twice_the_timeout() {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    let timeout = Duration::from_millis(150);
+    let started = Instant::now();
+    let err = pgs[1]
+        .monitored_barrier(Some(timeout), false)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(started.elapsed() >= 2 * timeout);
+    let (op, seq, ranks, source) = failed(err);
+    assert_eq!((op.as_str(), seq, ranks), ("monitored_barrier", 0, vec![0]));
+    assert!(
+        matches!(source, Error::PeerTimeout { peer: 0, .. }),
+        "{source:?}"
+    );
+}
+
+fn entries(pg: &ProcessGroupCpu) -> Vec<serde_json::Value> {
+    let json: serde_json::Value = serde_json::from_str(&pg.flight_recorder_json()).unwrap();
+    assert_eq!(json["rank"], pg.rank());
+    assert_eq!(json["world_size"], pg.size());
+    json["entries"].as_array().unwrap().clone()
+}
+
+fn states(pg: &ProcessGroupCpu) -> Vec<String> {
+    entries(pg)
+        .iter()
+        .map(|e| e["state"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_flight_recorder_tracks_states_and_dumps_valid_json() {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    let t = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    // Rank 0 queues two collectives; rank 1 has not joined yet, so the
+    // first waits in the algorithm and the second in the queue.
+    let first = pgs[0].all_reduce(&t, ReduceOp::Max, None).unwrap();
+    let second = pgs[0].broadcast(&t, 1, None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while states(&pgs[0]) != ["started", "queued"] {
+        assert!(Instant::now() < deadline, "{:?}", states(&pgs[0]));
+        std::thread::yield_now();
+    }
+    let u = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    pgs[1]
+        .all_reduce(&u, ReduceOp::Max, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    pgs[1].broadcast(&u, 1, None).unwrap().wait().unwrap();
+    first.wait().unwrap();
+    second.wait().unwrap();
+    let e = entries(&pgs[0]);
+    assert_eq!(states(&pgs[0]), ["completed", "completed"]);
+    assert_eq!(e[0]["op"], "all_reduce");
+    assert_eq!(e[0]["seq"], 0);
+    assert_eq!(e[0]["numel"], 6);
+    assert_eq!(e[0]["dtype"], "f32");
+    assert_eq!(e[0]["reduce_op"], "MAX");
+    assert_eq!(e[0]["peers"], serde_json::json!([1]));
+    assert!(e[0]["queued_to_started_us"].is_u64() && e[0]["started_to_finished_us"].is_u64());
+    assert_eq!(
+        (&e[1]["op"], &e[1]["seq"], &e[1]["root"]),
+        (&"broadcast".into(), &1.into(), &1.into())
+    );
+    assert!(e[1]["error"].is_null());
+
+    // A collective rank 1 skips times out: recorded as failed, with the
+    // error, and the group refuses the next one without running it.
+    let err = pgs[0]
+        .all_reduce(&t, ReduceOp::Sum, Some(Duration::from_millis(100)))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let refused = pgs[0].barrier(None).unwrap().wait().unwrap_err();
+    assert!(
+        matches!(refused, Error::GroupBroken { seq: 2, .. }),
+        "{refused:?}"
+    );
+    let e = entries(&pgs[0]);
+    assert_eq!(
+        states(&pgs[0]),
+        ["completed", "completed", "failed", "failed"]
+    );
+    assert_eq!(e[2]["error"].as_str().unwrap(), err.to_string());
+    assert!(e[2]["error"]
+        .as_str()
+        .unwrap()
+        .contains("sequence number 2"));
+    assert!(
+        e[3]["queued_to_started_us"].is_null(),
+        "never ran: {}",
+        e[3]
+    );
+    assert_eq!(e[3]["op"], "barrier");
+}
+
+// ---- a rank process that exits mid-job --------------------------------
+
+/// Set in the child: the FileStore both processes share.
+const CHILD_STORE: &str = "TENSORCOMM_GROUP_FAILURES_CHILD_STORE";
+
+/// Rank 1 when CHILD_STORE is set: one all_reduce, then the process exits
+/// before the second. Run without it (as in a normal `cargo test`) it
+/// checks that a group of one does the same all_reduce.
+#[test]
+fn child_rank_entry() {
+    let (store, rank, world): (Arc<dyn Store>, usize, usize) = match std::env::var(CHILD_STORE) {
+        Ok(path) => (Arc::new(FileStore::open(path).unwrap()), 1, 2),
+        Err(_) => (Arc::new(HashStore::new()), 0, 1),
+    };
+    let pg = ProcessGroupCpu::new(store, "pg", rank, world, &options()).unwrap();
+    let t = Tensor::from_vec(vec![1.0f64; 8], &[8]).unwrap();
+    pg.all_reduce(&t, ReduceOp::Sum, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(t.to_vec::<f64>().unwrap(), vec![world as f64; 8]);
+    if world == 2 {
+        // No destructor runs: the connections close when the process ends.
+        std::process::exit(1);
+    }
+}
+
+#[test]
+fn a_rank_process_that_exits_mid_job_fails_the_survivor_promptly_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&path).unwrap());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_rank_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_STORE, &path)
+        .spawn()
+        .expect("spawn the child rank");
+    let pg = ProcessGroupCpu::new(store, "pg", 0, 2, &options()).unwrap();
+    let t = Tensor::from_vec(vec![1.0f64; 8], &[8]).unwrap();
+    pg.all_reduce(&t, ReduceOp::Sum, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(t.to_vec::<f64>().unwrap(), [2.0; 8]);
+    let started = Instant::now();
+    let err = pg
+        .all_reduce(&t, ReduceOp::Sum, None)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "took {elapsed:?} of a 30 s timeout"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("all_reduce (sequence number 1)") && text.contains("[1]"),
+        "{text}"
+    );
+    let (op, seq, ranks, source) = failed(err);
+    assert_eq!((op.as_str(), seq, ranks), ("all_reduce", 1, vec![1]));
+    assert!(
+        matches!(source, Error::PeerClosed { peer: 1, .. }),
+        "{source:?}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(1));
+    let json = pg.flight_recorder_json();
+    assert!(json.contains(r#""seq":1,"state":"failed""#), "{json}");
+}
