@@ -96,8 +96,9 @@ fn all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8(
             for pg in &pgs {
                 s.spawn(move || {
                     let rank = pg.rank();
-                    // 10 elements: direct; 3000 f32: halving-doubling; 300k: ring.
-                    for n in [10usize, 3000, 300_000] {
+                    // 10 elements: direct; 30k (f32: 120 KB): halving-doubling;
+                    // 300k: ring on odd worlds, halving-doubling on the rest.
+                    for n in [10usize, 30_000, 300_000] {
                         let sum =
                             Tensor::from_vec((0..n).map(|i| value(rank, i) as f32).collect(), &[n])
                                 .unwrap();
