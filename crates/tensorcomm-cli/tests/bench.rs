@@ -1,5 +1,6 @@
 //! `tensorcomm bench` end to end: it starts its own ranks, prints one
-//! checked row per size, and `--json` gives parseable rows.
+//! checked row per size over the transport asked for, and `--json` gives
+//! stdout made of JSON rows only.
 
 use std::process::Command;
 
@@ -35,8 +36,14 @@ fn all_reduce_rows_cover_every_size_and_are_correct() {
         "--warmup",
         "1",
     ];
-    let (ok, stdout, stderr) =
-        bench(&[&common[..], &["--op", "all_reduce", "--dtype", "i32"]].concat());
+    let (ok, stdout, stderr) = bench(
+        &[
+            &common[..],
+            &["--op", "all_reduce", "--dtype", "i32", "--transport", "tcp"],
+        ]
+        .concat(),
+    );
+    assert!(stdout.contains("tcp transport"), "{stdout}");
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
     let rows: Vec<&str> = stdout
         .lines()
@@ -44,7 +51,7 @@ fn all_reduce_rows_cover_every_size_and_are_correct() {
         .collect();
     let sizes: Vec<&str> = rows
         .iter()
-        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .map(|l| l.split_whitespace().next().unwrap())
         .collect();
     assert_eq!(sizes, ["8", "64", "512", "4096"], "{stdout}");
     assert!(
@@ -55,15 +62,23 @@ fn all_reduce_rows_cover_every_size_and_are_correct() {
     let (ok, stdout, stderr) = bench(
         &[
             &common[..],
-            &["--op", "broadcast", "--dtype", "bf16", "--json"],
+            &[
+                "--op",
+                "broadcast",
+                "--dtype",
+                "bf16",
+                "--json",
+                "--transport",
+                "shm",
+            ],
         ]
         .concat(),
     );
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // Every line of stdout is a row: no header, no launcher prefix.
     let rows: Vec<serde_json::Value> = stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("[rank0]: "))
-        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
         .collect();
     assert_eq!(rows.len(), 4, "{stdout}");
     for row in rows {

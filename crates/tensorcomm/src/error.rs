@@ -135,21 +135,6 @@ pub enum Error {
     UnsupportedInitMethod { found: String },
 
     // ---- shared memory ------------------------------------------------
-    /// A peer closed its end of a transport or its process exited while
-    /// this rank still needed it.
-    #[error("peer rank {peer} is gone while {during}: {reason}")]
-    PeerDied {
-        peer: usize,
-        during: String,
-        reason: String,
-    },
-    /// A transport operation with a peer ran past its deadline.
-    #[error("timed out after {waited:?} with peer rank {peer} while {during}")]
-    TransportTimeout {
-        peer: usize,
-        during: String,
-        waited: Duration,
-    },
     /// A shared-memory segment does not have the header this build expects.
     #[error("shared-memory segment {segment:?} has a bad header: expected {field} {expected}, found {found}")]
     ShmBadHeader {
@@ -158,12 +143,27 @@ pub enum Error {
         expected: String,
         found: String,
     },
+    /// Shared memory was required (`TENSORCOMM_TRANSPORT=shm`) but a peer
+    /// is on another host (or sees another `/dev/shm`).
+    #[error("shared memory was required but rank {peer} is not on this host: expected host identity {expected:?}, found {found:?}")]
+    ShmPeerNotLocal {
+        peer: usize,
+        expected: String,
+        found: String,
+    },
     // ---- transports and process groups --------------------------------
-    /// A peer closed its connection (or its process ended) mid-transfer.
-    #[error("rank {peer} closed its connection while {during}")]
-    PeerClosed { peer: usize, during: String },
-    /// A peer did not send or accept bytes before the deadline.
-    #[error("rank {peer} did not respond within {timeout:?} while {during}")]
+    /// A peer closed its end of a transport (TCP connection or
+    /// shared-memory link), or its process exited, while this rank still
+    /// needed it; `reason` says which and how it was noticed.
+    #[error("peer rank {peer} is gone while {during}: {reason}")]
+    PeerClosed {
+        peer: usize,
+        during: String,
+        reason: String,
+    },
+    /// A peer did not send or accept bytes before the deadline; `timeout`
+    /// is how long this rank waited.
+    #[error("peer rank {peer} did not respond within {timeout:?} while {during}")]
     PeerTimeout {
         peer: usize,
         during: String,

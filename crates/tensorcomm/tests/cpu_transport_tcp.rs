@@ -131,9 +131,14 @@ fn a_peer_closing_its_connection_fails_the_receiver_promptly_naming_it() {
     let started = Instant::now();
     let mut buf = [0u8; 16];
     match transports[0].recv(2, &mut buf, soon()) {
-        Err(Error::PeerClosed { peer, during }) => {
+        Err(Error::PeerClosed {
+            peer,
+            during,
+            reason,
+        }) => {
             assert_eq!(peer, 2);
             assert!(during.contains("receiving"), "{during}");
+            assert!(reason.contains("TCP connection"), "{reason}");
         }
         other => panic!("expected PeerClosed naming rank 2, got {other:?}"),
     }

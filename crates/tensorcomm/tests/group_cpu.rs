@@ -1,49 +1,104 @@
-//! The CPU process group between threads over loopback: collectives against
-//! independent references for world sizes 1-8, validation before sending,
-//! mismatches, dead and silent peers.
+//! The CPU process group between threads, over TCP on loopback and over
+//! shared memory (every test runs once per transport, in modules `tcp` and
+//! `shm`): collectives against independent references for world sizes 1-8,
+//! validation before sending, mismatches, dead and silent peers.
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use tensorcomm::cpu::transport::{Route, TransportChoice};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
-/// Builds one group per rank (in parallel, as setup needs everyone).
-fn groups(world: usize, store: &Arc<HashStore>, prefix: &str) -> Vec<ProcessGroupCpu> {
+/// Runs each named test body once per transport: `tcp::name` and
+/// `shm::name`.
+macro_rules! over_transports {
+    ($($name:ident),* $(,)?) => {
+        mod tcp {
+            $(#[test]
+            fn $name() {
+                super::$name(tensorcomm::cpu::transport::TransportChoice::Tcp);
+            })*
+        }
+        mod shm {
+            $(#[test]
+            fn $name() {
+                super::$name(tensorcomm::cpu::transport::TransportChoice::Shm);
+            })*
+        }
+    };
+}
+
+over_transports!(
+    all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8,
+    invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
+    mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints,
+    mismatched_ops_fail_every_rank_promptly,
+    a_dead_peer_fails_every_survivor_promptly_naming_it,
+    a_peer_dropped_during_a_collective_fails_the_others_promptly_naming_it,
+    a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works,
+);
+
+/// Builds one group per rank over `choice` (in parallel, as setup needs
+/// everyone) and checks that every pair got the route asked for.
+fn groups(
+    world: usize,
+    store: &Arc<HashStore>,
+    prefix: &str,
+    choice: TransportChoice,
+) -> Vec<ProcessGroupCpu> {
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let (store, prefix) = (store.clone(), prefix.to_string());
             let options = CpuOptions {
                 timeout: Duration::from_secs(30),
+                transport: choice,
                 ..CpuOptions::default()
             };
             thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options))
         })
         .collect();
-    handles
+    let pgs: Vec<ProcessGroupCpu> = handles
         .into_iter()
         .map(|h| h.join().unwrap().unwrap())
-        .collect()
+        .collect();
+    let want = match choice {
+        TransportChoice::Tcp => Route::Tcp,
+        _ => Route::Shm,
+    };
+    for pg in &pgs {
+        for peer in 0..world {
+            let expected = if peer == pg.rank() {
+                Route::Local
+            } else {
+                want
+            };
+            assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
+        }
+    }
+    pgs
 }
 
 fn value(rank: usize, i: usize) -> i64 {
     ((rank * 31 + i * 7) % 19) as i64 - 9
 }
 
-#[test]
-fn all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8() {
+fn all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8(
+    choice: TransportChoice,
+) {
     for world in [1, 2, 3, 4, 8] {
-        let pgs = groups(world, &Arc::new(HashStore::new()), "pg");
+        let pgs = groups(world, &Arc::new(HashStore::new()), "pg", choice);
         thread::scope(|s| {
             for pg in &pgs {
                 s.spawn(move || {
                     let rank = pg.rank();
-                    // 10 elements: direct; 3000 f32: halving-doubling; 300k: ring.
-                    for n in [10usize, 3000, 300_000] {
+                    // 10 elements: direct; 30k (f32: 120 KB): halving-doubling;
+                    // 300k: ring on odd worlds, halving-doubling on the rest.
+                    for n in [10usize, 30_000, 300_000] {
                         let sum =
                             Tensor::from_vec((0..n).map(|i| value(rank, i) as f32).collect(), &[n])
                                 .unwrap();
@@ -86,9 +141,10 @@ fn all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8() {
     }
 }
 
-#[test]
-fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable(
+    choice: TransportChoice,
+) {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg", choice);
     let f = Tensor::zeros(&[4], DType::F32).unwrap();
     match pgs[0].all_reduce(&f, ReduceOp::Bxor, None) {
         Err(Error::UnsupportedReduceOp {
@@ -147,9 +203,8 @@ fn expect_failed(err: Error, op: &str, seq: u64) -> (Vec<usize>, Error) {
     }
 }
 
-#[test]
-fn mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints(choice: TransportChoice) {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg", choice);
     let errors: Vec<Error> = thread::scope(|s| {
         let hs: Vec<_> = pgs
             .iter()
@@ -189,9 +244,8 @@ fn mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints() {
     ));
 }
 
-#[test]
-fn mismatched_ops_fail_every_rank_promptly() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn mismatched_ops_fail_every_rank_promptly(choice: TransportChoice) {
+    let pgs = groups(3, &Arc::new(HashStore::new()), "pg", choice);
     let started = Instant::now();
     let errors: Vec<Error> = thread::scope(|s| {
         let hs: Vec<_> = pgs
@@ -225,9 +279,8 @@ fn mismatched_ops_fail_every_rank_promptly() {
     assert!(mismatches >= 2, "rank 2 and its peers see the mismatch");
 }
 
-#[test]
-fn a_dead_peer_fails_every_survivor_promptly_naming_it() {
-    let mut pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn a_dead_peer_fails_every_survivor_promptly_naming_it(choice: TransportChoice) {
+    let mut pgs = groups(3, &Arc::new(HashStore::new()), "pg", choice);
     drop(pgs.pop()); // rank 2 goes away, closing its connections
     let started = Instant::now();
     let named: Vec<Vec<usize>> = thread::scope(|s| {
@@ -264,10 +317,57 @@ fn a_dead_peer_fails_every_survivor_promptly_naming_it() {
     assert!(named.iter().all(|r| r.len() == 1), "{named:?}");
 }
 
-#[test]
-fn a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works() {
+fn a_peer_dropped_during_a_collective_fails_the_others_promptly_naming_it(choice: TransportChoice) {
+    let mut pgs = groups(3, &Arc::new(HashStore::new()), "pg", choice);
+    // One collective that everyone completes, so the links are in use.
+    thread::scope(|s| {
+        for pg in &pgs {
+            s.spawn(move || {
+                let t = Tensor::from_vec(vec![1i32; 8], &[8]).unwrap();
+                pg.all_reduce(&t, ReduceOp::Sum, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(t.to_vec::<i32>().unwrap(), [3; 8]);
+            });
+        }
+    });
+    let last = pgs.pop().unwrap();
+    // Ranks 0 and 1 start a ring-sized all_reduce (seq 1); rank 2 goes away
+    // once both are queued, without joining it.
+    let n = 1 << 20;
+    let tensors: Vec<_> = (0..2)
+        .map(|_| Tensor::zeros(&[n], DType::F32).unwrap())
+        .collect();
+    let works: Vec<_> = pgs
+        .iter()
+        .zip(&tensors)
+        .map(|(pg, t)| pg.all_reduce(t, ReduceOp::Sum, None).unwrap())
+        .collect();
+    let started = Instant::now();
+    drop(last);
+    let mut named = Vec::new();
+    for work in works {
+        let (ranks, source) = expect_failed(work.wait().unwrap_err(), "all_reduce", 1);
+        assert!(
+            matches!(source, Error::PeerClosed { .. }),
+            "{choice}: {source:?}"
+        );
+        named.push(ranks);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{choice}: {:?}",
+        started.elapsed()
+    );
+    assert!(named.contains(&vec![2]), "{choice}: {named:?}");
+}
+
+fn a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works(
+    choice: TransportChoice,
+) {
     let store = Arc::new(HashStore::new());
-    let pgs = groups(2, &store, "first");
+    let pgs = groups(2, &store, "first", choice);
     let t = Tensor::zeros(&[4], DType::I64).unwrap();
     let started = Instant::now();
     let err = pgs[0]
@@ -283,7 +383,7 @@ fn a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works() {
         "{source:?}"
     );
     drop(pgs);
-    let fresh = groups(2, &store, "second");
+    let fresh = groups(2, &store, "second", choice);
     thread::scope(|s| {
         for pg in &fresh {
             s.spawn(move || {

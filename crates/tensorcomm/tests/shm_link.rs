@@ -180,7 +180,7 @@ fn a_dropped_peer_fails_a_blocked_recv_promptly() {
     dropper.join().unwrap();
     let lag = noticed.saturating_duration_since(rx.recv().unwrap());
     match &err {
-        Error::PeerDied {
+        Error::PeerClosed {
             peer,
             during,
             reason,
@@ -189,7 +189,7 @@ fn a_dropped_peer_fails_a_blocked_recv_promptly() {
             assert!(during.contains("receiving 8 bytes"), "{during}");
             assert!(reason.contains("closed"), "{reason}");
         }
-        other => panic!("expected PeerDied, found {other:?}"),
+        other => panic!("expected PeerClosed, found {other:?}"),
     }
     assert!(err.to_string().contains("peer rank 1"), "{err}");
     assert!(
@@ -211,14 +211,17 @@ fn a_dropped_peer_fails_a_blocked_send_and_later_calls() {
     dropper.join().unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(
-        matches!(&err, Error::PeerDied { peer: 1, during, .. } if during.contains("sending 10000 bytes to it (4096 sent)")),
+        matches!(&err, Error::PeerClosed { peer: 1, during, .. } if during.contains("sending 10000 bytes to it (4096 sent)")),
         "{err:?}"
     );
     assert!(matches!(
         a.send(b"x", after(LONG)),
-        Err(Error::PeerDied { .. })
+        Err(Error::PeerClosed { .. })
     ));
-    assert!(matches!(a.try_send_some(b"x"), Err(Error::PeerDied { .. })));
+    assert!(matches!(
+        a.try_send_some(b"x"),
+        Err(Error::PeerClosed { .. })
+    ));
 }
 
 #[test]
@@ -232,11 +235,11 @@ fn bytes_sent_before_a_drop_are_still_delivered() {
     assert_eq!(buf[..40], [9u8; 40]);
     assert!(matches!(
         a.try_recv_some(&mut buf),
-        Err(Error::PeerDied { peer: 1, .. })
+        Err(Error::PeerClosed { peer: 1, .. })
     ));
     assert!(matches!(
         a.recv(&mut buf, after(LONG)),
-        Err(Error::PeerDied { peer: 1, .. })
+        Err(Error::PeerClosed { peer: 1, .. })
     ));
 }
 
@@ -250,10 +253,10 @@ fn a_deadline_gives_a_timeout_naming_the_peer_and_the_wait() {
         .unwrap_err();
     let took = started.elapsed();
     match &err {
-        Error::TransportTimeout {
+        Error::PeerTimeout {
             peer,
             during,
-            waited,
+            timeout: waited,
         } => {
             assert_eq!(*peer, 0);
             assert!(
@@ -262,7 +265,7 @@ fn a_deadline_gives_a_timeout_naming_the_peer_and_the_wait() {
             );
             assert!(*waited >= Duration::from_millis(50), "{waited:?}");
         }
-        other => panic!("expected TransportTimeout, found {other:?}"),
+        other => panic!("expected PeerTimeout, found {other:?}"),
     }
     assert!(err.to_string().contains("peer rank 0"), "{err}");
     assert!(took < Duration::from_secs(2), "{took:?}");
@@ -272,7 +275,7 @@ fn a_deadline_gives_a_timeout_naming_the_peer_and_the_wait() {
         .send(&[0u8; 5000], after(Duration::from_millis(50)))
         .unwrap_err();
     assert!(
-        matches!(&err, Error::TransportTimeout { peer: 1, during, .. } if during.contains("(4096 sent)")),
+        matches!(&err, Error::PeerTimeout { peer: 1, during, .. } if during.contains("(4096 sent)")),
         "{err:?}"
     );
     // Both sides are still usable afterwards.
@@ -332,7 +335,7 @@ fn connect_without_a_peer_times_out_and_leaves_nothing() {
     )
     .unwrap_err();
     assert!(
-        matches!(&err, Error::TransportTimeout { peer: 7102, during, .. } if during.contains("waiting for rank 7102 to map")),
+        matches!(&err, Error::PeerTimeout { peer: 7102, during, .. } if during.contains("waiting for rank 7102 to map")),
         "{err:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -482,7 +485,7 @@ fn a_child_that_exits_mid_transfer_fails_the_parent_promptly() {
     let status = wait_child(child);
     assert_eq!(status.code(), Some(3), "{status}");
     match &err {
-        Error::PeerDied {
+        Error::PeerClosed {
             peer,
             reason,
             during,
@@ -491,7 +494,7 @@ fn a_child_that_exits_mid_transfer_fails_the_parent_promptly() {
             assert!(reason.contains("exited"), "{reason}");
             assert!(during.contains("(0 received)"), "{during}");
         }
-        other => panic!("expected PeerDied, found {other:?}"),
+        other => panic!("expected PeerClosed, found {other:?}"),
     }
     eprintln!("peer death noticed {lag:?} after the child exited");
     assert!(

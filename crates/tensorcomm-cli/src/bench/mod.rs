@@ -7,16 +7,22 @@
 //! count, dtype, op, time (the slowest rank's mean, µs), algbw and busbw
 //! (nccl-tests formulas, `row.rs`) and a correctness check of a separate
 //! run against the reference in `data.rs`. `--json` prints one JSON object
-//! per row instead (lines carry the launcher's `[rank0]: ` prefix when the
-//! bench starts its own ranks).
+//! per row instead, and nothing else on stdout: the ranks the bench starts
+//! itself write to its own stdout and stderr without the launcher's
+//! `[rankN]: ` prefix, and only rank 0 prints rows. `--transport` picks the
+//! CPU backend's transport (`auto`, `tcp`, `shm`; default: the
+//! `TENSORCOMM_TRANSPORT` variable, else `auto`). When stderr is a terminal,
+//! rank 0 shows which size it is on there (`progress.rs`).
 
 mod data;
+mod progress;
 mod row;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use tensorcomm::cpu::transport::{TransportChoice, TRANSPORT_ENV};
 use tensorcomm::group::{init_process_group, Backend, ProcessGroup, ReduceOp};
 use tensorcomm::tensor::{DType, Tensor};
 
@@ -81,6 +87,18 @@ pub struct BenchArgs {
     /// Print one JSON object per row instead of a table.
     #[arg(long)]
     json: bool,
+    /// CPU transport between ranks: auto (shared memory on one host, TCP
+    /// across), tcp or shm. Default: TENSORCOMM_TRANSPORT, else auto.
+    #[arg(long, value_parser = parse_transport)]
+    transport: Option<TransportChoice>,
+}
+
+/// Parses `auto`, `tcp` or `shm`.
+fn parse_transport(s: &str) -> Result<TransportChoice, String> {
+    match s.parse::<TransportChoice>() {
+        Ok(TransportChoice::Env) | Err(_) => Err(format!("expected auto, tcp or shm, found {s:?}")),
+        Ok(choice) => Ok(choice),
+    }
 }
 
 /// Parses `8`, `64K`, `64M`, `1G` (binary multiples).
@@ -115,7 +133,8 @@ pub fn main(args: BenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
         Err(err) => {
-            eprintln!("tensorcomm bench failed: {err}");
+            let rank = std::env::var("RANK").unwrap_or_default();
+            eprintln!("tensorcomm bench failed on rank {rank}: {err}");
             ExitCode::FAILURE
         }
     }
@@ -143,13 +162,23 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if args.json {
         rank_args.push("--json".into());
     }
+    if let Some(transport) = args.transport {
+        rank_args.push(format!("--transport={transport}"));
+    }
     let rank_args: Vec<OsString> = rank_args.into_iter().map(OsString::from).collect();
-    crate::launch::launch_local(&exe, &rank_args, args.nproc, None, &[])
+    // Unprefixed: rank 0 alone prints rows, so stdout stays clean (JSON
+    // lines with --json), and rank 0 sees whether stderr is a terminal.
+    crate::launch::launch_local_with(&exe, &rank_args, args.nproc, None, &[], false)
 }
 
 /// Runs every size on this rank; rank 0 prints. True when all rows were
 /// correct.
 fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
+    if let Some(transport) = args.transport {
+        // Read by the CPU backend when the group is created, below.
+        std::env::set_var(TRANSPORT_ENV, transport.to_string());
+    }
+    let transport = TransportChoice::Env.resolve()?;
     let pg = match args.backend {
         BenchBackend::Cpu => init_process_group(Backend::Cpu, "env://")?,
     };
@@ -157,7 +186,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let dtype = args.dtype;
     if rank == 0 && !args.json {
         println!(
-            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend), {} iterations after {} warm-up",
+            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport), {} iterations after {} warm-up",
             args.op.name(),
             dtype,
             args.backend,
@@ -168,12 +197,15 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     }
     let mut all_correct = true;
     let mut size = args.min_bytes;
+    let mut progress = progress::Progress::on_terminal(rank == 0, sizes(args).len());
     loop {
         let count = (size / dtype.size()).max(1);
         let bytes = count * dtype.size();
+        progress.show(bytes);
         let correct = check(&*pg, args.op, dtype, count)?;
         let time_us = time(&*pg, args, dtype, count)?;
         all_correct &= correct;
+        progress.clear();
         if rank == 0 {
             let row = Row::new(
                 bytes,
@@ -193,6 +225,18 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     }
     pg.barrier(None)?.wait()?;
     Ok(all_correct)
+}
+
+/// The sizes a run goes through, from `-b` to `-e`, times `-f` each step.
+fn sizes(args: &BenchArgs) -> Vec<usize> {
+    let mut sizes = vec![args.min_bytes];
+    while let Some(next) = sizes[sizes.len() - 1].checked_mul(args.factor) {
+        if next > args.max_bytes {
+            break;
+        }
+        sizes.push(next);
+    }
+    sizes
 }
 
 /// Runs the collective once on fresh inputs and compares every element
@@ -263,5 +307,30 @@ mod tests {
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn transports_parse_and_env_is_not_a_flag_value() {
+        assert_eq!(parse_transport("shm"), Ok(TransportChoice::Shm));
+        assert_eq!(parse_transport("TCP"), Ok(TransportChoice::Tcp));
+        assert_eq!(parse_transport("auto"), Ok(TransportChoice::Auto));
+        assert!(parse_transport("env")
+            .unwrap_err()
+            .contains("found \"env\""));
+        assert!(parse_transport("udp").is_err());
+    }
+
+    #[test]
+    fn sizes_step_by_the_factor_up_to_the_maximum() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let cli = Cli::parse_from(["x", "-b", "8", "-e", "100", "-f", "4"]);
+        assert_eq!(sizes(&cli.bench), [8, 32]);
+        let cli = Cli::parse_from(["x", "-b", "1K", "-e", "1K"]);
+        assert_eq!(sizes(&cli.bench), [1024]);
     }
 }

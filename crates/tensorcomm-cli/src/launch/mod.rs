@@ -59,6 +59,21 @@ pub fn launch_local(
     master_port: Option<u16>,
     extra_env: &[(String, String)],
 ) -> ExitCode {
+    launch_local_with(program, args, nproc, master_port, extra_env, true)
+}
+
+/// [`launch_local`], choosing whether rank output gets the `[rankN]: `
+/// prefix. Without it the ranks inherit this process's stdout and stderr
+/// (so a rank can tell whether stderr is a terminal, and a program whose
+/// rank 0 alone prints, like `bench --json`, produces clean output).
+pub fn launch_local_with(
+    program: &Path,
+    args: &[OsString],
+    nproc: usize,
+    master_port: Option<u16>,
+    extra_env: &[(String, String)],
+    prefix_output: bool,
+) -> ExitCode {
     if nproc == 0 {
         eprintln!("tensorcomm: error: launch_local needs at least 1 process (found nproc = 0)");
         return ExitCode::from(2);
@@ -82,7 +97,7 @@ pub fn launch_local(
         master_addr: plan::LOCAL_MASTER_ADDR.to_string(),
         master_port,
         kill_grace: plan::DEFAULT_KILL_GRACE,
-        prefix_output: true,
+        prefix_output,
         extra_env: extra_env.to_vec(),
     })
 }
@@ -118,6 +133,23 @@ mod tests {
         let code = launch_local(Path::new("/bin/sh"), &sh(script), 2, None, &[]);
         assert_eq!(code, ExitCode::from(7));
         assert!(start.elapsed() < std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn unprefixed_ranks_inherit_the_launchers_output() {
+        // The ranks' stdout is this test's stdout, not a pipe the launcher
+        // reads: a pipe would show up as a FIFO in /proc/self/fd/1.
+        let script = r#"[ "$(readlink /proc/$$/fd/1)" = "$EXPECTED" ]"#;
+        let mine = std::fs::read_link("/proc/self/fd/1").expect("own stdout");
+        let extra = [("EXPECTED".to_string(), mine.display().to_string())];
+        let code = launch_local_with(Path::new("/bin/sh"), &sh(script), 2, None, &extra, false);
+        assert_eq!(code, ExitCode::SUCCESS);
+        let code = launch_local_with(Path::new("/bin/sh"), &sh(script), 1, None, &extra, true);
+        assert_ne!(
+            code,
+            ExitCode::SUCCESS,
+            "prefixed output goes through a pipe"
+        );
     }
 
     #[test]

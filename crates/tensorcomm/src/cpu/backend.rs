@@ -1,5 +1,7 @@
 //! The CPU process group: collectives on host tensors over a
-//! [`TcpTransport`], run in call order on the group's own thread.
+//! [`RoutedTransport`] (shared memory with ranks on this host, TCP with the
+//! others; [`CpuOptions::transport`] or `TENSORCOMM_TRANSPORT` can force
+//! either), run in call order on the group's own thread.
 //!
 //! ```
 //! use std::{sync::Arc, thread};
@@ -33,7 +35,9 @@ use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
-use super::transport::{TcpTransport, TcpTransportOptions, Transport};
+use super::transport::{
+    Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
+};
 use crate::group::fingerprint::{
     reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
 };
@@ -52,6 +56,10 @@ pub struct CpuOptions {
     /// The address other ranks reach this one at (see
     /// [`TcpTransportOptions::advertise_host`]).
     pub advertise_host: String,
+    /// Which transport connects which ranks; by default
+    /// ([`TransportChoice::Env`]) whatever `TENSORCOMM_TRANSPORT` says
+    /// (`auto`, `tcp` or `shm`), `auto` when it is unset.
+    pub transport: TransportChoice,
 }
 
 impl Default for CpuOptions {
@@ -59,6 +67,7 @@ impl Default for CpuOptions {
         CpuOptions {
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             advertise_host: "127.0.0.1".into(),
+            transport: TransportChoice::default(),
         }
     }
 }
@@ -69,7 +78,7 @@ type Job = Box<dyn FnOnce() + Send>;
 struct Shared {
     rank: usize,
     size: usize,
-    transport: TcpTransport,
+    transport: RoutedTransport,
     /// The collective whose failure broke the group, if any.
     broken: Mutex<Option<(String, u64)>>,
     recorder: FlightRecorder,
@@ -125,14 +134,19 @@ impl ProcessGroupCpu {
         options: &CpuOptions,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
-        let transport = TcpTransport::connect(
+        let transport = RoutedTransport::connect(
             &*store,
-            &format!("{key_prefix}/tcp"),
+            key_prefix,
             rank,
             size,
-            &TcpTransportOptions {
-                advertise_host: options.advertise_host.clone(),
-                timeout: options.timeout,
+            &RoutedTransportOptions {
+                choice: options.transport,
+                tcp: TcpTransportOptions {
+                    advertise_host: options.advertise_host.clone(),
+                    timeout: options.timeout,
+                },
+                shm_capacity: None,
+                host_identity: None,
             },
         )?;
         let p2p = P2p::connect(
@@ -174,6 +188,23 @@ impl ProcessGroupCpu {
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout: options.timeout,
         })
+    }
+
+    /// The transport carrying this rank's traffic to `peer` (shared memory
+    /// or TCP; [`Route::Local`] for this rank itself).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::cpu::transport::Route;
+    /// use tensorcomm::store::HashStore;
+    ///
+    /// let pg = ProcessGroupCpu::new(Arc::new(HashStore::new()), "one", 0, 1, &CpuOptions::default())?;
+    /// assert_eq!(pg.route(0), Route::Local);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn route(&self, peer: usize) -> Route {
+        self.shared.transport.route(peer)
     }
 
     /// Takes the next sequence number and queues `body` to run under it

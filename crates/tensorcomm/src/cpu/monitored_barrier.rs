@@ -48,6 +48,7 @@ pub(crate) fn monitored_barrier(
         let release = rx.recv().map_err(|_| Error::PeerClosed {
             peer: 0,
             during: "waiting for the monitored barrier's release".into(),
+            reason: "the point-to-point receiver stopped".into(),
         })??;
         return match decode_missing(&release)? {
             missing if missing.is_empty() => Ok(()),

@@ -61,18 +61,49 @@ use crate::Result;
 /// Messages up to this many bytes use [`all_reduce_direct`] (when the world
 /// is small enough, see [`DIRECT_MAX_WORLD`]).
 ///
-/// Provisional: a starting guess, to be replaced by the crossover measured
-/// with `tensorcomm bench` on the target machines.
-pub const DIRECT_MAX_BYTES: usize = 4 << 10;
+/// Measured on a 2-core VM (shared with other jobs, so noisy), 2 ranks as
+/// threads of one process, each algorithm forced through
+/// [`all_reduce_with`] over a [`RoutedTransport`](super::transport::RoutedTransport),
+/// f32 MAX, mean µs per call (a throwaway sweep program; `tensorcomm bench`
+/// times the selected algorithm only):
+///
+/// ```text
+///  bytes      tcp: direct   h-d    ring     shm: direct   h-d    ring
+///  8                 20     36     32             0.8     (noise) (noise)
+///  128               21     38     37             0.9     5.5    12.6
+///  2K                34     43     48             11.6    10.3   (noise)
+///  32K               39     59     62             95      189    173
+///  128K              114    108    92             236     248    337
+///  512K              368    274    260            428     428    402
+///  2M                3070   2257   2621           1880    884    997
+///  8M                18025  10346  10839          10842   5460   6554
+///  32M               272326 45042  45745          149925  20254  16707
+/// ```
+///
+/// Direct wins up to 32 KiB on both transports and loses from 128 KiB on
+/// TCP, so the crossover is set between them. Re-measure on a machine with
+/// more cores and ranks (the issue's 16-32 core hosts) before trusting it
+/// for larger worlds.
+pub const DIRECT_MAX_BYTES: usize = 64 << 10;
 
 /// Largest world for which [`all_reduce_direct`] is chosen (its traffic and
-/// memory grow with the world size). Provisional, like [`DIRECT_MAX_BYTES`].
+/// memory grow with the world size). Provisional: the 2-core VM cannot run
+/// more than 2 ranks without oversubscribing, so this is not measured.
 pub const DIRECT_MAX_WORLD: usize = 8;
 
-/// Messages of at least this many bytes use [`all_reduce_ring`]; between
-/// the direct and ring thresholds, [`all_reduce_halving_doubling`].
-/// Provisional, like [`DIRECT_MAX_BYTES`].
-pub const RING_MIN_BYTES: usize = 1 << 20;
+/// Messages of at least this many bytes use [`all_reduce_ring`] when the
+/// world is a power of two; below it (and above the direct threshold),
+/// [`all_reduce_halving_doubling`]. From the table at [`DIRECT_MAX_BYTES`]:
+/// with 2 ranks the two move the same bytes in the same steps, and
+/// halving-doubling was ahead or level up to 8 MiB on both transports,
+/// the ring ahead at 32 MiB over shared memory.
+pub const RING_MIN_BYTES: usize = 16 << 20;
+
+/// [`RING_MIN_BYTES`] for worlds that are not a power of two, where
+/// halving-doubling first folds the extra ranks in (a whole extra message
+/// each way). Provisional (not measured here: needs 3+ ranks on enough
+/// cores).
+pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 
 /// The all-reduce algorithms to choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,17 +114,24 @@ pub enum AllReduceAlgorithm {
 }
 
 /// Picks the all-reduce algorithm for a message of `nbytes` over
-/// `world_size` ranks, from the provisional thresholds above.
+/// `world_size` ranks, from the thresholds above.
 ///
 /// ```
 /// use tensorcomm::cpu::algorithms::{select_all_reduce, AllReduceAlgorithm};
 /// assert_eq!(select_all_reduce(8, 4), AllReduceAlgorithm::Direct);
+/// assert_eq!(select_all_reduce(1 << 20, 4), AllReduceAlgorithm::HalvingDoubling);
+/// assert_eq!(select_all_reduce(1 << 20, 3), AllReduceAlgorithm::Ring);
 /// assert_eq!(select_all_reduce(64 << 20, 4), AllReduceAlgorithm::Ring);
 /// ```
 pub fn select_all_reduce(nbytes: usize, world_size: usize) -> AllReduceAlgorithm {
+    let ring_min = if world_size.is_power_of_two() {
+        RING_MIN_BYTES
+    } else {
+        RING_MIN_BYTES_NON_POWER_OF_TWO
+    };
     if nbytes <= DIRECT_MAX_BYTES && world_size <= DIRECT_MAX_WORLD {
         AllReduceAlgorithm::Direct
-    } else if nbytes >= RING_MIN_BYTES {
+    } else if nbytes >= ring_min {
         AllReduceAlgorithm::Ring
     } else {
         AllReduceAlgorithm::HalvingDoubling

@@ -135,7 +135,8 @@ impl Mailbox {
                 .as_ref()
                 .map(|why| Error::PeerClosed {
                     peer,
-                    during: format!("waiting for a point-to-point message with tag {tag} ({why})"),
+                    during: format!("waiting for a point-to-point message with tag {tag}"),
+                    reason: why.to_string(),
                 }),
             None => {
                 let peers = (0..state.closed.len()).filter(|&p| p != self.rank);
@@ -316,7 +317,9 @@ mod tests {
         let any = collect(&mb, None, 1, Duration::from_secs(60));
         mb.close(2, "connection reset".into());
         match from2.recv().unwrap() {
-            Err(Error::PeerClosed { peer: 2, during }) => {
+            Err(Error::PeerClosed {
+                peer: 2, during, ..
+            }) => {
                 assert!(
                     during.contains("tag 1") && during.contains("reset"),
                     "{during}"

@@ -214,7 +214,8 @@ impl P2p {
             Ok(()) => work,
             Err(_) => Work::done(Err(Error::PeerClosed {
                 peer: to,
-                during: "queueing a send on a group whose sender thread has stopped".into(),
+                during: "queueing a send".into(),
+                reason: "the group's sender thread has stopped".into(),
             })),
         }
     }

@@ -8,11 +8,13 @@
 //! [`Error::PeerIo`]), so a collective can say which rank went missing.
 //!
 //! [`TcpTransport`] is a full mesh of TCP connections set up through a
-//! [`Store`](crate::store::Store). A shared-memory transport implements the
+//! [`Store`](crate::store::Store). [`shm::ShmTransport`] implements the
 //! same trait over per-peer `ShmLink`s: `send`/`recv` map to the link's
 //! blocking calls and [`Transport::send_recv`] to a loop over its
-//! non-blocking `try_send_some`/`try_recv_some`, so it can be added as one
-//! file beside `tcp/`.
+//! non-blocking `try_send_some`/`try_recv_some`. [`RoutedTransport`] picks
+//! one of them per peer ([`TransportChoice`]: shared memory with ranks on
+//! this host, found by exchanging [`host_identity`], TCP with the others),
+//! and is what the CPU process group uses.
 //!
 //! ```
 //! use std::{sync::Arc, thread, time::{Duration, Instant}};
@@ -35,11 +37,17 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod choice;
+mod host_identity;
+mod routed;
 pub mod shm;
 mod tcp;
 
 use std::time::Instant;
 
+pub use choice::{TransportChoice, TRANSPORT_ENV};
+pub use host_identity::host_identity;
+pub use routed::{Route, RoutedTransport, RoutedTransportOptions};
 pub use tcp::{TcpTransport, TcpTransportOptions};
 
 use crate::Result;

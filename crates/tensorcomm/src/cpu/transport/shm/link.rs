@@ -26,8 +26,8 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// sleeping; `try_send_some` and `try_recv_some` never block. Concurrent
 /// sends (or recvs) from several threads are serialised, never interleaved.
 /// A call blocked on a peer that drops its link or whose process exits
-/// fails within a few milliseconds with [`Error::PeerDied`]; one that
-/// reaches its deadline fails with [`Error::TransportTimeout`].
+/// fails within a few milliseconds with [`Error::PeerClosed`]; one that
+/// reaches its deadline fails with [`Error::PeerTimeout`].
 ///
 /// ```
 /// use std::{sync::Arc, thread, time::{Duration, Instant}};
@@ -103,7 +103,7 @@ impl ShmLink {
     /// name (so nothing is left in `/dev/shm` whatever happens later) and
     /// marks itself attached; the lower rank returns once it sees that and
     /// deletes the key. Waiting for the peer ends after `timeout` with
-    /// [`Error::TransportTimeout`] (lower rank) or [`Error::StoreTimeout`]
+    /// [`Error::PeerTimeout`] (lower rank) or [`Error::StoreTimeout`]
     /// (higher rank). A segment with a foreign header or another capacity
     /// gives [`Error::ShmBadHeader`] saying what was expected and found.
     pub fn connect(
@@ -170,10 +170,10 @@ impl ShmLink {
             while attached.load(Ordering::Acquire) == 0 {
                 let now = Instant::now();
                 if now >= deadline {
-                    return Err(Error::TransportTimeout {
+                    return Err(Error::PeerTimeout {
                         peer: hi,
                         during: format!("waiting for rank {hi} to map shared-memory segment {name} (published under {key:?})"),
-                        waited: now - start,
+                        timeout: now - start,
                     });
                 }
                 backoff.snooze();
@@ -213,10 +213,10 @@ impl ShmLink {
                 // wait for rank `lo` to publish a fresh one.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     if Instant::now() >= deadline {
-                        return Err(Error::TransportTimeout {
+                        return Err(Error::PeerTimeout {
                             peer: lo,
                             during: format!("opening shared-memory segment {name} published by rank {lo} under {key:?}, which no longer exists"),
-                            waited: start.elapsed(),
+                            timeout: start.elapsed(),
                         });
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -330,6 +330,17 @@ impl ShmLink {
     /// when `probe`, the kernel's word that its process no longer holds
     /// its lock on the segment.
     fn peer_gone(&self, probe: bool) -> Option<String> {
+        if self.header().sides[self.side]
+            .0
+            .closed
+            .load(Ordering::Relaxed)
+            != 0
+        {
+            return Some(format!(
+                "rank {} closed its own end of the link (aborted)",
+                self.my_rank
+            ));
+        }
         let peer = &self.header().sides[1 - self.side].0;
         if peer.closed.load(Ordering::Acquire) != 0 {
             return Some(format!(
@@ -363,10 +374,10 @@ impl ShmLink {
             return Err(self.died(during(), reason));
         }
         if now >= deadline {
-            return Err(Error::TransportTimeout {
+            return Err(Error::PeerTimeout {
                 peer: self.peer_rank,
                 during: during(),
-                waited: now - started,
+                timeout: now - started,
             });
         }
         backoff.snooze();
@@ -374,7 +385,7 @@ impl ShmLink {
     }
 
     fn died(&self, during: String, reason: String) -> Error {
-        Error::PeerDied {
+        Error::PeerClosed {
             peer: self.peer_rank,
             during,
             reason,
@@ -385,9 +396,9 @@ impl ShmLink {
     /// (the peer may still be reading it). Data larger than the ring
     /// streams through it as the peer reads.
     ///
-    /// Fails with [`Error::PeerDied`] if the peer has closed its link or
+    /// Fails with [`Error::PeerClosed`] if the peer has closed its link or
     /// goes away while this call waits for space, and with
-    /// [`Error::TransportTimeout`] if `deadline` passes first.
+    /// [`Error::PeerTimeout`] if `deadline` passes first.
     pub fn send(&self, data: &[u8], deadline: Instant) -> Result<()> {
         let started = Instant::now();
         let mut tx = Self::lock(&self.tx);
@@ -426,8 +437,8 @@ impl ShmLink {
     /// Fills all of `buf`, blocking until the last byte has arrived.
     ///
     /// Bytes the peer sent before it went away are still delivered; the
-    /// call fails with [`Error::PeerDied`] only when it needs more than
-    /// that, and with [`Error::TransportTimeout`] if `deadline` passes.
+    /// call fails with [`Error::PeerClosed`] only when it needs more than
+    /// that, and with [`Error::PeerTimeout`] if `deadline` passes.
     pub fn recv(&self, buf: &mut [u8], deadline: Instant) -> Result<()> {
         let started = Instant::now();
         let mut rx = Self::lock(&self.rx);
@@ -463,7 +474,7 @@ impl ShmLink {
     /// Writes as much of `data` as fits in the ring now and returns how
     /// many bytes that was (0 when the ring is full). Never blocks.
     ///
-    /// Fails with [`Error::PeerDied`] if the peer has closed its link, or
+    /// Fails with [`Error::PeerClosed`] if the peer has closed its link, or
     /// (checked at most every few milliseconds when nothing fits) if its
     /// process has exited.
     ///
@@ -512,7 +523,7 @@ impl ShmLink {
     /// Reads as many bytes as have arrived, up to `buf.len()`, and returns
     /// how many (0 when nothing is there). Never blocks.
     ///
-    /// Fails with [`Error::PeerDied`] when nothing is there and the peer
+    /// Fails with [`Error::PeerClosed`] when nothing is there and the peer
     /// has closed its link or its process has exited.
     pub fn try_recv_some(&self, buf: &mut [u8]) -> Result<usize> {
         let mut rx = Self::lock(&self.rx);
@@ -543,6 +554,36 @@ impl ShmLink {
         self.peer_gone(true).is_none()
     }
 
+    /// Closes this end as dropping the link does, but through a shared
+    /// reference: the peer's blocked and later calls fail at once with
+    /// [`Error::PeerClosed`], and so do this side's later calls. Bytes
+    /// already in the peer's ring can still be read by it.
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread, time::{Duration, Instant}};
+    /// use tensorcomm::cpu::transport::shm::ShmLink;
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::Error;
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let s = store.clone();
+    /// let peer = thread::spawn(move || ShmLink::connect(&*s, "close", 1, 0, 4096, Duration::from_secs(10)));
+    /// let link = ShmLink::connect(&*store, "close", 0, 1, 4096, Duration::from_secs(10))?;
+    /// let peer = peer.join().unwrap()?;
+    /// link.close();
+    /// let mut buf = [0u8; 4];
+    /// let err = peer.recv(&mut buf, Instant::now() + Duration::from_secs(10)).unwrap_err();
+    /// assert!(matches!(err, Error::PeerClosed { peer: 0, .. }));
+    /// assert!(link.try_send_some(b"x").is_err());
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn close(&self) {
+        self.header().sides[self.side]
+            .0
+            .closed
+            .store(1, Ordering::Release);
+    }
+
     /// The rank at the other end.
     pub fn peer_rank(&self) -> usize {
         self.peer_rank
@@ -564,10 +605,7 @@ impl Drop for ShmLink {
     /// Marks this side closed, so the peer's blocked calls fail at once;
     /// unmapping the segment (and so releasing the lock) follows.
     fn drop(&mut self) {
-        self.header().sides[self.side]
-            .0
-            .closed
-            .store(1, Ordering::Release);
+        self.close();
     }
 }
 

@@ -16,6 +16,9 @@
 //! So a dead peer is noticed within a few milliseconds, and the error names
 //! its rank.
 //!
+//! [`ShmTransport`] (`mesh.rs`) is the [`Transport`](super::Transport)
+//! trait over one link per peer.
+//!
 //! The segment's name is unlinked as soon as both ranks have mapped it, so
 //! a crash never leaves anything behind in `/dev/shm`.
 //!
@@ -25,11 +28,13 @@
 
 mod layout;
 mod link;
+mod mesh;
 mod ring;
 mod segment;
 mod wait;
 
 pub use link::ShmLink;
+pub use mesh::{ShmTransport, ShmTransportOptions};
 
 /// A good ring capacity per direction: 4 MiB, enough to stream large
 /// messages without the two sides waiting on each other.

@@ -70,10 +70,15 @@ impl Context<'_> {
         }
     }
 
-    fn closed(&self, done: usize) -> Error {
+    fn closed(&self, done: usize, kind: ErrorKind) -> Error {
+        let reason = match kind {
+            ErrorKind::UnexpectedEof => "it closed its TCP connection".to_string(),
+            kind => format!("its TCP connection broke ({kind})"),
+        };
         Error::PeerClosed {
             peer: self.peer,
             during: self.during(done),
+            reason,
         }
     }
 
@@ -84,7 +89,7 @@ impl Context<'_> {
             ErrorKind::BrokenPipe
             | ErrorKind::ConnectionReset
             | ErrorKind::ConnectionAborted
-            | ErrorKind::UnexpectedEof => Some(self.closed(done)),
+            | ErrorKind::UnexpectedEof => Some(self.closed(done, err.kind())),
             _ => Some(Error::PeerIo {
                 peer: self.peer,
                 during: self.during(done),
@@ -106,7 +111,7 @@ pub(super) fn write_all(half: &mut Half, data: &[u8], cx: &Context<'_>) -> Resul
             return Err(cx.classify(e, done).unwrap_or_else(|| cx.timeout(done)));
         }
         match half.stream.write(&data[done..]) {
-            Ok(0) => return Err(cx.closed(done)),
+            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof)),
             Ok(n) => done += n,
             Err(e) => {
                 if let Some(err) = cx.classify(e, done) {
@@ -130,7 +135,7 @@ pub(super) fn read_exact(half: &mut Half, buf: &mut [u8], cx: &Context<'_>) -> R
             return Err(cx.classify(e, done).unwrap_or_else(|| cx.timeout(done)));
         }
         match half.stream.read(&mut buf[done..]) {
-            Ok(0) => return Err(cx.closed(done)),
+            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof)),
             Ok(n) => done += n,
             Err(e) => {
                 if let Some(err) = cx.classify(e, done) {
@@ -160,14 +165,18 @@ pub(super) fn write_without_blocking(
     while done < data.len() {
         match half.stream.write(&data[done..]) {
             Ok(0) => {
-                failure = Some(cx.closed(done));
+                failure = Some(cx.closed(done, ErrorKind::UnexpectedEof));
                 break;
             }
             Ok(n) => done += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e) => {
-                failure = Some(cx.classify(e, done).unwrap_or_else(|| cx.closed(done)));
+                let kind = e.kind();
+                failure = Some(
+                    cx.classify(e, done)
+                        .unwrap_or_else(|| cx.closed(done, kind)),
+                );
                 break;
             }
         }

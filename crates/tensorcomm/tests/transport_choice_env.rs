@@ -1,0 +1,53 @@
+//! TENSORCOMM_TRANSPORT decides the CPU group's transport when the options
+//! leave it to the environment. Its own test binary: it sets the variable.
+
+use std::sync::Arc;
+
+use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use tensorcomm::cpu::transport::{Route, TransportChoice};
+use tensorcomm::store::HashStore;
+use tensorcomm::Error;
+
+fn pair(prefix: &str) -> tensorcomm::Result<Vec<ProcessGroupCpu>> {
+    let store = Arc::new(HashStore::new());
+    let hs: Vec<_> = (0..2)
+        .map(|rank| {
+            let (store, prefix) = (store.clone(), prefix.to_string());
+            std::thread::spawn(move || {
+                ProcessGroupCpu::new(store, &prefix, rank, 2, &CpuOptions::default())
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn the_environment_variable_picks_the_transport_and_bad_values_are_named() {
+    assert_eq!(CpuOptions::default().transport, TransportChoice::Env);
+    std::env::set_var("TENSORCOMM_TRANSPORT", "tcp");
+    assert_eq!(pair("tcp").unwrap()[0].route(1), Route::Tcp);
+    std::env::set_var("TENSORCOMM_TRANSPORT", "SHM");
+    assert_eq!(pair("shm").unwrap()[1].route(0), Route::Shm);
+    std::env::remove_var("TENSORCOMM_TRANSPORT");
+    assert_eq!(pair("auto").unwrap()[0].route(1), Route::Shm);
+    std::env::set_var("TENSORCOMM_TRANSPORT", "udp");
+    match ProcessGroupCpu::new(
+        Arc::new(HashStore::new()),
+        "bad",
+        0,
+        1,
+        &CpuOptions::default(),
+    ) {
+        Err(Error::BadValue {
+            name,
+            expected,
+            found,
+        }) => {
+            assert_eq!(name, "TENSORCOMM_TRANSPORT");
+            assert_eq!(expected, "auto, tcp or shm");
+            assert_eq!(found, "udp");
+        }
+        other => panic!("expected BadValue, found {other:?}"),
+    }
+    std::env::remove_var("TENSORCOMM_TRANSPORT");
+}
