@@ -15,5 +15,6 @@
 
 pub mod algorithms;
 pub mod backend;
+mod collectives;
 pub mod reduce;
 pub mod transport;

@@ -104,6 +104,120 @@ pub trait ProcessGroup: Send + Sync {
         timeout: Option<Duration>,
     ) -> Result<Work>;
 
+    /// Reduces `tensor` over all ranks with `op` into `tensor` of rank
+    /// `root`; the other ranks' tensors are left unchanged.
+    fn reduce(
+        &self,
+        tensor: &Tensor<'static>,
+        root: usize,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `input` of every rank `r` into `outputs[r]` of every rank:
+    /// one output per rank, each of the input's dtype and shape.
+    fn all_gather(
+        &self,
+        outputs: &[Tensor<'static>],
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_gather`](ProcessGroup::all_gather) into one `output` holding
+    /// the inputs of ranks `0..size` concatenated along dim 0 (shape
+    /// `[size * d0, ..]`) or stacked (shape `[size, d0, ..]`).
+    fn all_gather_into_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_gather`](ProcessGroup::all_gather) of several inputs (one
+    /// dtype) at once: `outputs[r][i]` receives `inputs[i]` of rank `r`.
+    fn all_gather_coalesced(
+        &self,
+        outputs: &[Vec<Tensor<'static>>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `input` of every rank `r` into `outputs[r]` of rank `root`.
+    /// Only the root passes `outputs` (one per rank, each of the input's
+    /// dtype and shape); the others pass `None`.
+    fn gather(
+        &self,
+        input: &Tensor<'static>,
+        outputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `inputs[r]` of rank `root` into `output` of every rank `r`.
+    /// Only the root passes `inputs` (one per rank, each of the output's
+    /// dtype and shape); the others pass `None`.
+    fn scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Reduces `inputs[r]` over all ranks with `op` into `output` of rank
+    /// `r`: one input per rank, each of the output's dtype and shape.
+    fn reduce_scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`reduce_scatter`](ProcessGroup::reduce_scatter) from one `input`
+    /// holding the per-rank inputs concatenated along dim 0 (shape
+    /// `[size * d0, ..]`) or stacked (shape `[size, d0, ..]`).
+    fn reduce_scatter_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `inputs[p]` of this rank into `outputs[r]` of rank `p` (`r`
+    /// being this rank), for every pair: one tensor per rank in each list,
+    /// all of one dtype, sizes free per peer (uneven all-to-all) as long
+    /// as each pair agrees.
+    fn all_to_all(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// All-to-all over rows (dim 0) of one `input` and one `output` with
+    /// the same shape after dim 0: `input_split_sizes[p]` rows go to rank
+    /// `p` and `output_split_sizes[p]` rows come from it; an empty list
+    /// splits that tensor's dim 0 equally.
+    fn all_to_all_single(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        output_split_sizes: &[usize],
+        input_split_sizes: &[usize],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_reduce`](ProcessGroup::all_reduce) of several tensors of one
+    /// dtype as one collective.
+    fn all_reduce_coalesced(
+        &self,
+        tensors: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
     /// Completes once every rank has called it.
     fn barrier(&self, timeout: Option<Duration>) -> Result<Work>;
 }

@@ -1,5 +1,11 @@
 //! Direct scatter: the root sends block `r` of its buffer straight to rank
 //! `r`, in rank order; every other rank receives once.
+//!
+//! Before any data moves the root and every other rank exchange an empty
+//! message. Over a fingerprinting transport that message carries each
+//! side's fingerprint, so ranks that disagree about the root (each of them
+//! would then only send) are caught here rather than at their next
+//! collective. It costs about one hop, as every rank sends it at once.
 
 use std::time::Instant;
 
@@ -22,6 +28,7 @@ pub fn scatter_direct(
         )));
     }
     if rank != root {
+        t.send_recv(root, &[], root, &mut [], deadline)?;
         return t.recv(root, output, deadline);
     }
     let n = output.len();
@@ -30,6 +37,9 @@ pub fn scatter_direct(
             "scatter: expected an input of {world} x {n} bytes on the root, found {}",
             input.len()
         )));
+    }
+    for from in (0..world).filter(|&r| r != rank) {
+        t.send_recv(from, &[], from, &mut [], deadline)?;
     }
     for to in 0..world {
         let block = &input[to * n..(to + 1) * n];
