@@ -106,6 +106,57 @@ pub trait ProcessGroup: Send + Sync {
 
     /// Reduces `tensor` over all ranks with `op` into `tensor` of rank
     /// `root`; the other ranks' tensors are left unchanged.
+    ///
+    /// This example runs the collectives that follow on two ranks
+    /// (threads):
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread};
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::group::{ProcessGroup, ReduceOp};
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::tensor::{DType, Tensor};
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let ranks: Vec<_> = (0..2).map(|rank| {
+    ///     let store = store.clone();
+    ///     thread::spawn(move || -> tensorcomm::Result<()> {
+    ///         let pg = ProcessGroupCpu::new(store, "pg", rank, 2, &CpuOptions::default())?;
+    ///         let r = rank as i32;
+    ///         let t = Tensor::from_vec(vec![r + 1; 2], &[2])?;
+    ///         pg.reduce(&t, 0, ReduceOp::Sum, None)?.wait()?;
+    ///         assert_eq!(t.to_vec::<i32>()?, if rank == 0 { [3, 3] } else { [2, 2] });
+    ///
+    ///         let all = Tensor::zeros(&[4], DType::I32)?;
+    ///         pg.all_gather_into_tensor(&all, &Tensor::from_vec(vec![r, r], &[2])?, None)?.wait()?;
+    ///         assert_eq!(all.to_vec::<i32>()?, [0, 0, 1, 1]);
+    ///
+    ///         let mine = Tensor::zeros(&[2], DType::I32)?;
+    ///         pg.reduce_scatter_tensor(&mine, &Tensor::from_vec(vec![1, 2, 3, 4], &[4])?, ReduceOp::Sum, None)?.wait()?;
+    ///         assert_eq!(mine.to_vec::<i32>()?, if rank == 0 { [2, 4] } else { [6, 8] });
+    ///
+    ///         // Uneven all-to-all: rank 0 sends 1 row to rank 1, rank 1 sends 2 rows to rank 0.
+    ///         let (send, recv) = if rank == 0 { ([1, 1], [1, 2]) } else { ([2, 2], [1, 2]) };
+    ///         let input = Tensor::from_vec(vec![r * 10; send.iter().sum::<usize>()], &[send.iter().sum()])?;
+    ///         let output = Tensor::zeros(&[recv.iter().sum()], DType::I32)?;
+    ///         pg.all_to_all_single(&output, &input, &recv, &send, None)?.wait()?;
+    ///         assert_eq!(output.to_vec::<i32>()?, [0, 10, 10]); // 1 element from rank 0, 2 from rank 1
+    ///
+    ///         let pieces: Vec<_> = (0..2).map(|_| Tensor::zeros(&[1], DType::I32).unwrap()).collect();
+    ///         let root_list = (rank == 1).then_some(pieces.as_slice());
+    ///         pg.gather(&Tensor::from_vec(vec![r + 5], &[1])?, root_list, 1, None)?.wait()?;
+    ///         if rank == 1 {
+    ///             assert_eq!(pieces[0].to_vec::<i32>()?, [5]);
+    ///             assert_eq!(pieces[1].to_vec::<i32>()?, [6]);
+    ///         }
+    ///         Ok(())
+    ///     })
+    /// }).collect();
+    /// for r in ranks {
+    ///     r.join().unwrap()?;
+    /// }
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
     fn reduce(
         &self,
         tensor: &Tensor<'static>,
