@@ -15,6 +15,7 @@
 //! rank 0 shows which size it is on there (`progress.rs`).
 
 mod data;
+mod ops;
 mod progress;
 mod row;
 
@@ -44,13 +45,75 @@ pub enum BenchOp {
     /// Broadcast from rank 0.
     #[value(name = "broadcast")]
     Broadcast,
+    /// SUM reduce to rank 0.
+    #[value(name = "reduce")]
+    Reduce,
+    /// SUM all-reduce of two tensors as one collective.
+    #[value(name = "all_reduce_coalesced")]
+    AllReduceCoalesced,
+    /// All-gather into one output tensor per rank.
+    #[value(name = "all_gather")]
+    AllGather,
+    /// All-gather into one concatenated output tensor.
+    #[value(name = "all_gather_into_tensor")]
+    AllGatherIntoTensor,
+    /// Coalesced all-gather (one input tensor).
+    #[value(name = "all_gather_coalesced")]
+    AllGatherCoalesced,
+    /// Gather to rank 0.
+    #[value(name = "gather")]
+    Gather,
+    /// Scatter from rank 0.
+    #[value(name = "scatter")]
+    Scatter,
+    /// SUM reduce-scatter from one input tensor per rank.
+    #[value(name = "reduce_scatter")]
+    ReduceScatter,
+    /// SUM reduce-scatter from one concatenated input tensor.
+    #[value(name = "reduce_scatter_tensor")]
+    ReduceScatterTensor,
+    /// All-to-all over lists of tensors (equal sizes).
+    #[value(name = "all_to_all")]
+    AllToAll,
+    /// All-to-all over one tensor, equal splits.
+    #[value(name = "all_to_all_single")]
+    AllToAllSingle,
 }
 
 impl BenchOp {
+    /// Every op, in the order above.
+    #[cfg(test)]
+    const ALL: [BenchOp; 13] = [
+        BenchOp::AllReduce,
+        BenchOp::Broadcast,
+        BenchOp::Reduce,
+        BenchOp::AllReduceCoalesced,
+        BenchOp::AllGather,
+        BenchOp::AllGatherIntoTensor,
+        BenchOp::AllGatherCoalesced,
+        BenchOp::Gather,
+        BenchOp::Scatter,
+        BenchOp::ReduceScatter,
+        BenchOp::ReduceScatterTensor,
+        BenchOp::AllToAll,
+        BenchOp::AllToAllSingle,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             BenchOp::AllReduce => "all_reduce",
             BenchOp::Broadcast => "broadcast",
+            BenchOp::Reduce => "reduce",
+            BenchOp::AllReduceCoalesced => "all_reduce_coalesced",
+            BenchOp::AllGather => "all_gather",
+            BenchOp::AllGatherIntoTensor => "all_gather_into_tensor",
+            BenchOp::AllGatherCoalesced => "all_gather_coalesced",
+            BenchOp::Gather => "gather",
+            BenchOp::Scatter => "scatter",
+            BenchOp::ReduceScatter => "reduce_scatter",
+            BenchOp::ReduceScatterTensor => "reduce_scatter_tensor",
+            BenchOp::AllToAll => "all_to_all",
+            BenchOp::AllToAllSingle => "all_to_all_single",
         }
     }
 }
@@ -199,7 +262,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let mut size = args.min_bytes;
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes(args).len());
     loop {
-        let count = (size / dtype.size()).max(1);
+        let count = ops::row_count(args.op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
         let correct = check(&*pg, args.op, dtype, count)?;
@@ -247,21 +310,10 @@ fn check(
     dtype: DType,
     count: usize,
 ) -> tensorcomm::Result<bool> {
-    let rank = pg.rank();
-    let t = data::make(dtype, count, |i| data::value(rank, i))?;
-    let ok = match op {
-        BenchOp::AllReduce => {
-            pg.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
-            let got = data::decode(&t)?;
-            (0..count).all(|i| got[i] == data::all_reduce_sum(dtype, pg.size(), i))
-        }
-        BenchOp::Broadcast => {
-            pg.broadcast(&t, 0, None)?.wait()?;
-            let got = data::decode(&t)?;
-            let root = data::decode(&data::make(dtype, count, |i| data::value(0, i))?)?;
-            got == root
-        }
-    };
+    let (rank, ranks) = (pg.rank(), pg.size());
+    let buffers = ops::setup(op, rank, ranks, dtype, count)?;
+    ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
+    let ok = ops::verify(op, rank, ranks, dtype, count, &buffers)?;
     let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
     pg.all_reduce(&verdict, ReduceOp::Min, None)?.wait()?;
     Ok(verdict.to_vec::<i32>()?[0] == 1)
@@ -274,20 +326,15 @@ fn time(
     dtype: DType,
     count: usize,
 ) -> tensorcomm::Result<f64> {
-    let t = data::make(dtype, count, |i| data::value(pg.rank(), i))?;
-    let once = |t: &Tensor<'static>| -> tensorcomm::Result<()> {
-        match args.op {
-            BenchOp::AllReduce => pg.all_reduce(t, ReduceOp::Max, None)?.wait(),
-            BenchOp::Broadcast => pg.broadcast(t, 0, None)?.wait(),
-        }
-    };
+    let buffers = ops::setup(args.op, pg.rank(), pg.size(), dtype, count)?;
+    let once = || ops::launch(pg, args.op, &buffers, ReduceOp::Max)?.wait();
     for _ in 0..args.warmup {
-        once(&t)?;
+        once()?;
     }
     pg.barrier(None)?.wait()?;
     let started = Instant::now();
     for _ in 0..args.iters {
-        once(&t)?;
+        once()?;
     }
     let mean: Duration = started.elapsed() / args.iters as u32;
     let slowest = Tensor::from_vec(vec![mean.as_secs_f64() * 1e6], &[1])?;

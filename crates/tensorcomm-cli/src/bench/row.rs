@@ -24,8 +24,10 @@ pub struct Row {
 pub fn bus_factor(op: &str, ranks: usize) -> f64 {
     let n = ranks as f64;
     match op {
-        "all_reduce" => 2.0 * (n - 1.0) / n,
+        "all_reduce" | "all_reduce_coalesced" => 2.0 * (n - 1.0) / n,
         "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
+        "all_gather_into_tensor" | "all_gather_coalesced" => (n - 1.0) / n,
+        "reduce_scatter_tensor" | "all_to_all_single" => (n - 1.0) / n,
         _ => 1.0,
     }
 }

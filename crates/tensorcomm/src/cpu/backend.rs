@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
+use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
@@ -348,6 +349,131 @@ impl ProcessGroup for ProcessGroupCpu {
         self.submit(fp, timeout, move |t, deadline| {
             tensor.with_bytes_mut(|bytes| broadcast_tree(t, bytes, root, deadline))?
         })
+    }
+
+    fn reduce(
+        &self,
+        tensor: &Tensor<'static>,
+        root: usize,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::reduce::plan(self.size(), tensor, root, op)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_gather(
+        &self,
+        outputs: &[Tensor<'static>],
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::all_gather::plan(self.size(), outputs, input)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_gather_into_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::all_gather_into_tensor::plan(self.size(), output, input)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_gather_coalesced(
+        &self,
+        outputs: &[Vec<Tensor<'static>>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::all_gather_coalesced::plan(self.size(), outputs, inputs)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn gather(
+        &self,
+        input: &Tensor<'static>,
+        outputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::gather::plan(self.rank(), self.size(), input, outputs, root)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::scatter::plan(self.rank(), self.size(), output, inputs, root)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn reduce_scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::reduce_scatter::plan(self.size(), output, inputs, op)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn reduce_scatter_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::reduce_scatter_tensor::plan(self.size(), output, input, op)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_to_all(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::all_to_all::plan(self.rank(), self.size(), outputs, inputs)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_to_all_single(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        output_split_sizes: &[usize],
+        input_split_sizes: &[usize],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let (rank, size) = (self.rank(), self.size());
+        let plan = collectives::all_to_all_single::plan(
+            rank,
+            size,
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+        )?;
+        self.submit(plan.fingerprint, timeout, plan.body)
+    }
+
+    fn all_reduce_coalesced(
+        &self,
+        tensors: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let plan = collectives::all_reduce_coalesced::plan(tensors, op)?;
+        self.submit(plan.fingerprint, timeout, plan.body)
     }
 
     fn barrier(&self, timeout: Option<Duration>) -> Result<Work> {

@@ -15,6 +15,7 @@
 
 pub mod algorithms;
 pub mod backend;
+mod collectives;
 pub mod reduce;
 pub mod transport;
 

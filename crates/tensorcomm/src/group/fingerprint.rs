@@ -16,11 +16,26 @@ use crate::{Error, Result};
 pub(crate) const FINGERPRINT_LEN: usize = 32;
 
 /// Which collective a fingerprint describes.
+///
+/// Codes 20-30 are the collectives of `cpu/collectives/`; what their
+/// fingerprints cover is said there, per op (for uneven `all_to_all` and
+/// `all_to_all_single` only what every rank shares).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CollectiveKind {
     AllReduce = 1,
     Broadcast = 2,
     Barrier = 3,
+    Reduce = 20,
+    AllGather = 21,
+    AllGatherIntoTensor = 22,
+    AllGatherCoalesced = 23,
+    Gather = 24,
+    Scatter = 25,
+    ReduceScatter = 26,
+    ReduceScatterTensor = 27,
+    AllToAll = 28,
+    AllToAllSingle = 29,
+    AllReduceCoalesced = 30,
     MonitoredBarrier = 64,
     AllReduceSparse = 65,
 }
@@ -31,9 +46,31 @@ impl CollectiveKind {
             CollectiveKind::AllReduce => "all_reduce",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::Reduce => "reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::AllGatherIntoTensor => "all_gather_into_tensor",
+            CollectiveKind::AllGatherCoalesced => "all_gather_coalesced",
+            CollectiveKind::Gather => "gather",
+            CollectiveKind::Scatter => "scatter",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::ReduceScatterTensor => "reduce_scatter_tensor",
+            CollectiveKind::AllToAll => "all_to_all",
+            CollectiveKind::AllToAllSingle => "all_to_all_single",
+            CollectiveKind::AllReduceCoalesced => "all_reduce_coalesced",
             CollectiveKind::MonitoredBarrier => "monitored_barrier",
             CollectiveKind::AllReduceSparse => "all_reduce_sparse",
         }
+    }
+
+    /// True for collectives whose `root` field is a root rank.
+    const fn has_root(self) -> bool {
+        matches!(
+            self,
+            CollectiveKind::Broadcast
+                | CollectiveKind::Reduce
+                | CollectiveKind::Gather
+                | CollectiveKind::Scatter
+        )
     }
 
     fn from_code(code: u8) -> Option<Self> {
@@ -41,6 +78,17 @@ impl CollectiveKind {
             1 => CollectiveKind::AllReduce,
             2 => CollectiveKind::Broadcast,
             3 => CollectiveKind::Barrier,
+            20 => CollectiveKind::Reduce,
+            21 => CollectiveKind::AllGather,
+            22 => CollectiveKind::AllGatherIntoTensor,
+            23 => CollectiveKind::AllGatherCoalesced,
+            24 => CollectiveKind::Gather,
+            25 => CollectiveKind::Scatter,
+            26 => CollectiveKind::ReduceScatter,
+            27 => CollectiveKind::ReduceScatterTensor,
+            28 => CollectiveKind::AllToAll,
+            29 => CollectiveKind::AllToAllSingle,
+            30 => CollectiveKind::AllReduceCoalesced,
             64 => CollectiveKind::MonitoredBarrier,
             65 => CollectiveKind::AllReduceSparse,
             _ => return None,
@@ -49,7 +97,9 @@ impl CollectiveKind {
 }
 
 /// A collective as one rank sees it: op, reduce op, dtype, element count,
-/// a hash of shape and strides, root and sequence number.
+/// a hash of shape and strides, root and sequence number. `root` is the
+/// root rank of rooted collectives; for `all_to_all_single` it is 1 when
+/// the splits are uneven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Fingerprint {
     pub(crate) kind: CollectiveKind,
@@ -171,8 +221,11 @@ impl fmt::Display for Fingerprint {
                 self.numel, self.shape_hash
             )?;
         }
-        if self.kind == CollectiveKind::Broadcast {
+        if self.kind.has_root() {
             write!(f, ", root {}", self.root)?;
+        }
+        if self.kind == CollectiveKind::AllToAllSingle && self.root != 0 {
+            f.write_str(", uneven splits")?;
         }
         f.write_str(")")
     }

@@ -115,6 +115,171 @@ pub trait ProcessGroup: Send + Sync {
         timeout: Option<Duration>,
     ) -> Result<Work>;
 
+    /// Reduces `tensor` over all ranks with `op` into `tensor` of rank
+    /// `root`; the other ranks' tensors are left unchanged.
+    ///
+    /// This example runs the collectives that follow on two ranks
+    /// (threads):
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread};
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::group::{ProcessGroup, ReduceOp};
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::tensor::{DType, Tensor};
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let ranks: Vec<_> = (0..2).map(|rank| {
+    ///     let store = store.clone();
+    ///     thread::spawn(move || -> tensorcomm::Result<()> {
+    ///         let pg = ProcessGroupCpu::new(store, "pg", rank, 2, &CpuOptions::default())?;
+    ///         let r = rank as i32;
+    ///         let t = Tensor::from_vec(vec![r + 1; 2], &[2])?;
+    ///         pg.reduce(&t, 0, ReduceOp::Sum, None)?.wait()?;
+    ///         assert_eq!(t.to_vec::<i32>()?, if rank == 0 { [3, 3] } else { [2, 2] });
+    ///
+    ///         let all = Tensor::zeros(&[4], DType::I32)?;
+    ///         pg.all_gather_into_tensor(&all, &Tensor::from_vec(vec![r, r], &[2])?, None)?.wait()?;
+    ///         assert_eq!(all.to_vec::<i32>()?, [0, 0, 1, 1]);
+    ///
+    ///         let mine = Tensor::zeros(&[2], DType::I32)?;
+    ///         pg.reduce_scatter_tensor(&mine, &Tensor::from_vec(vec![1, 2, 3, 4], &[4])?, ReduceOp::Sum, None)?.wait()?;
+    ///         assert_eq!(mine.to_vec::<i32>()?, if rank == 0 { [2, 4] } else { [6, 8] });
+    ///
+    ///         // Uneven all-to-all: rank 0 sends 1 row to rank 1, rank 1 sends 2 rows to rank 0.
+    ///         let (send, recv) = if rank == 0 { ([1, 1], [1, 2]) } else { ([2, 2], [1, 2]) };
+    ///         let input = Tensor::from_vec(vec![r * 10; send.iter().sum::<usize>()], &[send.iter().sum()])?;
+    ///         let output = Tensor::zeros(&[recv.iter().sum()], DType::I32)?;
+    ///         pg.all_to_all_single(&output, &input, &recv, &send, None)?.wait()?;
+    ///         assert_eq!(output.to_vec::<i32>()?, [0, 10, 10]); // 1 element from rank 0, 2 from rank 1
+    ///
+    ///         let pieces: Vec<_> = (0..2).map(|_| Tensor::zeros(&[1], DType::I32).unwrap()).collect();
+    ///         let root_list = (rank == 1).then_some(pieces.as_slice());
+    ///         pg.gather(&Tensor::from_vec(vec![r + 5], &[1])?, root_list, 1, None)?.wait()?;
+    ///         if rank == 1 {
+    ///             assert_eq!(pieces[0].to_vec::<i32>()?, [5]);
+    ///             assert_eq!(pieces[1].to_vec::<i32>()?, [6]);
+    ///         }
+    ///         Ok(())
+    ///     })
+    /// }).collect();
+    /// for r in ranks {
+    ///     r.join().unwrap()?;
+    /// }
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    fn reduce(
+        &self,
+        tensor: &Tensor<'static>,
+        root: usize,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `input` of every rank `r` into `outputs[r]` of every rank:
+    /// one output per rank, each of the input's dtype and shape.
+    fn all_gather(
+        &self,
+        outputs: &[Tensor<'static>],
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_gather`](ProcessGroup::all_gather) into one `output` holding
+    /// the inputs of ranks `0..size` concatenated along dim 0 (shape
+    /// `[size * d0, ..]`) or stacked (shape `[size, d0, ..]`).
+    fn all_gather_into_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_gather`](ProcessGroup::all_gather) of several inputs (one
+    /// dtype) at once: `outputs[r][i]` receives `inputs[i]` of rank `r`.
+    fn all_gather_coalesced(
+        &self,
+        outputs: &[Vec<Tensor<'static>>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `input` of every rank `r` into `outputs[r]` of rank `root`.
+    /// Only the root passes `outputs` (one per rank, each of the input's
+    /// dtype and shape); the others pass `None`.
+    fn gather(
+        &self,
+        input: &Tensor<'static>,
+        outputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `inputs[r]` of rank `root` into `output` of every rank `r`.
+    /// Only the root passes `inputs` (one per rank, each of the output's
+    /// dtype and shape); the others pass `None`.
+    fn scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Reduces `inputs[r]` over all ranks with `op` into `output` of rank
+    /// `r`: one input per rank, each of the output's dtype and shape.
+    fn reduce_scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`reduce_scatter`](ProcessGroup::reduce_scatter) from one `input`
+    /// holding the per-rank inputs concatenated along dim 0 (shape
+    /// `[size * d0, ..]`) or stacked (shape `[size, d0, ..]`).
+    fn reduce_scatter_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// Copies `inputs[p]` of this rank into `outputs[r]` of rank `p` (`r`
+    /// being this rank), for every pair: one tensor per rank in each list,
+    /// all of one dtype, sizes free per peer (uneven all-to-all) as long
+    /// as each pair agrees.
+    fn all_to_all(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// All-to-all over rows (dim 0) of one `input` and one `output` with
+    /// the same shape after dim 0: `input_split_sizes[p]` rows go to rank
+    /// `p` and `output_split_sizes[p]` rows come from it; an empty list
+    /// splits that tensor's dim 0 equally.
+    fn all_to_all_single(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        output_split_sizes: &[usize],
+        input_split_sizes: &[usize],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`all_reduce`](ProcessGroup::all_reduce) of several tensors of one
+    /// dtype as one collective.
+    fn all_reduce_coalesced(
+        &self,
+        tensors: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
     /// Completes once every rank has called it.
     fn barrier(&self, timeout: Option<Duration>) -> Result<Work>;
 

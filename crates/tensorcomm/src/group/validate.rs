@@ -1,7 +1,7 @@
 //! Argument checks every collective runs on the calling rank before
 //! anything is sent or a sequence number is taken.
 
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
 /// The tensor must be on the host and dense (contiguous or a permutation
@@ -48,4 +48,137 @@ pub(crate) fn check_peer_rank(op: &str, peer: usize, rank: usize, size: usize) -
         });
     }
     Ok(())
+}
+
+/// A list of tensors must not be empty.
+pub(crate) fn check_not_empty(op: &str, what: &str, len: usize) -> Result<()> {
+    if len == 0 {
+        return Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!("expected at least one tensor in {what}, found an empty list"),
+        });
+    }
+    Ok(())
+}
+
+/// A list with one entry per rank must have `size` entries.
+pub(crate) fn check_per_rank(op: &str, what: &str, len: usize, size: usize) -> Result<()> {
+    if len != size {
+        return Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!("expected {size} tensors in {what} (one per rank), found {len}"),
+        });
+    }
+    Ok(())
+}
+
+/// `tensor` (named `what`, such as `output_tensors[2]`) must be a dense
+/// host tensor of `dtype`.
+pub(crate) fn check_dtype_of(
+    op: &str,
+    what: &str,
+    tensor: &Tensor<'_>,
+    dtype: DType,
+) -> Result<()> {
+    check_dense_host(op, tensor)?;
+    if tensor.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            context: format!("{op}: {what}"),
+            expected: dtype,
+            found: tensor.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// `tensor` (named `what`) must be a dense host tensor of `like`'s dtype
+/// and shape.
+pub(crate) fn check_like(
+    op: &str,
+    what: &str,
+    tensor: &Tensor<'_>,
+    like: &Tensor<'_>,
+) -> Result<()> {
+    check_dtype_of(op, what, tensor, like.dtype())?;
+    if tensor.shape() != like.shape() {
+        return Err(Error::ShapeMismatch {
+            context: format!("{op}: {what}"),
+            expected: like.shape().to_vec(),
+            found: tensor.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// `big` (named `what`) must hold `size` tensors of `small`'s shape, either
+/// concatenated along dim 0 or stacked along a new dim 0 (the two forms
+/// c10d accepts for `all_gather_into_tensor` and `reduce_scatter_tensor`),
+/// with `small`'s dtype.
+pub(crate) fn check_gathered(
+    op: &str,
+    what: &str,
+    big: &Tensor<'_>,
+    small: &Tensor<'_>,
+    size: usize,
+) -> Result<()> {
+    check_dtype_of(op, what, big, small.dtype())?;
+    let stacked: Vec<usize> = std::iter::once(size)
+        .chain(small.shape().iter().copied())
+        .collect();
+    let concatenated = small.shape().split_first().map(|(d0, rest)| {
+        std::iter::once(d0 * size)
+            .chain(rest.iter().copied())
+            .collect::<Vec<_>>()
+    });
+    if big.shape() == stacked.as_slice() || concatenated.as_deref() == Some(big.shape()) {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        context: format!("{op}: {what} must hold {size} tensors of shape {:?} (concatenated along dim 0, or stacked)", small.shape()),
+        expected: concatenated.unwrap_or(stacked),
+        found: big.shape().to_vec(),
+    })
+}
+
+/// The rows of dim 0 of a tensor (`what`, `dim0` rows) that go to or come
+/// from each of `size` ranks: `splits` when given, which must have `size`
+/// entries summing to `dim0`; equal shares otherwise, which needs `dim0`
+/// divisible by `size`.
+pub(crate) fn split_rows(
+    op: &str,
+    what: &str,
+    splits: &[usize],
+    dim0: usize,
+    size: usize,
+) -> Result<Vec<usize>> {
+    if splits.is_empty() {
+        if !dim0.is_multiple_of(size) {
+            return Err(Error::InvalidCollective {
+                op: op.into(),
+                reason: format!(
+                    "expected dim 0 of {what} to be divisible by the world size {size} for equal splits, found {dim0}"
+                ),
+            });
+        }
+        return Ok(vec![dim0 / size; size]);
+    }
+    if splits.len() != size {
+        return Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!(
+                "expected {size} split sizes for {what} (one per rank), found {}",
+                splits.len()
+            ),
+        });
+    }
+    let total = splits.iter().try_fold(0usize, |acc, &s| acc.checked_add(s));
+    if total != Some(dim0) {
+        return Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!(
+                "expected the split sizes of {what} to sum to its dim 0 ({dim0}), found {splits:?}"
+            ),
+        });
+    }
+    Ok(splits.to_vec())
 }

@@ -9,6 +9,12 @@
 //! - [`all_reduce_ring`]: ring reduce-scatter then ring all-gather, each
 //!   chunk moved in segments; bandwidth-optimal for large messages.
 //! - [`broadcast_tree`]: binomial-tree broadcast from any root.
+//! - [`reduce_tree`]: binomial-tree reduce to any root.
+//! - [`all_gather_ring`], [`reduce_scatter_ring`]: the two passes of the
+//!   ring all-reduce on their own.
+//! - [`gather_direct`], [`scatter_direct`]: straight to and from the root.
+//! - [`all_to_all_pairwise`]: one pairwise exchange per step, blocks of any
+//!   size per peer.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
@@ -38,20 +44,32 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod all_to_all_pairwise;
 mod broadcast_tree;
 mod direct;
+mod gather_direct;
 mod halving_doubling;
+mod reduce_tree;
 mod ring;
+mod ring_all_gather;
+mod ring_reduce_scatter;
+mod scatter_direct;
 #[cfg(test)]
 pub(crate) mod testing;
 
 use std::ops::Range;
 use std::time::Instant;
 
+pub use all_to_all_pairwise::all_to_all_pairwise;
 pub use broadcast_tree::broadcast_tree;
 pub use direct::all_reduce_direct;
+pub use gather_direct::gather_direct;
 pub use halving_doubling::all_reduce_halving_doubling;
+pub use reduce_tree::reduce_tree;
 pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
+pub use ring_all_gather::all_gather_ring;
+pub use ring_reduce_scatter::reduce_scatter_ring;
+pub use scatter_direct::scatter_direct;
 
 use super::reduce::ReduceOp;
 use super::transport::Transport;

@@ -318,12 +318,12 @@ mod tests {
         mb.close(2, "connection reset".into());
         match from2.recv().unwrap() {
             Err(Error::PeerClosed {
-                peer: 2, during, ..
+                peer: 2,
+                during,
+                reason,
             }) => {
-                assert!(
-                    during.contains("tag 1") && during.contains("reset"),
-                    "{during}"
-                );
+                assert!(during.contains("tag 1"), "{during}");
+                assert!(reason.contains("reset"), "{reason}");
             }
             other => panic!("{other:?}"),
         }

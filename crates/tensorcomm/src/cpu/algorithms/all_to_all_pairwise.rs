@@ -1,0 +1,188 @@
+//! Pairwise all-to-all: in step `k` (1 to `world - 1`) rank `r` sends its
+//! block for rank `r + k` while receiving the block from rank `r - k`, both
+//! at once through [`Transport::send_recv`], so no pair can deadlock
+//! whatever the block sizes. Blocks may differ in size per peer (uneven
+//! all-to-all).
+//!
+//! When the sizes are not known to agree (uneven splits), a first round of
+//! the same steps exchanges 16 bytes per pair: how much each side sends
+//! and how much it expects. A disagreement fails on both ranks of the pair
+//! with [`Error::CollectiveMismatch`] before any data moves, instead of one
+//! side waiting for bytes that never come.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use crate::cpu::transport::Transport;
+use crate::{Error, Result};
+
+/// Sends `send[send_offsets[p]..send_offsets[p + 1]]` to every rank `p` and
+/// receives rank `p`'s block for this rank into
+/// `recv[recv_offsets[p]..recv_offsets[p + 1]]`. Offsets have `world + 1`
+/// non-decreasing entries ending at the buffer's length. With
+/// `check_sizes`, the pairs first agree on the block sizes (see the module
+/// documentation); every rank must pass the same `check_sizes`.
+pub fn all_to_all_pairwise(
+    t: &dyn Transport,
+    send: &[u8],
+    send_offsets: &[usize],
+    recv: &mut [u8],
+    recv_offsets: &[usize],
+    check_sizes: bool,
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    let block = |offsets: &[usize], len: usize, p: usize| -> Result<Range<usize>> {
+        let r = offsets[p]..offsets[p + 1];
+        if r.start > r.end || r.end > len {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all: expected block offsets within 0..={len}, found {offsets:?}"
+            )));
+        }
+        Ok(r)
+    };
+    for (name, offsets) in [("send", send_offsets), ("receive", recv_offsets)] {
+        if offsets.len() != world + 1 {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all: expected {} {name} offsets, found {}",
+                world + 1,
+                offsets.len()
+            )));
+        }
+    }
+    let own_out = block(send_offsets, send.len(), rank)?;
+    let own_in = block(recv_offsets, recv.len(), rank)?;
+    if own_out.len() != own_in.len() {
+        return Err(Error::InvalidArgument(format!(
+            "all_to_all: expected the block this rank sends itself ({} bytes) to fit the block it receives from itself ({} bytes)",
+            own_out.len(),
+            own_in.len()
+        )));
+    }
+    recv[own_in].copy_from_slice(&send[own_out]);
+    if check_sizes {
+        // The whole round runs before failing, so both ranks of a
+        // disagreeing pair see the disagreement.
+        let mut mismatch = None;
+        for k in 1..world {
+            let (to, from) = ((rank + k) % world, (rank + world - k) % world);
+            let mut mine = [0u8; 16];
+            mine[..8].copy_from_slice(
+                &(block(send_offsets, send.len(), to)?.len() as u64).to_le_bytes(),
+            );
+            mine[8..].copy_from_slice(
+                &(block(recv_offsets, recv.len(), to)?.len() as u64).to_le_bytes(),
+            );
+            let mut theirs = [0u8; 16];
+            t.send_recv(to, &mine, from, &mut theirs, deadline)?;
+            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            let (they_send, they_expect) = (word(&theirs[..8]), word(&theirs[8..]));
+            let i_expect = block(recv_offsets, recv.len(), from)?.len() as u64;
+            let i_send = block(send_offsets, send.len(), from)?.len() as u64;
+            if (they_send != i_expect || they_expect != i_send) && mismatch.is_none() {
+                mismatch = Some(Error::CollectiveMismatch {
+                    rank,
+                    peer: from,
+                    mine: format!(
+                        "all_to_all sending {i_send} bytes to rank {from} and expecting {i_expect} from it"
+                    ),
+                    theirs: format!(
+                        "all_to_all sending {they_send} bytes to rank {rank} and expecting {they_expect} from it"
+                    ),
+                });
+            }
+        }
+        if let Some(err) = mismatch {
+            return Err(err);
+        }
+    }
+    for k in 1..world {
+        let (to, from) = ((rank + k) % world, (rank + world - k) % world);
+        let out = block(send_offsets, send.len(), to)?;
+        let into = block(recv_offsets, recv.len(), from)?;
+        t.send_recv(to, &send[out], from, &mut recv[into], deadline)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::algorithms::testing::{deadline, run_ranks};
+
+    /// Bytes rank `from` sends rank `to`: uneven, some empty.
+    fn len(from: usize, to: usize) -> usize {
+        (from * 3 + to * 5) % 7
+    }
+
+    fn byte(from: usize, to: usize, i: usize) -> u8 {
+        (from * 50 + to * 7 + i) as u8
+    }
+
+    fn offsets(lens: impl Iterator<Item = usize>) -> Vec<usize> {
+        let mut out = vec![0];
+        for l in lens {
+            out.push(out.last().unwrap() + l);
+        }
+        out
+    }
+
+    #[test]
+    fn uneven_blocks_reach_every_peer_for_world_sizes_1_to_8() {
+        for world in [1, 2, 3, 4, 8] {
+            for check_sizes in [false, true] {
+                let results = run_ranks(world, |t| {
+                    let r = t.rank();
+                    let send: Vec<u8> = (0..world)
+                        .flat_map(|to| (0..len(r, to)).map(move |i| byte(r, to, i)))
+                        .collect();
+                    let so = offsets((0..world).map(|to| len(r, to)));
+                    let ro = offsets((0..world).map(|from| len(from, r)));
+                    let mut recv = vec![0xEE; *ro.last().unwrap()];
+                    all_to_all_pairwise(t, &send, &so, &mut recv, &ro, check_sizes, deadline())
+                        .map(|()| recv)
+                });
+                for (rank, got) in results.into_iter().enumerate() {
+                    let expected: Vec<u8> = (0..world)
+                        .flat_map(|from| (0..len(from, rank)).map(move |i| byte(from, rank, i)))
+                        .collect();
+                    assert_eq!(got.unwrap(), expected, "world {world} rank {rank}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn disagreeing_sizes_fail_both_ranks_of_the_pair_before_data_moves() {
+        let results = run_ranks(3, |t| {
+            // Rank 0 sends 4 bytes to rank 1, which expects 6.
+            let r = t.rank();
+            let send_lens = [[2, 4, 2], [2, 2, 2], [2, 2, 2]][r];
+            let recv_lens = [[2, 2, 2], [6, 2, 2], [2, 2, 2]][r];
+            let so = offsets(send_lens.into_iter());
+            let ro = offsets(recv_lens.into_iter());
+            let send = vec![r as u8; so[3]];
+            let mut recv = vec![0; ro[3]];
+            all_to_all_pairwise(t, &send, &so, &mut recv, &ro, true, deadline())
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            match (rank, r) {
+                (
+                    0 | 1,
+                    Err(Error::CollectiveMismatch {
+                        peer, mine, theirs, ..
+                    }),
+                ) => {
+                    assert_eq!(peer, 1 - rank);
+                    assert!(
+                        mine.contains("bytes") && theirs.contains("bytes"),
+                        "{mine} / {theirs}"
+                    );
+                }
+                // Rank 2 agreed with both, then lost them when they failed.
+                (2, Err(Error::PeerClosed { .. } | Error::PeerIo { .. })) => {}
+                (rank, other) => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    }
+}

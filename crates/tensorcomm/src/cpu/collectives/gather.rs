@@ -1,0 +1,81 @@
+//! `gather`: every rank's `input` into `outputs[r]` of the root, directly
+//! ([`gather_direct`]). Only the root passes outputs. Every rank's input
+//! has the same dtype and shape, so the fingerprint covers both and the
+//! root.
+
+use super::staging::{read_into, write_from};
+use super::{fingerprint, Planned};
+use crate::cpu::algorithms::gather_direct;
+use crate::group::fingerprint::CollectiveKind;
+use crate::group::validate::{check_dense_host, check_like, check_per_rank, check_root};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+pub(crate) fn plan(
+    rank: usize,
+    size: usize,
+    input: &Tensor<'static>,
+    outputs: Option<&[Tensor<'static>]>,
+    root: usize,
+) -> Result<Planned> {
+    const OP: &str = "gather";
+    check_dense_host(OP, input)?;
+    check_root(OP, root, size)?;
+    let outputs = root_list(OP, "gather_list", rank, size, root, outputs)?;
+    for (i, out) in outputs.iter().enumerate() {
+        check_like(OP, &format!("gather_list[{i}]"), out, input)?;
+    }
+    let fp = fingerprint(
+        CollectiveKind::Gather,
+        None,
+        input.dtype(),
+        root,
+        input.numel(),
+        &[input.shape()],
+    );
+    let input = input.clone();
+    Ok(Planned {
+        fingerprint: fp,
+        body: Box::new(move |t, deadline| {
+            let n = input.nbytes();
+            let mut own = vec![0u8; n];
+            read_into(&input, &mut own)?;
+            let mut all = vec![0u8; if outputs.is_empty() { 0 } else { n * size }];
+            gather_direct(t, &own, &mut all, root, deadline)?;
+            for (r, out) in outputs.iter().enumerate() {
+                write_from(out, &all[r * n..(r + 1) * n])?;
+            }
+            Ok(())
+        }),
+    })
+}
+
+/// The root's per-rank list (`size` tensors); nothing (or an empty list)
+/// elsewhere.
+pub(super) fn root_list(
+    op: &str,
+    what: &str,
+    rank: usize,
+    size: usize,
+    root: usize,
+    list: Option<&[Tensor<'static>]>,
+) -> Result<Vec<Tensor<'static>>> {
+    match list {
+        Some(list) if rank == root => {
+            check_per_rank(op, what, list.len(), size)?;
+            Ok(list.to_vec())
+        }
+        None if rank == root => Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!("expected {what} with {size} tensors on the root (rank {root}), found none"),
+        }),
+        Some(list) if !list.is_empty() => Err(Error::InvalidCollective {
+            op: op.into(),
+            reason: format!(
+                "expected no {what} on rank {rank}, which is not the root (rank {root}), found {} tensors",
+                list.len()
+            ),
+        }),
+        _ => Ok(Vec::new()),
+    }
+}

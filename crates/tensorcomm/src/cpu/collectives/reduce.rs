@@ -1,0 +1,47 @@
+//! `reduce`: every rank's tensor combined with a [`ReduceOp`] into the
+//! root's tensor, over a binomial tree ([`reduce_tree`]). Other ranks'
+//! tensors are left unchanged. The fingerprint covers op, dtype, shape and
+//! root.
+
+use super::staging::{read_into, write_from};
+use super::{fingerprint, Planned};
+use crate::cpu::algorithms::reduce_tree;
+use crate::group::fingerprint::CollectiveKind;
+use crate::group::validate::{check_dense_host, check_root};
+use crate::group::ReduceOp;
+use crate::tensor::Tensor;
+use crate::Result;
+
+pub(crate) fn plan(
+    size: usize,
+    tensor: &Tensor<'static>,
+    root: usize,
+    op: ReduceOp,
+) -> Result<Planned> {
+    const OP: &str = "reduce";
+    check_dense_host(OP, tensor)?;
+    check_root(OP, root, size)?;
+    op.check_dtype(OP, tensor.dtype())?;
+    let dtype = tensor.dtype();
+    let fp = fingerprint(
+        CollectiveKind::Reduce,
+        Some(op),
+        dtype,
+        root,
+        tensor.numel(),
+        &[tensor.shape()],
+    );
+    let tensor = tensor.clone();
+    Ok(Planned {
+        fingerprint: fp,
+        body: Box::new(move |t, deadline| {
+            let mut buf = vec![0u8; tensor.nbytes()];
+            read_into(&tensor, &mut buf)?;
+            reduce_tree(t, &mut buf, dtype, op, root, deadline)?;
+            if t.rank() == root {
+                write_from(&tensor, &buf)?;
+            }
+            Ok(())
+        }),
+    })
+}

@@ -1,0 +1,47 @@
+//! `scatter`: `inputs[r]` of the root into `output` of rank `r`, directly
+//! ([`scatter_direct`]). Only the root passes inputs. Every rank's output
+//! has the same dtype and shape, so the fingerprint covers both and the
+//! root.
+
+use super::gather::root_list;
+use super::staging::{read_all, write_from};
+use super::{fingerprint, Planned};
+use crate::cpu::algorithms::scatter_direct;
+use crate::group::fingerprint::CollectiveKind;
+use crate::group::validate::{check_dense_host, check_like, check_root};
+use crate::tensor::Tensor;
+use crate::Result;
+
+pub(crate) fn plan(
+    rank: usize,
+    size: usize,
+    output: &Tensor<'static>,
+    inputs: Option<&[Tensor<'static>]>,
+    root: usize,
+) -> Result<Planned> {
+    const OP: &str = "scatter";
+    check_dense_host(OP, output)?;
+    check_root(OP, root, size)?;
+    let inputs = root_list(OP, "scatter_list", rank, size, root, inputs)?;
+    for (i, input) in inputs.iter().enumerate() {
+        check_like(OP, &format!("scatter_list[{i}]"), input, output)?;
+    }
+    let fp = fingerprint(
+        CollectiveKind::Scatter,
+        None,
+        output.dtype(),
+        root,
+        output.numel(),
+        &[output.shape()],
+    );
+    let output = output.clone();
+    Ok(Planned {
+        fingerprint: fp,
+        body: Box::new(move |t, deadline| {
+            let all = read_all(&inputs)?;
+            let mut own = vec![0u8; output.nbytes()];
+            scatter_direct(t, &all, &mut own, root, deadline)?;
+            write_from(&output, &own)
+        }),
+    })
+}
