@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Times PyTorch's torch.cuda.comm on the shapes `tensorcomm bench-cuda` uses
+"""Times PyTorch's torch.cuda.comm on the shapes `tensorcomm bench --backend cuda-comm` uses
 (2 GPUs, f32) and writes JSON lines {"op", "bytes", "time_us"} (median wall
-time per call, both GPUs synchronised), for `tensorcomm bench-cuda --torch`."""
+time per call, both GPUs synchronised), for its `--torch FILE`."""
 import argparse, json, time
 import torch
 import torch.cuda.comm as comm

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a bundle made by gpu-bundle.sh on a GPU machine: every test binary
 # (the CUDA tests run for real there), then the PyTorch comparison and
-# `tensorcomm bench-cuda` with both copy strategies, then a summary.
+# `tensorcomm bench --backend cuda-comm` (default copy choice, then each
+# method forced), then a summary.
 # Usage: bash .gpu/gpu-run.sh [bundle dir, default: this script's folder]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,7 +23,10 @@ for t in "$dir"/test-*; do
 done
 PYTHONUNBUFFERED=1 python3 "$dir/cuda_comm_torch.py" --json "$out/torch.json" > "$out/torch.log" 2>&1 \
   || { echo "torch bench failed"; tail -5 "$out/torch.log"; }
-TENSORCOMM_CUDA_COPY=kernel "$dir/tensorcomm" bench-cuda --torch "$out/torch.json" --label "copy=kernel" | tee "$out/bench-kernel.txt"
-TENSORCOMM_CUDA_COPY=ce "$dir/tensorcomm" bench-cuda --torch "$out/torch.json" --label "copy=ce" | tee "$out/bench-ce.txt"
+sizes=1K,1M,256M,1G
+for copy in auto kernel ce; do
+  TENSORCOMM_CUDA_COPY=$copy "$dir/tensorcomm" bench --backend cuda-comm --sizes $sizes \
+    --torch "$out/torch.json" | tee "$out/bench-$copy.txt"
+done
 echo "== summary =="
 printf '%s\n' "${summary[@]}"

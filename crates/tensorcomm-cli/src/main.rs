@@ -2,7 +2,6 @@
 //! benchmark collectives.
 
 mod bench;
-mod bench_cuda;
 mod demo;
 mod launch;
 mod store_cmd;
@@ -27,10 +26,8 @@ enum Command {
     Store(store_cmd::StoreArgs),
     /// The demo job: ranks rendezvous through the store and exchange data.
     Demo(demo::DemoArgs),
-    /// Benchmark a collective, nccl-tests style.
+    /// Benchmark a collective (cpu) or cuda::comm (cuda-comm), nccl-tests style.
     Bench(bench::BenchArgs),
-    /// Benchmark cuda::comm on two GPUs (optionally against PyTorch's timings).
-    BenchCuda(bench_cuda::BenchCudaArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,7 +38,6 @@ fn main() -> ExitCode {
         Command::Store(args) => store_cmd::main(args),
         Command::Demo(args) => demo::main(args),
         Command::Bench(args) => bench::main(args),
-        Command::BenchCuda(args) => bench_cuda::main(args),
     }
 }
 

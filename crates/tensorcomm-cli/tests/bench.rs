@@ -98,3 +98,49 @@ fn bad_size_arguments_are_refused() {
     assert!(!ok);
     assert!(stderr.contains("64K"), "{stderr}");
 }
+
+#[test]
+fn the_cuda_comm_backend_runs_on_two_gpus_and_says_no_cuda_elsewhere() {
+    let args = [
+        "--backend",
+        "cuda-comm",
+        "--op",
+        "broadcast,gather",
+        "--sizes",
+        "1K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ];
+    let (ok, stdout, stderr) = bench(&args);
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(n) if n >= 2 => {
+            assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+            assert!(rows[0].contains("busbw"), "{stdout}");
+            assert_eq!(rows.len(), 3, "{stdout}");
+            assert!(
+                rows[1].contains(" broadcast ") && rows[1].contains(" OK "),
+                "{stdout}"
+            );
+            assert!(
+                rows[2].contains(" gather ") && rows[2].contains(" OK "),
+                "{stdout}"
+            );
+        }
+        found => {
+            println!("no 2 GPUs here ({found:?}): checking the NoCuda failure");
+            assert!(!ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            assert!(stderr.contains("CUDA is not available"), "{stderr}");
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            assert!(!stdout.contains(" OK "), "{stdout}");
+        }
+    }
+    let (ok, _, stderr) = bench(&["--backend", "cuda-comm", "--op", "all_reduce"]);
+    assert!(!ok);
+    assert!(stderr.contains("not a cuda-comm op"), "{stderr}");
+    let (ok, _, stderr) = bench(&["--op", "reduce_add"]);
+    assert!(!ok);
+    assert!(stderr.contains("--backend cuda-comm"), "{stderr}");
+}

@@ -13,7 +13,14 @@
 //! CPU backend's transport (`auto`, `tcp`, `shm`; default: the
 //! `TENSORCOMM_TRANSPORT` variable, else `auto`). When stderr is a terminal,
 //! rank 0 shows which size it is on there (`progress.rs`).
+//!
+//! `--backend cuda-comm` times `cuda::comm` (broadcast, scatter, gather,
+//! reduce_add, broadcast_coalesced and a plain peer copy) between cuda:0
+//! and cuda:1 in this one process (`cuda_comm.rs`), with the same columns
+//! plus, given `--torch FILE` (from `bench/cuda_comm_torch.py`), PyTorch's
+//! time and the ratio. Without two GPUs it fails with a NoCuda error.
 
+mod cuda_comm;
 mod data;
 mod ops;
 mod progress;
@@ -34,6 +41,9 @@ pub use row::Row;
 pub enum BenchBackend {
     /// The CPU backend (TCP between ranks).
     Cpu,
+    /// `cuda::comm` between two GPUs of this process.
+    #[value(name = "cuda-comm")]
+    CudaComm,
 }
 
 /// The collectives that can be benchmarked.
@@ -120,9 +130,11 @@ impl BenchOp {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// The collective to time.
-    #[arg(long, value_enum, default_value_t = BenchOp::AllReduce)]
-    op: BenchOp,
+    /// What to time. cpu: one collective (default all_reduce). cuda-comm:
+    /// a comma list of peer_copy, broadcast, scatter, gather, reduce_add,
+    /// broadcast_coalesced (default all of them).
+    #[arg(long, value_delimiter = ',')]
+    op: Vec<String>,
     /// The backend running it.
     #[arg(long, value_enum, default_value_t = BenchBackend::Cpu)]
     backend: BenchBackend,
@@ -154,6 +166,37 @@ pub struct BenchArgs {
     /// across), tcp or shm. Default: TENSORCOMM_TRANSPORT, else auto.
     #[arg(long, value_parser = parse_transport)]
     transport: Option<TransportChoice>,
+    /// Exact sizes to time (comma list, suffixes K, M, G), instead of the
+    /// -b .. -e sweep.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<usize>,
+    /// cuda-comm: bucket sizes of the broadcast_coalesced rows.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "25M,1M")]
+    buffers: Vec<usize>,
+    /// cuda-comm: PyTorch timings (JSON lines {"op", "bytes", "time_us"},
+    /// from bench/cuda_comm_torch.py) to print ratios against.
+    #[arg(long)]
+    torch: Option<std::path::PathBuf>,
+    /// A label printed in the table's title line (e.g. the copy method).
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+impl BenchArgs {
+    /// The one process-group collective of a cpu run.
+    fn cpu_op(&self) -> Result<BenchOp, String> {
+        use clap::ValueEnum;
+        match self.op.as_slice() {
+            [] => Ok(BenchOp::AllReduce),
+            [one] => BenchOp::from_str(one, false).map_err(|_| {
+                format!("--op {one:?} is not a collective of the cpu backend (cuda-comm ops need --backend cuda-comm)")
+            }),
+            many => Err(format!(
+                "the cpu backend times one op per run, found {}",
+                many.join(",")
+            )),
+        }
+    }
 }
 
 /// Parses `auto`, `tcp` or `shm`.
@@ -186,6 +229,17 @@ pub fn main(args: BenchArgs) -> ExitCode {
         eprintln!("tensorcomm bench: expected 0 < -b <= -e, -f >= 2 and --iters >= 1");
         return ExitCode::from(2);
     }
+    if args.sizes.contains(&0) {
+        eprintln!("tensorcomm bench: expected --sizes above 0");
+        return ExitCode::from(2);
+    }
+    if args.backend == BenchBackend::CudaComm {
+        return cuda_comm::main(&args);
+    }
+    if let Err(msg) = args.cpu_op() {
+        eprintln!("tensorcomm bench: {msg}");
+        return ExitCode::from(2);
+    }
     if std::env::var_os("RANK").is_none() {
         return launch_self(&args);
     }
@@ -203,6 +257,11 @@ pub fn main(args: BenchArgs) -> ExitCode {
     }
 }
 
+/// The name of the cpu run's op (already validated by `main`).
+fn op_name(args: &BenchArgs) -> &'static str {
+    args.cpu_op().map_or("all_reduce", BenchOp::name)
+}
+
 fn launch_self(args: &BenchArgs) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -213,7 +272,7 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     };
     let mut rank_args: Vec<String> = vec![
         "bench".into(),
-        format!("--op={}", args.op.name()),
+        format!("--op={}", op_name(args)),
         "--backend=cpu".into(),
         format!("--minbytes={}", args.min_bytes),
         format!("--maxbytes={}", args.max_bytes),
@@ -227,6 +286,10 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     }
     if let Some(transport) = args.transport {
         rank_args.push(format!("--transport={transport}"));
+    }
+    if !args.sizes.is_empty() {
+        let sizes: Vec<String> = args.sizes.iter().map(usize::to_string).collect();
+        rank_args.push(format!("--sizes={}", sizes.join(",")));
     }
     let rank_args: Vec<OsString> = rank_args.into_iter().map(OsString::from).collect();
     // Unprefixed: rank 0 alone prints rows, so stdout stays clean (JSON
@@ -242,15 +305,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
         std::env::set_var(TRANSPORT_ENV, transport.to_string());
     }
     let transport = TransportChoice::Env.resolve()?;
-    let pg = match args.backend {
-        BenchBackend::Cpu => init_process_group(Backend::Cpu, "env://")?,
-    };
+    let op = args.cpu_op().map_err(tensorcomm::Error::InvalidArgument)?;
+    let pg = init_process_group(Backend::Cpu, "env://")?;
     let (rank, ranks) = (pg.rank(), pg.size());
     let dtype = args.dtype;
     if rank == 0 && !args.json {
         println!(
             "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport), {} iterations after {} warm-up",
-            args.op.name(),
+            op.name(),
             dtype,
             args.backend,
             args.iters,
@@ -259,14 +321,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
         println!("{}", Row::header());
     }
     let mut all_correct = true;
-    let mut size = args.min_bytes;
-    let mut progress = progress::Progress::on_terminal(rank == 0, sizes(args).len());
-    loop {
-        let count = ops::row_count(args.op, (size / dtype.size()).max(1), ranks);
+    let sizes = sizes(args);
+    let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
+    for size in sizes {
+        let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
-        let correct = check(&*pg, args.op, dtype, count)?;
-        let time_us = time(&*pg, args, dtype, count)?;
+        let correct = check(&*pg, op, dtype, count)?;
+        let time_us = time(&*pg, op, args, dtype, count)?;
         all_correct &= correct;
         progress.clear();
         if rank == 0 {
@@ -274,24 +336,24 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
                 bytes,
                 count,
                 dtype.name(),
-                args.op.name(),
+                op.name(),
                 ranks,
                 time_us,
                 correct,
             );
             println!("{}", if args.json { row.json() } else { row.text() });
         }
-        match size.checked_mul(args.factor) {
-            Some(next) if next <= args.max_bytes => size = next,
-            _ => break,
-        }
     }
     pg.barrier(None)?.wait()?;
     Ok(all_correct)
 }
 
-/// The sizes a run goes through, from `-b` to `-e`, times `-f` each step.
+/// The sizes a run goes through: `--sizes` when given, else from `-b` to
+/// `-e`, times `-f` each step.
 fn sizes(args: &BenchArgs) -> Vec<usize> {
+    if !args.sizes.is_empty() {
+        return args.sizes.clone();
+    }
     let mut sizes = vec![args.min_bytes];
     while let Some(next) = sizes[sizes.len() - 1].checked_mul(args.factor) {
         if next > args.max_bytes {
@@ -322,12 +384,13 @@ fn check(
 /// Mean time of one collective over `iters`, the slowest rank's, in µs.
 fn time(
     pg: &dyn ProcessGroup,
+    op: BenchOp,
     args: &BenchArgs,
     dtype: DType,
     count: usize,
 ) -> tensorcomm::Result<f64> {
-    let buffers = ops::setup(args.op, pg.rank(), pg.size(), dtype, count)?;
-    let once = || ops::launch(pg, args.op, &buffers, ReduceOp::Max)?.wait();
+    let buffers = ops::setup(op, pg.rank(), pg.size(), dtype, count)?;
+    let once = || ops::launch(pg, op, &buffers, ReduceOp::Max)?.wait();
     for _ in 0..args.warmup {
         once()?;
     }
@@ -379,5 +442,29 @@ mod tests {
         assert_eq!(sizes(&cli.bench), [8, 32]);
         let cli = Cli::parse_from(["x", "-b", "1K", "-e", "1K"]);
         assert_eq!(sizes(&cli.bench), [1024]);
+        let cli = Cli::parse_from(["x", "--sizes", "1K,1M,256M"]);
+        assert_eq!(sizes(&cli.bench), [1024, 1 << 20, 256 << 20]);
+    }
+
+    #[test]
+    fn the_cpu_backend_takes_one_collective() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let parse = |args: &[&str]| Cli::parse_from([&["x"], args].concat()).bench;
+        assert_eq!(parse(&[]).cpu_op(), Ok(BenchOp::AllReduce));
+        assert_eq!(parse(&["--op", "gather"]).cpu_op(), Ok(BenchOp::Gather));
+        let err = parse(&["--op", "reduce_add"]).cpu_op().unwrap_err();
+        assert!(err.contains("cuda-comm"), "{err}");
+        let err = parse(&["--op", "gather,scatter"]).cpu_op().unwrap_err();
+        assert!(err.contains("one op per run"), "{err}");
+        let b = parse(&["--backend", "cuda-comm"]);
+        assert_eq!(
+            (b.backend, b.buffers.as_slice()),
+            (BenchBackend::CudaComm, &[25 << 20, 1 << 20][..])
+        );
     }
 }

@@ -28,6 +28,8 @@ pub fn bus_factor(op: &str, ranks: usize) -> f64 {
         "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
         "all_gather_into_tensor" | "all_gather_coalesced" => (n - 1.0) / n,
         "reduce_scatter_tensor" | "all_to_all_single" => (n - 1.0) / n,
+        // Only (n - 1) / n of the buffer leaves (or reaches) the root.
+        "gather" | "scatter" => (n - 1.0) / n,
         _ => 1.0,
     }
 }
@@ -63,7 +65,7 @@ impl Row {
     /// The header line of the text table.
     pub fn header() -> String {
         format!(
-            "{:>12} {:>12} {:>6} {:>12} {:>12} {:>10} {:>10} {:>8}",
+            "{:>12} {:>12} {:>6} {:>25} {:>12} {:>11} {:>11} {:>8}",
             "size(B)", "count", "type", "op", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check"
         )
     }
@@ -71,7 +73,7 @@ impl Row {
     /// The row as a line of the text table.
     pub fn text(&self) -> String {
         format!(
-            "{:>12} {:>12} {:>6} {:>12} {:>12.1} {:>10.3} {:>10.3} {:>8}",
+            "{:>12} {:>12} {:>6} {:>25} {:>12.1} {:>11.3} {:>11.3} {:>8}",
             self.size,
             self.count,
             self.dtype,
@@ -83,8 +85,40 @@ impl Row {
         )
     }
 
+    /// [`header`](Row::header) with a baseline's time and the ratio.
+    pub fn header_vs(baseline: &str) -> String {
+        format!(
+            "{} {:>12} {:>7}",
+            Row::header(),
+            format!("{baseline}(us)"),
+            "ratio"
+        )
+    }
+
+    /// [`text`](Row::text) with the baseline's time for the same case
+    /// (`-` when unknown) and `time / baseline` (lower is better).
+    pub fn text_vs(&self, baseline_us: Option<f64>) -> String {
+        let (base, ratio) = match baseline_us {
+            Some(b) if b > 0.0 => (format!("{b:.1}"), format!("{:.2}x", self.time_us / b)),
+            _ => ("-".into(), "-".into()),
+        };
+        format!("{} {base:>12} {ratio:>7}", self.text())
+    }
+
+    /// [`json`](Row::json) with `baseline_us` and `ratio` (null when unknown).
+    pub fn json_vs(&self, baseline_us: Option<f64>) -> String {
+        let mut v = self.json_value();
+        v["baseline_us"] = serde_json::json!(baseline_us);
+        v["ratio"] = serde_json::json!(baseline_us.filter(|b| *b > 0.0).map(|b| self.time_us / b));
+        v.to_string()
+    }
+
     /// The row as one JSON object.
     pub fn json(&self) -> String {
+        self.json_value().to_string()
+    }
+
+    fn json_value(&self) -> serde_json::Value {
         serde_json::json!({
             "size": self.size,
             "count": self.count,
@@ -95,7 +129,6 @@ impl Row {
             "busbw_gbps": self.busbw,
             "correct": self.correct,
         })
-        .to_string()
     }
 }
 
@@ -116,5 +149,26 @@ mod tests {
         assert_eq!(v["size"], 1_000_000);
         assert_eq!(v["correct"], true);
         assert!(Row::header().contains("busbw"));
+        // gather and scatter: only the other ranks' pieces cross.
+        let g = Row::new(1_000_000, 250_000, "f32", "scatter", 2, 100.0, true);
+        assert!((g.busbw - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn baseline_columns_give_the_ratio() {
+        let row = Row::new(1024, 256, "f32", "broadcast_coalesced/25MiB", 2, 10.0, true);
+        let line = row.text_vs(Some(40.0));
+        assert!(line.ends_with("40.0   0.25x"), "{line:?}");
+        assert!(line.contains(" broadcast_coalesced/25MiB "), "{line:?}");
+        assert!(row.text_vs(None).ends_with("-       -"));
+        assert_eq!(
+            Row::header_vs("torch").len(),
+            row.text_vs(Some(40.0)).len(),
+            "columns line up"
+        );
+        let v: serde_json::Value = serde_json::from_str(&row.json_vs(Some(40.0))).unwrap();
+        assert_eq!(v["ratio"], 0.25);
+        let v: serde_json::Value = serde_json::from_str(&row.json_vs(None)).unwrap();
+        assert!(v["ratio"].is_null());
     }
 }

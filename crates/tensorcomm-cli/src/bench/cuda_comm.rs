@@ -1,0 +1,356 @@
+//! `tensorcomm bench --backend cuda-comm`: times `cuda::comm` between
+//! cuda:0 and cuda:1 in this process, checks every result against the
+//! inputs (read back to the host, compared element by element), and, given
+//! PyTorch's timings of the same cases (`bench/cuda_comm_torch.py --json
+//! FILE`, passed as `--torch FILE`), prints PyTorch's time and the ratio.
+//!
+//! Each row is the median wall time of `--iters` calls after `--warmup`
+//! (every `cuda::comm` call has finished its GPU work when it returns;
+//! sizes from 256 MiB use at most 10 iterations, as the PyTorch script
+//! does). Rows: `peer_copy` (one `Tensor::copy_from` cuda:0 -> cuda:1, the
+//! link's reference), then
+//! `broadcast`, `scatter`, `gather`, `reduce_add` per size, then
+//! `broadcast_coalesced/<N>MiB` of the model-shaped set per `--buffers`.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use tensorcomm::cuda::comm;
+use tensorcomm::tensor::{DType, Device, Tensor};
+use tensorcomm::{Error, Result};
+
+use super::{BenchArgs, Row};
+
+/// The ops of the cuda-comm backend, in the order they are run.
+pub const OPS: [&str; 6] = [
+    "peer_copy",
+    "broadcast",
+    "scatter",
+    "gather",
+    "reduce_add",
+    "broadcast_coalesced",
+];
+
+/// The ops `--op` asks for (all of [`OPS`] when empty), or the name that
+/// is not one of them.
+pub fn selected_ops(asked: &[String]) -> std::result::Result<Vec<&'static str>, String> {
+    if asked.is_empty() {
+        return Ok(OPS.to_vec());
+    }
+    let mut ops = Vec::new();
+    for a in asked {
+        match OPS.iter().find(|o| **o == a.as_str()) {
+            Some(o) => ops.push(*o),
+            None => {
+                return Err(format!(
+                    "--op {a:?} is not a cuda-comm op (expected one of {})",
+                    OPS.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(ops)
+}
+
+/// The model-shaped parameter set: 64x3x7x7, 40 of 256x256x3x3, 100 of 256,
+/// 4 of 1000x2048 (f32), about 127 MB.
+pub fn model_shapes() -> Vec<Vec<usize>> {
+    let mut shapes = vec![vec![64, 3, 7, 7]];
+    shapes.extend(std::iter::repeat_n(vec![256, 256, 3, 3], 40));
+    shapes.extend(std::iter::repeat_n(vec![256], 100));
+    shapes.extend(std::iter::repeat_n(vec![1000, 2048], 4));
+    shapes
+}
+
+fn filled(numel: usize, shape: &[usize], seed: u32, device: usize) -> Result<Tensor<'static>> {
+    // Small integers: exact in f32, so sums compare exactly.
+    let host = Tensor::from_vec(
+        (0..numel as u32)
+            .map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed)) >> 24) as f32)
+            .collect(),
+        shape,
+    )?;
+    host.to_device(Device::Cuda(device))
+}
+
+fn median_us(mut f: impl FnMut() -> Result<()>, warmup: usize, iters: usize) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn same(a: &Tensor<'_>, b: &Tensor<'_>) -> Result<bool> {
+    Ok(a.to_vec::<f32>()? == b.to_vec::<f32>()?)
+}
+
+/// Runs the selected cases, handing each row to `emit` as it is measured;
+/// needs two GPUs.
+pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<()> {
+    let n = tensorcomm::cuda::runtime::device_count()?;
+    if n < 2 {
+        return Err(Error::NoCuda {
+            reason: format!("the cuda-comm bench needs 2 GPUs, found {n}"),
+        });
+    }
+    let (w, it) = (args.warmup, args.iters);
+    let mut push = |op: &str, bytes: usize, count: usize, time_us: f64, correct: bool| {
+        emit(Row::new(bytes, count, "f32", op, 2, time_us, correct));
+    };
+    let has = |op: &str| ops.contains(&op);
+    for bytes in super::sizes(args) {
+        let numel = (bytes / 4).max(2);
+        let bytes = numel * 4;
+        let x = filled(numel, &[numel], 1, 0)?;
+        let y = filled(numel, &[numel], 2, 1)?;
+        let iters = if bytes >= 1 << 28 { it.min(10) } else { it };
+
+        if has("peer_copy") {
+            let dst = Tensor::zeros_on(&[numel], DType::F32, Device::Cuda(1))?;
+            let t = median_us(|| dst.copy_from(&x), w, iters)?;
+            push("peer_copy", bytes, numel, t, same(&dst, &x)?);
+        }
+        if has("broadcast") {
+            let mut out = Vec::new();
+            let t = median_us(
+                || {
+                    out = comm::broadcast(&x, &[0, 1])?;
+                    Ok(())
+                },
+                w,
+                iters,
+            )?;
+            let ok = out[0].shares_storage(&x) && same(&out[1], &x)?;
+            push("broadcast", bytes, numel, t, ok);
+        }
+        if has("scatter") {
+            let mut out = Vec::new();
+            let t = median_us(
+                || {
+                    out = comm::scatter(&x, &[0, 1], None, 0, None)?;
+                    Ok(())
+                },
+                w,
+                iters,
+            )?;
+            let first = numel.div_ceil(2);
+            let ok = out[0].shares_storage(&x)
+                && out[1].device() == Device::Cuda(1)
+                && same(&out[1], &x.narrow(0, first, numel - first)?)?;
+            push("scatter", bytes, numel, t, ok);
+        }
+        if has("gather") {
+            let half = numel / 2;
+            let parts = [x.narrow(0, 0, half)?, y.narrow(0, 0, numel - half)?];
+            let mut g = None;
+            let t = median_us(
+                || {
+                    g = Some(comm::gather(&parts, 0, Device::Cuda(0))?);
+                    Ok(())
+                },
+                w,
+                iters,
+            )?;
+            let ok = match &g {
+                Some(g) => {
+                    let v = g.to_vec::<f32>()?;
+                    v[..half] == parts[0].to_vec::<f32>()?[..]
+                        && v[half..] == parts[1].to_vec::<f32>()?[..]
+                }
+                None => false,
+            };
+            push("gather", bytes, numel, t, ok);
+        }
+        if has("reduce_add") {
+            let mut s = None;
+            let inputs = [x.clone(), y.clone()];
+            let t = median_us(
+                || {
+                    s = Some(comm::reduce_add(&inputs, 0)?);
+                    Ok(())
+                },
+                w,
+                iters,
+            )?;
+            let ok = match &s {
+                Some(s) => {
+                    let (a, b, r) = (x.to_vec::<f32>()?, y.to_vec::<f32>()?, s.to_vec::<f32>()?);
+                    a.iter().zip(&b).zip(&r).all(|((a, b), r)| a + b == *r)
+                }
+                None => false,
+            };
+            push("reduce_add", bytes, numel, t, ok);
+        }
+    }
+    if !has("broadcast_coalesced") {
+        return Ok(());
+    }
+    let shapes = model_shapes();
+    let params = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| filled(s.iter().product(), s, i as u32, 0))
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = params.iter().map(Tensor::nbytes).sum();
+    for &buffer in &args.buffers {
+        let mut out = Vec::new();
+        let t = median_us(
+            || {
+                out = comm::broadcast_coalesced(&params, &[0, 1], buffer)?;
+                Ok(())
+            },
+            w,
+            it,
+        )?;
+        let mut ok = out.len() == 2 && out[0].iter().zip(&params).all(|(o, p)| o.shares_storage(p));
+        for (p, o) in params.iter().zip(&out[1]) {
+            ok &= o.device() == Device::Cuda(1) && !o.shares_storage(p) && same(o, p)?;
+        }
+        push(&coalesced_name(buffer), total, params.len(), t, ok);
+    }
+    Ok(())
+}
+
+/// The row name of a broadcast_coalesced bucket size, as the PyTorch
+/// script writes it: `broadcast_coalesced/25MiB` (KiB or B below 1 MiB).
+pub fn coalesced_name(buffer: usize) -> String {
+    if buffer >= 1 << 20 && buffer.is_multiple_of(1 << 20) {
+        format!("broadcast_coalesced/{}MiB", buffer >> 20)
+    } else if buffer >= 1 << 10 && buffer.is_multiple_of(1 << 10) {
+        format!("broadcast_coalesced/{}KiB", buffer >> 10)
+    } else {
+        format!("broadcast_coalesced/{buffer}B")
+    }
+}
+
+/// PyTorch's times by (op, bytes).
+pub fn read_torch(path: &std::path::Path) -> Result<HashMap<(String, usize), f64>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let mut out = HashMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::BadValue {
+            name: "torch timings".into(),
+            expected: "JSON lines {\"op\", \"bytes\", \"time_us\"}".into(),
+            found: format!("{line:?} ({e})"),
+        })?;
+        if let (Some(op), Some(bytes), Some(t)) =
+            (v["op"].as_str(), v["bytes"].as_u64(), v["time_us"].as_f64())
+        {
+            out.insert((op.to_string(), bytes as usize), t);
+        }
+    }
+    Ok(out)
+}
+
+/// `tensorcomm bench --backend cuda-comm`.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let ops = match selected_ops(&args.op) {
+        Ok(ops) => ops,
+        Err(msg) => {
+            eprintln!("tensorcomm bench: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let torch = match args.torch.as_deref().map(read_torch).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tensorcomm bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut header = !args.json;
+    let mut all_correct = true;
+    let mut emit = |row: Row| {
+        if header {
+            header = false;
+            let copy = std::env::var("TENSORCOMM_CUDA_COPY").unwrap_or_else(|_| "auto".into());
+            println!(
+                "# tensorcomm bench: cuda-comm on cuda:0 and cuda:1 {}(TENSORCOMM_CUDA_COPY={copy}), median of {} iterations after {} warm-up",
+                if args.label.is_empty() { String::new() } else { format!("{} ", args.label) },
+                args.iters,
+                args.warmup
+            );
+            println!("{}", Row::header_vs("torch"));
+        }
+        all_correct &= row.correct;
+        let base = torch
+            .as_ref()
+            .and_then(|t| t.get(&(row.op.clone(), row.size)).copied());
+        if args.json {
+            println!("{}", row.json_vs(base));
+        } else {
+            println!("{}", row.text_vs(base));
+        }
+    };
+    let result = run(args, &ops, &mut emit);
+    if !header && !args.json {
+        println!(
+            "# algbw, busbw in GB/s; ratio = tensorcomm time / PyTorch time (lower is better)"
+        );
+    }
+    match result {
+        Ok(()) if all_correct => ExitCode::SUCCESS,
+        Ok(()) => {
+            eprintln!("tensorcomm bench: some results were WRONG");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("tensorcomm bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_set_has_the_issue_shapes() {
+        let shapes = model_shapes();
+        assert_eq!(shapes.len(), 145);
+        let bytes: usize = shapes.iter().map(|s| s.iter().product::<usize>() * 4).sum();
+        assert_eq!(bytes, 127_279_872);
+    }
+
+    #[test]
+    fn ops_are_checked_by_name() {
+        assert_eq!(selected_ops(&[]).unwrap(), OPS);
+        let asked = ["gather".to_string(), "peer_copy".to_string()];
+        assert_eq!(selected_ops(&asked).unwrap(), ["gather", "peer_copy"]);
+        let err = selected_ops(&["all_reduce".to_string()]).unwrap_err();
+        assert!(err.contains("not a cuda-comm op"), "{err}");
+    }
+
+    #[test]
+    fn coalesced_rows_are_named_like_the_torch_script() {
+        assert_eq!(coalesced_name(25 << 20), "broadcast_coalesced/25MiB");
+        assert_eq!(coalesced_name(1 << 20), "broadcast_coalesced/1MiB");
+        assert_eq!(coalesced_name(512 << 10), "broadcast_coalesced/512KiB");
+        assert_eq!(coalesced_name(1000), "broadcast_coalesced/1000B");
+    }
+
+    #[test]
+    fn torch_timings_are_read_by_op_and_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.json");
+        std::fs::write(
+            &p,
+            "{\"op\": \"broadcast\", \"bytes\": 1024, \"time_us\": 33.5}\n\n",
+        )
+        .unwrap();
+        let t = read_torch(&p).unwrap();
+        assert_eq!(t.get(&("broadcast".to_string(), 1024)), Some(&33.5));
+        std::fs::write(&p, "not json\n").unwrap();
+        assert!(matches!(read_torch(&p), Err(Error::BadValue { .. })));
+    }
+}
