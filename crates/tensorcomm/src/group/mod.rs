@@ -394,11 +394,7 @@ fn local_address_towards(host: &str, port: u16) -> String {
     if loopback {
         return "127.0.0.1".into();
     }
-    let target = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let target = rendezvous::host_port(host, port);
     let bind = if host.contains(':') {
         "[::]:0"
     } else {
