@@ -4,6 +4,7 @@
 # `tensorcomm bench --backend cuda-comm` (default copy choice, then each
 # method forced), then a summary.
 # Usage: bash .gpu/gpu-run.sh [bundle dir, default: this script's folder]
+# TENSORCOMM_SWEEP=1 adds the copy-tuning sweeps (threshold, streams).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir="${1:-$(cd "$(dirname "$0")" && pwd)}"
@@ -28,5 +29,27 @@ for copy in auto kernel ce; do
   TENSORCOMM_CUDA_COPY=$copy "$dir/tensorcomm" bench --backend cuda-comm --sizes $sizes \
     --torch "$out/torch.json" | tee "$out/bench-$copy.txt"
 done
+if [ "${TENSORCOMM_SWEEP:-0}" = 1 ]; then
+  # Measurements behind the copy tuning (bench/results/NOTES.md).
+  tc() { "$dir/tensorcomm" bench --backend cuda-comm --torch "$out/torch.json" --iters 10 "$@"; }
+  {
+    for copy in kernel ce; do
+      echo "## single ranges, copy=$copy"
+      TENSORCOMM_CUDA_COPY=$copy tc --op broadcast,scatter --sizes 1M,4M,16M,64M,256M
+    done
+    for n in 1 2 4; do
+      echo "## copy engines over $n streams"
+      TENSORCOMM_CUDA_COPY=ce TENSORCOMM_CUDA_CE_STREAMS=$n tc --op broadcast,scatter,gather --sizes 1G
+    done
+    for max in 0 4M; do
+      echo "## one launch for calls up to $max"
+      TENSORCOMM_CUDA_ONE_LAUNCH_MAX=$max tc --op gather,scatter --sizes 1K,64K,1M
+    done
+    for min in 1M 4M; do
+      echo "## broadcast_coalesced with the copy engines from $min"
+      TENSORCOMM_CUDA_CE_MIN=$min tc --op broadcast_coalesced
+    done
+  } 2>&1 | tee "$out/sweep.txt"
+fi
 echo "== summary =="
 printf '%s\n' "${summary[@]}"

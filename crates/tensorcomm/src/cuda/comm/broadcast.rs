@@ -93,8 +93,10 @@ pub fn broadcast_out(tensor: &Tensor<'_>, outs: &[Tensor<'_>]) -> Result<()> {
 /// ([`take_tensors`]). `result[0]` holds the inputs themselves; `result[k]`
 /// holds, in input order, new tensors on `devices[k]`, each with its own
 /// storage and the input's strides when dense. Zero-element tensors keep
-/// their shape. Each bucket is one kernel launch on `devices[0]` that writes
-/// every tensor of the bucket to every other device.
+/// their shape. The dense tensors of all buckets are copied by one pass of
+/// the multi-tensor kernel on `devices[0]` (a launch per 96 tensors)
+/// writing straight into the other devices' outputs: no flat buffers, so
+/// `buffer_size` only orders the copies.
 ///
 /// ```no_run
 /// use tensorcomm::cuda::comm::{broadcast_coalesced, DEFAULT_BUFFER_SIZE};
@@ -158,9 +160,15 @@ pub fn broadcast_coalesced<'a>(
             .collect::<Result<Vec<_>>>()?;
         outputs.push(outs);
     }
+    // PyTorch flattens each bucket into a buffer of `buffer_size` bytes,
+    // broadcasts it and unflattens it. Here every tensor is copied straight
+    // into its outputs, so there is no buffer to bound: all buckets go in
+    // one pass (one or two kernel launches and one synchronisation instead
+    // of a launch and a synchronisation per bucket). The buckets still
+    // decide the order the ranges are queued in.
+    let mut spans = Vec::new();
+    let mut strided = Vec::new();
     for bucket in take_tensors(tensors, buffer_size) {
-        let mut spans = Vec::new();
-        let mut strided = Vec::new();
         for out in outputs.iter().skip(1) {
             for &i in &bucket {
                 let (dst, src) = (&out[i], &tensors[i]);
@@ -174,9 +182,9 @@ pub fn broadcast_coalesced<'a>(
                 }
             }
         }
-        run_spans(&spans, &|_| None)?;
-        copy_pairs(&strided, &|_| None)?;
     }
+    run_spans(&spans, &|_| None)?;
+    copy_pairs(&strided, &|_| None)?;
     Ok(outputs)
 }
 

@@ -2,29 +2,131 @@
 //! ranges for the multi-tensor copy kernel (or the copy engines); anything
 //! else goes through `Tensor::copy_from`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::cuda::runtime::kernels::{self, CopyDesc};
 use crate::cuda::runtime::{self, Context, DevicePtr, Stream};
 use crate::tensor::{Device, Tensor};
 use crate::Result;
 
-/// How dense GPU-to-GPU ranges move.
+/// Which copy method `TENSORCOMM_CUDA_COPY` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Strategy {
-    /// The multi-tensor copy kernel on the source GPU, writing to peers.
+    /// Per range: the copy engines for large ranges between two GPUs, the
+    /// multi-tensor kernel for everything else (the default).
+    Auto,
+    /// Always the multi-tensor copy kernel (where peer access allows).
     Kernel,
-    /// The copy engines, one `cuMemcpyPeerAsync` per range.
+    /// Always the copy engines.
     CopyEngine,
 }
 
-/// The strategy from `TENSORCOMM_CUDA_COPY` (`ce` or `kernel`, default kernel).
-pub(crate) fn strategy() -> Strategy {
-    match std::env::var("TENSORCOMM_CUDA_COPY").as_deref() {
-        Ok("ce") => Strategy::CopyEngine,
-        _ => Strategy::Kernel,
+/// How one range moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Method {
+    /// The multi-tensor copy kernel on the source GPU, writing to peers.
+    Kernel,
+    /// `cuMemcpyPeerAsync` (the copy engines), possibly cut into pieces on
+    /// several streams.
+    CopyEngine,
+}
+
+/// The copy tuning, read once from the environment:
+/// `TENSORCOMM_CUDA_COPY` (`auto`, `kernel`, `ce`; default auto),
+/// `TENSORCOMM_CUDA_CE_MIN` (bytes, suffixes K/M/G: the smallest range
+/// between two GPUs that `auto` gives the copy engines), `TENSORCOMM_CUDA_CE_STREAMS`
+/// (streams a copy-engine range is spread over, 1 to 4) and
+/// `TENSORCOMM_CUDA_ONE_LAUNCH_MAX` (calls moving at most this many bytes
+/// by kernel use a single launch on one GPU that reaches every buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    pub strategy: Strategy,
+    pub ce_min_bytes: usize,
+    pub ce_streams: usize,
+    pub one_launch_max: usize,
+}
+
+/// Internal streams used for kernel launches (0 and 1); copy-engine pieces
+/// use the ones after them, so the two never queue behind each other.
+const KERNEL_STREAMS: usize = 2;
+/// Copy-engine pieces are at least this large.
+const CE_MIN_PIECE: usize = 8 << 20;
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            strategy: Strategy::Auto,
+            ce_min_bytes: 16 << 20,
+            ce_streams: 2,
+            one_launch_max: 1 << 20,
+        }
     }
+}
+
+impl Tuning {
+    /// The tuning described by `var` (an environment lookup); unknown or
+    /// malformed values keep the default.
+    pub(crate) fn from_vars(var: &dyn Fn(&str) -> Option<String>) -> Tuning {
+        let mut t = Tuning::default();
+        match var("TENSORCOMM_CUDA_COPY").as_deref() {
+            Some("ce") => t.strategy = Strategy::CopyEngine,
+            Some("kernel") => t.strategy = Strategy::Kernel,
+            _ => {}
+        }
+        let bytes = |name: &str| var(name).and_then(|v| parse_bytes(&v));
+        if let Some(b) = bytes("TENSORCOMM_CUDA_CE_MIN") {
+            t.ce_min_bytes = b;
+        }
+        if let Some(n) = bytes("TENSORCOMM_CUDA_CE_STREAMS") {
+            t.ce_streams = n.clamp(1, runtime::COPY_STREAMS - KERNEL_STREAMS);
+        }
+        if let Some(b) = bytes("TENSORCOMM_CUDA_ONE_LAUNCH_MAX") {
+            t.one_launch_max = b;
+        }
+        t
+    }
+
+    /// How a range of `bytes` moves; `peer` says whether kernels on the
+    /// source GPU can write the destination.
+    pub(crate) fn method(&self, bytes: usize, same_device: bool, peer: bool) -> Method {
+        match self.strategy {
+            _ if !peer => Method::CopyEngine,
+            Strategy::Kernel => Method::Kernel,
+            Strategy::CopyEngine => Method::CopyEngine,
+            Strategy::Auto if !same_device && bytes >= self.ce_min_bytes => Method::CopyEngine,
+            Strategy::Auto => Method::Kernel,
+        }
+    }
+
+    /// The (offset, length) pieces a copy-engine range is cut into: up to
+    /// `ce_streams` pieces of at least [`CE_MIN_PIECE`] bytes, on 64 KiB
+    /// boundaries.
+    pub(crate) fn ce_pieces(&self, bytes: usize) -> Vec<(usize, usize)> {
+        let n = (bytes / CE_MIN_PIECE).clamp(1, self.ce_streams.max(1));
+        let each = bytes.div_ceil(n).next_multiple_of(64 << 10);
+        (0..bytes)
+            .step_by(each.max(1))
+            .map(|at| (at, each.min(bytes - at)))
+            .collect()
+    }
+}
+
+/// `8`, `64K`, `16M`, `1G` (binary multiples).
+fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (digits, shift) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 10),
+        'M' => (&s[..s.len() - 1], 20),
+        'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// The process's tuning (environment read on first use).
+pub(crate) fn tuning() -> &'static Tuning {
+    static TUNING: OnceLock<Tuning> = OnceLock::new();
+    TUNING.get_or_init(|| Tuning::from_vars(&|name| std::env::var(name).ok()))
 }
 
 /// One dense range between two GPUs.
@@ -86,7 +188,14 @@ pub(crate) fn copy_pairs(
     run_spans(&spans, stream_for)
 }
 
-/// Queues the spans and waits for them.
+/// Queues the spans and waits for them. Each span moves by the method
+/// [`Tuning::method`] picks. Kernel spans are one launch per source GPU
+/// (per [`kernels::MAX_COPY`] ranges, spread over two streams), or a single
+/// launch on one GPU when the call is small and that GPU reaches every
+/// buffer (one launch and one synchronisation instead of one per GPU).
+/// Copy-engine spans are cut into pieces on their own streams of the
+/// destination GPU. `stream_for(d)`, when it gives a stream, is where the
+/// work run by GPU `d` is queued instead.
 pub(crate) fn run_spans(
     spans: &[Span],
     stream_for: &dyn Fn(usize) -> Option<Stream>,
@@ -94,47 +203,112 @@ pub(crate) fn run_spans(
     if spans.is_empty() {
         return Ok(());
     }
-    let strategy = strategy();
-    // Kernel copies grouped by the GPU that runs them.
-    let mut launches: BTreeMap<usize, (Arc<Context>, Vec<CopyDesc>)> = BTreeMap::new();
+    let tuning = tuning();
     let mut used: Vec<Stream> = Vec::new();
+    let mut kernel_spans: Vec<&Span> = Vec::with_capacity(spans.len());
+    // Next copy-engine stream per destination GPU.
+    let mut ce_next: Vec<(usize, usize)> = Vec::new();
     for s in spans {
         let (from, to) = (s.src_ctx.ordinal(), s.dst_ctx.ordinal());
-        let runner = if strategy == Strategy::Kernel && runtime::enable_peer_access(from, to)? {
-            Some(&s.src_ctx)
-        } else {
-            None
-        };
-        match runner {
-            Some(ctx) => {
-                launches
-                    .entry(ctx.ordinal())
-                    .or_insert_with(|| (Arc::clone(ctx), Vec::new()))
-                    .1
-                    .push(CopyDesc::new(s.src, s.dst, s.bytes));
-            }
-            None => {
-                let stream = match stream_for(to) {
-                    Some(st) => st,
-                    None => s.dst_ctx.stream()?.clone(),
-                };
-                runtime::copy_dtod_async(&s.dst_ctx, s.dst, &s.src_ctx, s.src, s.bytes, &stream)?;
-                used.push(stream);
-            }
+        let peer = runtime::enable_peer_access(from, to)?;
+        if tuning.method(s.bytes, from == to, peer) == Method::Kernel {
+            kernel_spans.push(s);
+            continue;
+        }
+        if let Some(stream) = stream_for(to) {
+            runtime::copy_dtod_async(&s.dst_ctx, s.dst, &s.src_ctx, s.src, s.bytes, &stream)?;
+            note(&mut used, &stream);
+            continue;
+        }
+        for (at, len) in tuning.ce_pieces(s.bytes) {
+            let next = match ce_next.iter_mut().find(|(d, _)| *d == to) {
+                Some((_, n)) => n,
+                None => {
+                    ce_next.push((to, 0));
+                    &mut ce_next.last_mut().expect("just pushed").1
+                }
+            };
+            let stream = s
+                .dst_ctx
+                .copy_stream(KERNEL_STREAMS + *next % tuning.ce_streams)?;
+            *next += 1;
+            runtime::copy_dtod_async(
+                &s.dst_ctx,
+                s.dst.offset(at),
+                &s.src_ctx,
+                s.src.offset(at),
+                len,
+                stream,
+            )?;
+            note(&mut used, stream);
         }
     }
-    for (ordinal, (ctx, descs)) in &launches {
-        let stream = match stream_for(*ordinal) {
-            Some(st) => st,
-            None => ctx.stream()?.clone(),
+    for (ctx, descs) in kernel_launches(&kernel_spans, tuning)? {
+        let own: Vec<Stream> = match stream_for(ctx.ordinal()) {
+            Some(st) => vec![st],
+            None => {
+                let batches = descs
+                    .len()
+                    .div_ceil(kernels::MAX_COPY)
+                    .clamp(1, KERNEL_STREAMS);
+                (0..batches)
+                    .map(|i| ctx.copy_stream(i).cloned())
+                    .collect::<Result<_>>()?
+            }
         };
-        kernels::multi_copy(ctx, &stream, descs)?;
-        used.push(stream);
+        let refs: Vec<&Stream> = own.iter().collect();
+        kernels::multi_copy(&ctx, &refs, &descs)?;
+        for st in &own {
+            note(&mut used, st);
+        }
     }
     for stream in used {
         stream.synchronize()?;
     }
     Ok(())
+}
+
+/// Remembers `stream` for the final synchronisation, once.
+fn note(used: &mut Vec<Stream>, stream: &Stream) {
+    if !used.iter().any(|u| u.same_as(stream)) {
+        used.push(stream.clone());
+    }
+}
+
+/// The kernel launches for `spans`: one GPU running all of them when they
+/// add up to at most `one_launch_max` bytes and one of the first span's
+/// GPUs reaches every buffer; else one group per source GPU.
+fn kernel_launches(spans: &[&Span], tuning: &Tuning) -> Result<Vec<(Arc<Context>, Vec<CopyDesc>)>> {
+    let Some(first) = spans.first() else {
+        return Ok(Vec::new());
+    };
+    let desc = |s: &Span| CopyDesc::new(s.src, s.dst, s.bytes);
+    let total: usize = spans.iter().map(|s| s.bytes).sum();
+    if spans.len() > 1 && total <= tuning.one_launch_max {
+        for runner in [&first.src_ctx, &first.dst_ctx] {
+            let r = runner.ordinal();
+            let mut reaches = true;
+            for s in spans {
+                reaches &= runtime::enable_peer_access(r, s.src_ctx.ordinal())?
+                    && runtime::enable_peer_access(r, s.dst_ctx.ordinal())?;
+            }
+            if reaches {
+                return Ok(vec![(
+                    Arc::clone(runner),
+                    spans.iter().map(|s| desc(s)).collect(),
+                )]);
+            }
+        }
+    }
+    let mut groups: Vec<(Arc<Context>, Vec<CopyDesc>)> = Vec::new();
+    for s in spans {
+        let o = s.src_ctx.ordinal();
+        match groups.iter_mut().find(|(c, _)| c.ordinal() == o) {
+            Some((_, descs)) => descs.push(desc(s)),
+            None => groups.push((Arc::clone(&s.src_ctx), vec![desc(s)])),
+        }
+    }
+    Ok(groups)
 }
 
 /// A fresh tensor on `device` laid out like `like` (same strides when
@@ -144,5 +318,82 @@ pub(crate) fn output_like<'b>(like: &Tensor<'_>, device: Device) -> Result<Tenso
     match device {
         Device::Cpu => Tensor::zeros_like_layout(layout, like.dtype()),
         Device::Cuda(d) => Tensor::uninit_cuda(layout, like.dtype(), &runtime::context(d)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_environment_sets_the_tuning_and_bad_values_keep_defaults() {
+        assert_eq!(Tuning::from_vars(&vars(&[])), Tuning::default());
+        let t = Tuning::from_vars(&vars(&[
+            ("TENSORCOMM_CUDA_COPY", "ce"),
+            ("TENSORCOMM_CUDA_CE_MIN", "4M"),
+            ("TENSORCOMM_CUDA_CE_STREAMS", "9"),
+            ("TENSORCOMM_CUDA_ONE_LAUNCH_MAX", "64k"),
+        ]));
+        assert_eq!(t.strategy, Strategy::CopyEngine);
+        assert_eq!(t.ce_min_bytes, 4 << 20);
+        assert_eq!(t.ce_streams, runtime::COPY_STREAMS - KERNEL_STREAMS);
+        assert_eq!(t.one_launch_max, 64 << 10);
+        let t = Tuning::from_vars(&vars(&[
+            ("TENSORCOMM_CUDA_COPY", "fast"),
+            ("TENSORCOMM_CUDA_CE_MIN", "lots"),
+        ]));
+        assert_eq!(t, Tuning::default());
+    }
+
+    #[test]
+    fn auto_gives_large_ranges_between_gpus_to_the_copy_engines() {
+        let t = Tuning::default();
+        let big = t.ce_min_bytes;
+        assert_eq!(t.method(big, false, true), Method::CopyEngine);
+        assert_eq!(t.method(big - 1, false, true), Method::Kernel);
+        // Copies inside one GPU and small ranges stay on the kernel.
+        assert_eq!(t.method(big * 4, true, true), Method::Kernel);
+        // Without peer access only the copy engines can move it.
+        assert_eq!(t.method(16, false, false), Method::CopyEngine);
+        let forced = Tuning {
+            strategy: Strategy::Kernel,
+            ..t
+        };
+        assert_eq!(forced.method(big * 4, false, true), Method::Kernel);
+        let forced = Tuning {
+            strategy: Strategy::CopyEngine,
+            ..t
+        };
+        assert_eq!(forced.method(16, true, true), Method::CopyEngine);
+    }
+
+    #[test]
+    fn copy_engine_pieces_cover_the_range_once() {
+        let t = Tuning::default();
+        for bytes in [1usize, 4 << 20, (16 << 20) + 3, 512 << 20, (1 << 30) - 5] {
+            let pieces = t.ce_pieces(bytes);
+            assert!(pieces.len() <= t.ce_streams, "{bytes}: {pieces:?}");
+            let mut at = 0;
+            for &(off, len) in &pieces {
+                assert_eq!(off, at, "{bytes}: {pieces:?}");
+                assert!(len > 0 && off % (64 << 10) == 0);
+                at += len;
+            }
+            assert_eq!(at, bytes);
+        }
+        assert_eq!(t.ce_pieces(4 << 20).len(), 1, "small ranges stay whole");
+        assert_eq!(
+            t.ce_pieces(512 << 20),
+            [(0, 256 << 20), (256 << 20, 256 << 20)]
+        );
     }
 }

@@ -20,6 +20,7 @@ pub struct Context {
     capability: (i32, i32),
     sm_count: u32,
     stream: OnceLock<Stream>,
+    copy_streams: [OnceLock<Stream>; COPY_STREAMS],
     pub(super) pool: Pool,
     kernels: OnceLock<std::result::Result<Kernels, String>>,
 }
@@ -33,6 +34,10 @@ impl std::fmt::Debug for Context {
             .finish()
     }
 }
+
+/// Internal streams per device that independent copies are spread over
+/// (see [`Context::copy_stream`]).
+pub const COPY_STREAMS: usize = 6;
 
 static CONTEXTS: OnceLock<Mutex<Vec<Option<Arc<Context>>>>> = OnceLock::new();
 
@@ -98,6 +103,7 @@ impl Context {
             capability,
             sm_count: u32::try_from(sm_count).unwrap_or(1).max(1),
             stream: OnceLock::new(),
+            copy_streams: Default::default(),
             pool: Pool::default(),
             kernels: OnceLock::new(),
         })
@@ -147,6 +153,23 @@ impl Context {
         }
         let s = Stream::on(self)?;
         Ok(self.stream.get_or_init(|| s))
+    }
+
+    /// Internal stream `i % COPY_STREAMS` for independent copies: 0 is
+    /// [`stream`](Context::stream), the others are created on first use.
+    /// Spreading copies over them lets the device run them concurrently
+    /// (several copy engines, or kernels side by side).
+    pub fn copy_stream(&self, i: usize) -> Result<&Stream> {
+        let i = i % COPY_STREAMS;
+        if i == 0 {
+            return self.stream();
+        }
+        let slot = &self.copy_streams[i];
+        if let Some(s) = slot.get() {
+            return Ok(s);
+        }
+        let s = Stream::on(self)?;
+        Ok(slot.get_or_init(|| s))
     }
 
     /// A new non-blocking stream on this device.

@@ -24,8 +24,19 @@ pub(crate) const MAX_COPY: usize = 96;
 pub(crate) const MAX_DIMS: usize = 8;
 /// Inputs one sum launch reads (`MAX_SRC`).
 pub(crate) const MAX_SRC: usize = 8;
-/// Bytes of a range one block copies at a time.
+/// Bytes of a range one block copies at a time, at most ...
 const CHUNK_BYTES: u64 = 64 << 10;
+/// ... and at least (512 threads x 16 bytes).
+const MIN_CHUNK_BYTES: u64 = 8 << 10;
+
+/// The chunk size for copying `total` bytes with up to `blocks` blocks:
+/// small enough that every block gets a chunk (a 1 MiB copy in 64 KiB
+/// chunks would keep 16 blocks busy and leave the rest idle), between
+/// [`MIN_CHUNK_BYTES`] and [`CHUNK_BYTES`], a multiple of the former.
+pub(crate) fn chunk_bytes(total: u64, blocks: u64) -> u64 {
+    let per_block = total / blocks.max(1);
+    (per_block / MIN_CHUNK_BYTES * MIN_CHUNK_BYTES).clamp(MIN_CHUNK_BYTES, CHUNK_BYTES)
+}
 
 /// One range of a multi-tensor copy.
 #[repr(C)]
@@ -194,13 +205,23 @@ pub(crate) fn plan_copy_batches(
         .collect()
 }
 
-/// Queues copies of many byte ranges on `stream` (a launch per
-/// [`MAX_COPY`] ranges). Every range must lie in memory that the caller
-/// keeps alive until the stream has run, on `ctx`'s GPU or on GPUs it has
-/// peer access to.
-pub(crate) fn multi_copy(ctx: &Context, stream: &Stream, descs: &[CopyDesc]) -> Result<()> {
+/// Queues copies of many byte ranges, a launch per [`MAX_COPY`] ranges,
+/// launch `i` on `streams[i % streams.len()]` (so launches on different
+/// streams run side by side instead of one after the other). Every range
+/// must lie in memory that the caller keeps alive until the streams have
+/// run, on `ctx`'s GPU or on GPUs it has peer access to.
+pub(crate) fn multi_copy(ctx: &Context, streams: &[&Stream], descs: &[CopyDesc]) -> Result<()> {
+    if streams.is_empty() {
+        return Err(Error::InvalidArgument(
+            "multi_copy: expected at least one stream".into(),
+        ));
+    }
     let kernels = ctx.kernels()?;
-    for (batch, starts) in plan_copy_batches(descs, CHUNK_BYTES) {
+    let max_blocks = u64::from(ctx.sm_count()) * 4;
+    let total_bytes: u64 = descs.iter().map(|d| d.bytes).sum();
+    let chunk_size = chunk_bytes(total_bytes, max_blocks);
+    for (i, (batch, starts)) in plan_copy_batches(descs, chunk_size).into_iter().enumerate() {
+        let stream = streams[i % streams.len()];
         let mut args = CopyBatch {
             count: batch.len() as u64,
             chunk_start: [0; MAX_COPY + 1],
@@ -209,8 +230,8 @@ pub(crate) fn multi_copy(ctx: &Context, stream: &Stream, descs: &[CopyDesc]) -> 
         args.chunk_start[..starts.len()].copy_from_slice(&starts);
         args.d[..batch.len()].copy_from_slice(&batch);
         let total = starts.last().copied().unwrap_or(0);
-        let grid = total.min(u64::from(ctx.sm_count()) * 4) as u32;
-        let mut chunk = CHUNK_BYTES;
+        let grid = total.min(max_blocks) as u32;
+        let mut chunk = chunk_size;
         let mut params = [
             (&mut args as *mut CopyBatch).cast::<c_void>(),
             (&mut chunk as *mut u64).cast::<c_void>(),
@@ -331,6 +352,16 @@ mod tests {
         // 100000 bytes is 2 chunks of 64 KiB, 200000 is 4.
         assert_eq!(first[0].bytes, 100_000);
         assert_eq!(&starts[..4], &[0, 2, 6, 8]);
+    }
+
+    #[test]
+    fn chunks_shrink_so_small_copies_use_many_blocks() {
+        // 132 SMs x 4 blocks.
+        assert_eq!(chunk_bytes(1 << 30, 528), 64 << 10);
+        assert_eq!(chunk_bytes(1 << 20, 528), 8 << 10);
+        assert_eq!(chunk_bytes(1024, 528), 8 << 10);
+        assert_eq!(chunk_bytes(16 << 20, 528), 24 << 10);
+        assert_eq!(chunk_bytes(100, 0), 8 << 10);
     }
 
     #[test]

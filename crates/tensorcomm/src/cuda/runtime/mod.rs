@@ -36,7 +36,7 @@ mod memory;
 mod nvrtc;
 mod stream;
 
-pub use context::{context, device_count, Context};
+pub use context::{context, device_count, Context, COPY_STREAMS};
 pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
 pub use nvrtc::cache_dir;
 pub use stream::{Event, Stream};

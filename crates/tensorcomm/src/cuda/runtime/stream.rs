@@ -61,6 +61,11 @@ impl Stream {
         self.ordinal
     }
 
+    /// True when both handles are the same stream.
+    pub fn same_as(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Waits until all work queued on the stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         check("cuStreamSynchronize", self.inner.synchronize())
