@@ -242,6 +242,38 @@ fn broadcast_coalesced_keeps_order_dtypes_shapes_and_ownership() {
 }
 
 #[test]
+fn broadcast_coalesced_of_large_and_many_tensors_copies_every_one() {
+    let test = "broadcast_coalesced_of_large_and_many_tensors_copies_every_one";
+    if !two_gpus(test) {
+        return;
+    }
+    // Tensors past the copy-engine threshold (4 MiB), more than one queued
+    // group (16 MiB) and more than one kernel launch (96 ranges), and a
+    // device list naming both GPUs twice.
+    let mut hosts: Vec<Tensor<'static>> = (0..5).map(|k| seq(3 << 20, &[3 << 20], k)).collect();
+    hosts.extend((0..150).map(|k| seq(100 + k as usize, &[100 + k as usize], k)));
+    hosts.push(seq(1 << 20, &[1024, 1024], 9));
+    let inputs: Vec<Tensor<'static>> = hosts.iter().map(|h| on(h, 0)).collect();
+    for buffer in [25 << 20, 1 << 20] {
+        let out = comm::broadcast_coalesced(&inputs, &[0, 1, 0, 1], buffer).unwrap();
+        assert_eq!(out.len(), 4);
+        for (i, h) in hosts.iter().enumerate() {
+            assert!(out[0][i].shares_storage(&inputs[i]) && out[2][i].shares_storage(&inputs[i]));
+            for k in [1, 3] {
+                let o = &out[k][i];
+                assert_eq!(o.device(), Device::Cuda(1), "output {k}, tensor {i}");
+                assert_eq!(o.storage_handle_count(), 1, "output {k}, tensor {i}");
+                assert_eq!(
+                    o.to_vec::<f32>().unwrap(),
+                    h.to_vec::<f32>().unwrap(),
+                    "output {k}, tensor {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn scatter_splits_views_and_copies_with_streams_and_layouts() {
     if !two_gpus("scatter_splits_views_and_copies_with_streams_and_layouts") {
         return;

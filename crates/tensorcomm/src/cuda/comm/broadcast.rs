@@ -1,16 +1,20 @@
 //! broadcast, broadcast_out, broadcast_coalesced.
 
-use crate::cuda::runtime;
+use crate::cuda::runtime::{self, kernels};
 use crate::tensor::{Device, Tensor};
 use crate::Result;
 
-use super::copy::{byte_copyable, copy_pairs, output_like, run_spans, span};
+use super::copy::{byte_copyable, copy_pairs, output_like, span, Queue};
 use super::group::take_tensors;
 use super::{arg_error, check_devices, cuda_ordinal};
 
 /// The default bucket size of [`broadcast_coalesced`] and
 /// [`reduce_add_coalesced`](super::reduce_add_coalesced): 10 MiB, as in PyTorch.
 pub const DEFAULT_BUFFER_SIZE: usize = 10 << 20;
+
+/// [`broadcast_coalesced`] queues its copies in groups of at least this
+/// many bytes (or [`kernels::MAX_COPY`] ranges), whatever the bucket size.
+const GROUP_BYTES: usize = 16 << 20;
 
 /// Copies `tensor` to every device in `devices`. The output for the
 /// tensor's own device is `tensor` itself (same storage, no copy); the
@@ -93,9 +97,10 @@ pub fn broadcast_out(tensor: &Tensor<'_>, outs: &[Tensor<'_>]) -> Result<()> {
 /// ([`take_tensors`]). `result[0]` holds the inputs themselves; `result[k]`
 /// holds, in input order, new tensors on `devices[k]`, each with its own
 /// storage and the input's strides when dense. Zero-element tensors keep
-/// their shape. The dense tensors of all buckets are copied by one pass of
-/// the multi-tensor kernel on `devices[0]` (a launch per 96 tensors)
-/// writing straight into the other devices' outputs: no flat buffers, so
+/// their shape. Dense tensors are copied straight into the other devices'
+/// outputs by the multi-tensor kernel on `devices[0]` (tensors of 4 MiB
+/// and more by the copy engines), in groups queued while the next outputs
+/// are allocated, with one wait at the end: there are no flat buffers, so
 /// `buffer_size` only orders the copies.
 ///
 /// ```no_run
@@ -146,45 +151,68 @@ pub fn broadcast_coalesced<'a>(
             "0",
         ));
     }
-    let mut outputs: Vec<Vec<Tensor<'a>>> = Vec::with_capacity(devices.len());
-    outputs.push(tensors.to_vec());
-    for &d in &devices[1..] {
-        if d == root {
-            outputs.push(tensors.to_vec());
-            continue;
-        }
-        runtime::context(d)?;
-        let outs = tensors
-            .iter()
-            .map(|t| output_like(t, Device::Cuda(d)))
-            .collect::<Result<Vec<_>>>()?;
-        outputs.push(outs);
-    }
     // PyTorch flattens each bucket into a buffer of `buffer_size` bytes,
     // broadcasts it and unflattens it. Here every tensor is copied straight
-    // into its outputs, so there is no buffer to bound: all buckets go in
-    // one pass (one or two kernel launches and one synchronisation instead
-    // of a launch and a synchronisation per bucket). The buckets still
-    // decide the order the ranges are queued in.
-    let mut spans = Vec::new();
-    let mut strided = Vec::new();
-    for bucket in take_tensors(tensors, buffer_size) {
-        for out in outputs.iter().skip(1) {
-            for &i in &bucket {
-                let (dst, src) = (&out[i], &tensors[i]);
-                if dst.numel() == 0 || dst.shares_storage(src) {
-                    continue;
-                }
-                if byte_copyable(dst, src) {
-                    spans.push(span(dst, src)?);
-                } else {
-                    strided.push((dst, src));
-                }
-            }
+    // into its outputs, so no buffer needs bounding and no bucket needs its
+    // own synchronisation. The outputs are allocated bucket by bucket, and
+    // as soon as [`GROUP_BYTES`] of copies are ready they are queued, so the
+    // GPUs copy while the host prepares the next tensors; one wait at the
+    // end.
+    for &d in &devices[1..] {
+        if d != root {
+            runtime::context(d)?;
         }
     }
-    run_spans(&spans, &|_| None)?;
-    copy_pairs(&strided, &|_| None)?;
+    let mut fresh: Vec<Vec<Option<Tensor<'a>>>> = devices[1..]
+        .iter()
+        .map(|_| vec![None; tensors.len()])
+        .collect();
+    let mut queue = Queue::default();
+    let mut spans = Vec::new();
+    let mut ready = 0usize;
+    let mut strided = Vec::new();
+    for bucket in take_tensors(tensors, buffer_size) {
+        for (k, &d) in devices[1..].iter().enumerate() {
+            if d == root {
+                continue;
+            }
+            for &i in &bucket {
+                let src = &tensors[i];
+                let dst = output_like(src, Device::Cuda(d))?;
+                if dst.numel() > 0 {
+                    if byte_copyable(&dst, src) {
+                        ready += src.nbytes();
+                        spans.push(span(&dst, src)?);
+                    } else {
+                        strided.push((k, i));
+                    }
+                }
+                fresh[k][i] = Some(dst);
+            }
+        }
+        if ready >= GROUP_BYTES || spans.len() >= kernels::MAX_COPY {
+            queue.push(&spans, &|_| None)?;
+            spans.clear();
+            ready = 0;
+        }
+    }
+    queue.push(&spans, &|_| None)?;
+    queue.finish()?;
+    let mut outputs: Vec<Vec<Tensor<'a>>> = Vec::with_capacity(devices.len());
+    outputs.push(tensors.to_vec());
+    for outs in fresh {
+        outputs.push(
+            outs.into_iter()
+                .zip(tensors)
+                .map(|(o, t)| o.unwrap_or_else(|| t.clone()))
+                .collect(),
+        );
+    }
+    let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = strided
+        .iter()
+        .map(|&(k, i)| (&outputs[k + 1][i], &tensors[i]))
+        .collect();
+    copy_pairs(&pairs, &|_| None)?;
     Ok(outputs)
 }
 

@@ -56,9 +56,9 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             strategy: Strategy::Auto,
-            ce_min_bytes: 16 << 20,
-            ce_streams: 2,
-            one_launch_max: 1 << 20,
+            ce_min_bytes: 4 << 20,
+            ce_streams: 1,
+            one_launch_max: 4 << 20,
         }
     }
 }
@@ -200,72 +200,116 @@ pub(crate) fn run_spans(
     spans: &[Span],
     stream_for: &dyn Fn(usize) -> Option<Stream>,
 ) -> Result<()> {
-    if spans.is_empty() {
-        return Ok(());
-    }
-    let tuning = tuning();
-    let mut used: Vec<Stream> = Vec::new();
-    let mut kernel_spans: Vec<&Span> = Vec::with_capacity(spans.len());
-    // Next copy-engine stream per destination GPU.
-    let mut ce_next: Vec<(usize, usize)> = Vec::new();
-    for s in spans {
-        let (from, to) = (s.src_ctx.ordinal(), s.dst_ctx.ordinal());
-        let peer = runtime::enable_peer_access(from, to)?;
-        if tuning.method(s.bytes, from == to, peer) == Method::Kernel {
-            kernel_spans.push(s);
-            continue;
+    let mut queue = Queue::default();
+    queue.push(spans, stream_for)?;
+    queue.finish()
+}
+
+/// Spans queued on the GPUs and not yet waited for: each
+/// [`push`](Queue::push) queues a group of spans at once (as
+/// [`run_spans`] describes) and returns, so the host can prepare the next
+/// group while the GPUs copy; [`finish`](Queue::finish) waits for all of
+/// them. Consecutive groups' kernel launches alternate between two streams,
+/// so one group's tail overlaps the next group's start.
+#[derive(Default)]
+pub(crate) struct Queue {
+    used: Vec<Stream>,
+    /// Next copy-engine stream per destination GPU.
+    ce_next: Vec<(usize, usize)>,
+    /// Kernel launches so far (picks the stream of the next one).
+    launches: usize,
+}
+
+impl Queue {
+    /// Queues `spans` (their memory must stay alive until [`finish`](Queue::finish)).
+    pub(crate) fn push(
+        &mut self,
+        spans: &[Span],
+        stream_for: &dyn Fn(usize) -> Option<Stream>,
+    ) -> Result<()> {
+        if spans.is_empty() {
+            return Ok(());
         }
-        if let Some(stream) = stream_for(to) {
-            runtime::copy_dtod_async(&s.dst_ctx, s.dst, &s.src_ctx, s.src, s.bytes, &stream)?;
-            note(&mut used, &stream);
-            continue;
+        let tuning = tuning();
+        let mut kernel_spans: Vec<&Span> = Vec::with_capacity(spans.len());
+        for s in spans {
+            let (from, to) = (s.src_ctx.ordinal(), s.dst_ctx.ordinal());
+            let peer = runtime::enable_peer_access(from, to)?;
+            if tuning.method(s.bytes, from == to, peer) == Method::Kernel {
+                kernel_spans.push(s);
+                continue;
+            }
+            if let Some(stream) = stream_for(to) {
+                runtime::copy_dtod_async(&s.dst_ctx, s.dst, &s.src_ctx, s.src, s.bytes, &stream)?;
+                note(&mut self.used, &stream);
+                continue;
+            }
+            for (at, len) in tuning.ce_pieces(s.bytes) {
+                let next = match self.ce_next.iter_mut().find(|(d, _)| *d == to) {
+                    Some((_, n)) => n,
+                    None => {
+                        self.ce_next.push((to, 0));
+                        &mut self.ce_next.last_mut().expect("just pushed").1
+                    }
+                };
+                let stream = s
+                    .dst_ctx
+                    .copy_stream(KERNEL_STREAMS + *next % tuning.ce_streams)?;
+                *next += 1;
+                runtime::copy_dtod_async(
+                    &s.dst_ctx,
+                    s.dst.offset(at),
+                    &s.src_ctx,
+                    s.src.offset(at),
+                    len,
+                    stream,
+                )?;
+                note(&mut self.used, stream);
+            }
         }
-        for (at, len) in tuning.ce_pieces(s.bytes) {
-            let next = match ce_next.iter_mut().find(|(d, _)| *d == to) {
-                Some((_, n)) => n,
+        for (ctx, descs) in kernel_launches(&kernel_spans, tuning)? {
+            let own: Vec<Stream> = match stream_for(ctx.ordinal()) {
+                Some(st) => vec![st],
                 None => {
-                    ce_next.push((to, 0));
-                    &mut ce_next.last_mut().expect("just pushed").1
+                    let batches = descs
+                        .len()
+                        .div_ceil(kernels::MAX_COPY)
+                        .clamp(1, KERNEL_STREAMS);
+                    (0..batches)
+                        .map(|i| {
+                            ctx.copy_stream((self.launches + i) % KERNEL_STREAMS)
+                                .cloned()
+                        })
+                        .collect::<Result<_>>()?
                 }
             };
-            let stream = s
-                .dst_ctx
-                .copy_stream(KERNEL_STREAMS + *next % tuning.ce_streams)?;
-            *next += 1;
-            runtime::copy_dtod_async(
-                &s.dst_ctx,
-                s.dst.offset(at),
-                &s.src_ctx,
-                s.src.offset(at),
-                len,
-                stream,
-            )?;
-            note(&mut used, stream);
-        }
-    }
-    for (ctx, descs) in kernel_launches(&kernel_spans, tuning)? {
-        let own: Vec<Stream> = match stream_for(ctx.ordinal()) {
-            Some(st) => vec![st],
-            None => {
-                let batches = descs
-                    .len()
-                    .div_ceil(kernels::MAX_COPY)
-                    .clamp(1, KERNEL_STREAMS);
-                (0..batches)
-                    .map(|i| ctx.copy_stream(i).cloned())
-                    .collect::<Result<_>>()?
+            self.launches += 1;
+            let refs: Vec<&Stream> = own.iter().collect();
+            kernels::multi_copy(&ctx, &refs, &descs)?;
+            for st in &own {
+                note(&mut self.used, st);
             }
-        };
-        let refs: Vec<&Stream> = own.iter().collect();
-        kernels::multi_copy(&ctx, &refs, &descs)?;
-        for st in &own {
-            note(&mut used, st);
+        }
+        Ok(())
+    }
+
+    /// Waits for everything queued.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        for stream in std::mem::take(&mut self.used) {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Queue {
+    /// A queue dropped unfinished (an error on the way) still waits, so no
+    /// buffer goes back to the pool while a copy may write to it.
+    fn drop(&mut self) {
+        for stream in self.used.drain(..) {
+            let _ = stream.synchronize();
         }
     }
-    for stream in used {
-        stream.synchronize()?;
-    }
-    Ok(())
 }
 
 /// Remembers `stream` for the final synchronisation, once.
@@ -379,7 +423,14 @@ mod tests {
     #[test]
     fn copy_engine_pieces_cover_the_range_once() {
         let t = Tuning::default();
-        for bytes in [1usize, 4 << 20, (16 << 20) + 3, 512 << 20, (1 << 30) - 5] {
+        for (bytes, streams) in [1usize, 4 << 20, (16 << 20) + 3, 512 << 20, (1 << 30) - 5]
+            .into_iter()
+            .flat_map(|b| [(b, 1), (b, 2), (b, 4)])
+        {
+            let t = Tuning {
+                ce_streams: streams,
+                ..Tuning::default()
+            };
             let pieces = t.ce_pieces(bytes);
             assert!(pieces.len() <= t.ce_streams, "{bytes}: {pieces:?}");
             let mut at = 0;
@@ -390,9 +441,15 @@ mod tests {
             }
             assert_eq!(at, bytes);
         }
-        assert_eq!(t.ce_pieces(4 << 20).len(), 1, "small ranges stay whole");
         assert_eq!(
             t.ce_pieces(512 << 20),
+            [(0, 512 << 20)],
+            "one stream by default"
+        );
+        let two = Tuning { ce_streams: 2, ..t };
+        assert_eq!(two.ce_pieces(4 << 20).len(), 1, "small ranges stay whole");
+        assert_eq!(
+            two.ce_pieces(512 << 20),
             [(0, 256 << 20), (256 << 20, 256 << 20)]
         );
     }

@@ -19,12 +19,12 @@
 //! when it returns.
 //!
 //! How the bytes move: the copy method is picked per range. Ranges between
-//! two GPUs of at least 16 MiB go to the copy engines (`cuMemcpyPeerAsync`,
-//! cut into pieces on two streams); all other dense ranges of a call are
-//! copied by one multi-tensor copy kernel (many tensors, one launch), run
-//! on the source GPU and writing into the peers' memory over NVLink, or,
-//! for calls of at most 1 MiB, by a single launch on one GPU that reaches
-//! every buffer. Where peer access is not available the copy engines move
+//! two GPUs of at least 4 MiB go to the copy engines (`cuMemcpyPeerAsync`
+//! on a stream of their own, beside the kernels); all other dense ranges of
+//! a call are copied by one multi-tensor copy kernel (many tensors, one
+//! launch), run on the source GPU and writing into the peers' memory over
+//! NVLink, or, for calls of at most 4 MiB, by a single launch on one GPU
+//! that reaches every buffer. Where peer access is not available the copy engines move
 //! everything. `TENSORCOMM_CUDA_COPY=kernel` or `=ce` forces one method;
 //! `TENSORCOMM_CUDA_CE_MIN`, `TENSORCOMM_CUDA_CE_STREAMS` and
 //! `TENSORCOMM_CUDA_ONE_LAUNCH_MAX` move the thresholds (measurements in
