@@ -1,7 +1,10 @@
 //! The CPU process group: collectives on host tensors over a
 //! [`RoutedTransport`] (shared memory with ranks on this host, TCP with the
 //! others; [`CpuOptions::transport`] or `TENSORCOMM_TRANSPORT` can force
-//! either), run in call order on the group's own thread.
+//! either), run in call order. A call queues its collective for the
+//! group's own thread and returns at once; a caller that then waits on the
+//! `Work` before that thread has picked the collective up runs it itself,
+//! so the common call-then-wait path costs no thread hand-off.
 //!
 //! ```
 //! use std::{sync::Arc, thread};
@@ -28,7 +31,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
@@ -75,6 +78,66 @@ impl Default for CpuOptions {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// A queued collective, run once by whichever comes first: the group's
+/// thread reaching it in the queue, or a caller waiting on its `Work`.
+struct QueuedJob {
+    job: Mutex<Option<Job>>,
+}
+
+impl QueuedJob {
+    /// Runs the job unless another thread has already taken it.
+    fn run_once(&self) {
+        let job = self
+            .job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(job) = job {
+            job();
+        }
+    }
+}
+
+/// Whose turn it is: the sequence number of the next collective to run.
+/// Jobs may be taken out of order (a waiter takes its own), so each waits
+/// here for its turn before running.
+#[derive(Default)]
+struct Turn {
+    next: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Turn {
+    /// Blocks until collective `seq` may run; dropping the returned guard
+    /// (also on a panic) hands the turn to `seq + 1`.
+    fn wait_for(&self, seq: u64) -> TurnGuard<'_> {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        while *next != seq {
+            next = self
+                .changed
+                .wait(next)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        TurnGuard { turn: self }
+    }
+}
+
+/// The running collective's turn; passes it on when dropped.
+struct TurnGuard<'a> {
+    turn: &'a Turn,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        *self
+            .turn
+            .next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        self.turn.changed.notify_all();
+    }
+}
+
 /// What the group's thread shares with the callers.
 struct Shared {
     rank: usize,
@@ -83,13 +146,14 @@ struct Shared {
     /// The collective whose failure broke the group, if any.
     broken: Mutex<Option<(String, u64)>>,
     recorder: FlightRecorder,
+    turn: Turn,
 }
 
 /// The next sequence number and the queue to the group's thread, under one
 /// lock so that sequence order is queue order.
 struct Queue {
     next_seq: u64,
-    jobs: Sender<Job>,
+    jobs: Sender<Arc<QueuedJob>>,
 }
 
 /// The CPU backend's [`ProcessGroup`].
@@ -160,12 +224,12 @@ impl ProcessGroupCpu {
                 timeout: options.timeout,
             },
         )?;
-        let (jobs, incoming) = channel::<Job>();
+        let (jobs, incoming) = channel::<Arc<QueuedJob>>();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
             .spawn(move || {
                 for job in incoming {
-                    job();
+                    job.run_once();
                 }
             })
             .map_err(|e| Error::io("starting the process group's thread", e))?;
@@ -185,6 +249,7 @@ impl ProcessGroupCpu {
                 transport,
                 broken: Mutex::new(None),
                 recorder,
+                turn: Turn::default(),
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout: options.timeout,
@@ -209,7 +274,9 @@ impl ProcessGroupCpu {
     }
 
     /// Takes the next sequence number and queues `body` to run under it
-    /// with the fingerprint `fp` (its `seq` is filled in here).
+    /// with the fingerprint `fp` (its `seq` is filled in here), on the
+    /// group's thread or on a thread that waits on the returned `Work`
+    /// first; either way after every earlier collective of the group.
     fn submit(
         &self,
         mut fp: Fingerprint,
@@ -223,10 +290,19 @@ impl ProcessGroupCpu {
         self.shared.recorder.queued(&fp);
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            let outcome = run(&shared, fp, deadline, body);
-            shared.recorder.finished(fp.seq, &outcome);
+            let outcome = {
+                let _turn = shared.turn.wait_for(fp.seq);
+                let outcome = run(&shared, fp, deadline, body);
+                shared.recorder.finished(fp.seq, &outcome);
+                outcome
+            };
             completion.complete(outcome)
         });
+        let job = Arc::new(QueuedJob {
+            job: Mutex::new(Some(job)),
+        });
+        let runner = job.clone();
+        let work = work.with_runner(Box::new(move || runner.run_once()));
         if queue.jobs.send(job).is_err() {
             return Ok(Work::done(Err(Error::GroupBroken {
                 op: fp.kind.name().into(),
@@ -238,7 +314,7 @@ impl ProcessGroupCpu {
     }
 }
 
-/// Runs one collective on the group's thread: refuses to run on a broken
+/// Runs one collective (on the group's thread or a waiting caller's): refuses to run on a broken
 /// group, checks fingerprints through [`Fingerprinted`], and on failure
 /// names the op, sequence number and peers, then closes the connections so
 /// the other ranks fail promptly too.
