@@ -35,10 +35,14 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
+#[cfg(target_os = "linux")]
+use super::algorithms::{all_reduce_shm_arena, SHM_ARENA_MIN_BYTES};
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
+#[cfg(target_os = "linux")]
+use super::transport::shm::{ShmArena, DEFAULT_ARENA_CHUNK};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
@@ -165,6 +169,10 @@ pub struct ProcessGroupCpu {
     queue: Mutex<Queue>,
     timeout: Duration,
     p2p: Arc<P2p>,
+    /// The group's shared-memory arena when every rank is on this host and
+    /// reached over shared memory.
+    #[cfg(target_os = "linux")]
+    arena: Option<Arc<ShmArena>>,
     /// What `new_group` needs to set up sub-groups.
     origin: Origin,
 }
@@ -224,6 +232,20 @@ impl ProcessGroupCpu {
                 timeout: options.timeout,
             },
         )?;
+        #[cfg(target_os = "linux")]
+        let arena = if size > 1 && (0..size).all(|p| p == rank || transport.route(p) == Route::Shm)
+        {
+            Some(Arc::new(ShmArena::connect(
+                &*store,
+                key_prefix,
+                rank,
+                size,
+                DEFAULT_ARENA_CHUNK,
+                options.timeout,
+            )?))
+        } else {
+            None
+        };
         let (jobs, incoming) = channel::<Arc<QueuedJob>>();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
@@ -242,6 +264,8 @@ impl ProcessGroupCpu {
                 monitored_barriers: AtomicU64::new(0),
             },
             p2p: Arc::new(p2p),
+            #[cfg(target_os = "linux")]
+            arena,
             _store: store,
             shared: Arc::new(Shared {
                 rank,
@@ -406,9 +430,20 @@ impl ProcessGroup for ProcessGroupCpu {
         op.check_dtype("all_reduce", tensor.dtype())?;
         let fp = tensor_fingerprint(CollectiveKind::AllReduce, tensor, Some(op), 0);
         let tensor = tensor.clone();
+        #[cfg(target_os = "linux")]
+        let arena = self
+            .arena
+            .clone()
+            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_MIN_BYTES);
         self.submit(fp, timeout, move |t, deadline| {
             let dtype = tensor.dtype();
-            tensor.with_bytes_mut(|bytes| all_reduce(t, bytes, dtype, op, deadline))?
+            tensor.with_bytes_mut(|bytes| {
+                #[cfg(target_os = "linux")]
+                if let Some(arena) = &arena {
+                    return all_reduce_shm_arena(t, arena, bytes, dtype, op, deadline);
+                }
+                all_reduce(t, bytes, dtype, op, deadline)
+            })?
         })
     }
 

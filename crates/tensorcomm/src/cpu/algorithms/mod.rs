@@ -15,6 +15,9 @@
 //! - [`gather_direct`], [`scatter_direct`]: straight to and from the root.
 //! - [`all_to_all_pairwise`]: one pairwise exchange per step, blocks of any
 //!   size per peer.
+//! - `all_reduce_shm_arena` (Linux): for groups all on one host, reduces
+//!   straight out of a shared-memory arena, the transport only carrying
+//!   barriers; chosen above [`SHM_ARENA_MIN_BYTES`].
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
@@ -54,6 +57,8 @@ mod ring;
 mod ring_all_gather;
 mod ring_reduce_scatter;
 mod scatter_direct;
+#[cfg(target_os = "linux")]
+mod shm_arena;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -70,6 +75,8 @@ pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
 pub use ring_all_gather::all_gather_ring;
 pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
+#[cfg(target_os = "linux")]
+pub use shm_arena::all_reduce_shm_arena;
 
 use super::reduce::ReduceOp;
 use super::transport::Transport;
@@ -122,6 +129,11 @@ pub const RING_MIN_BYTES: usize = 16 << 20;
 /// each way). Provisional (not measured here: needs 3+ ranks on enough
 /// cores).
 pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
+
+/// Messages above this many bytes use `all_reduce_shm_arena` when the
+/// group has a shared-memory arena (every rank on one host, shared memory
+/// not turned off); below it the transport-based algorithms above.
+pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;
 
 /// The all-reduce algorithms to choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
