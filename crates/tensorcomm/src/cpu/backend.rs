@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 #[cfg(target_os = "linux")]
-use super::algorithms::{all_reduce_shm_arena, SHM_ARENA_MIN_BYTES};
+use super::algorithms::{
+    all_reduce_shm_arena, SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES, SHM_ARENA_THREADS_MIN_BYTES,
+};
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
@@ -390,6 +392,19 @@ fn run(
     })
 }
 
+/// Threads per rank for an arena all-reduce of `nbytes` over `world`
+/// ranks: one below [`SHM_ARENA_THREADS_MIN_BYTES`], otherwise up to
+/// [`SHM_ARENA_MAX_THREADS`] while every rank's threads still have cores
+/// of their own.
+#[cfg(target_os = "linux")]
+fn arena_threads(nbytes: usize, world: usize) -> usize {
+    if nbytes < SHM_ARENA_THREADS_MIN_BYTES {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / world.max(1)).clamp(1, SHM_ARENA_MAX_THREADS)
+}
+
 fn tensor_fingerprint(
     kind: CollectiveKind,
     tensor: &Tensor<'_>,
@@ -440,7 +455,8 @@ impl ProcessGroup for ProcessGroupCpu {
             tensor.with_bytes_mut(|bytes| {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
-                    return all_reduce_shm_arena(t, arena, bytes, dtype, op, deadline);
+                    let threads = arena_threads(bytes.len(), t.world_size());
+                    return all_reduce_shm_arena(t, arena, bytes, dtype, op, threads, deadline);
                 }
                 all_reduce(t, bytes, dtype, op, deadline)
             })?

@@ -135,6 +135,16 @@ pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 /// not turned off); below it the transport-based algorithms above.
 pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;
 
+/// Arena all-reduces of at least this many bytes split their work between
+/// several threads per rank (see [`SHM_ARENA_MAX_THREADS`]): a helper
+/// thread costs tens of microseconds to start, worth it from a few chunks.
+pub const SHM_ARENA_THREADS_MIN_BYTES: usize = 2 << 20;
+
+/// Most threads per rank for an arena all-reduce (fewer when the host has
+/// fewer than this many cores per rank): one core's copies and reductions
+/// reach only a fraction of the memory bandwidth.
+pub const SHM_ARENA_MAX_THREADS: usize = 4;
+
 /// The all-reduce algorithms to choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllReduceAlgorithm {

@@ -18,7 +18,13 @@
 //! dissemination barriers of 1-byte messages over the group's transport,
 //! so the collective's fingerprint rides on them and a dead peer fails
 //! them by name, as in every other algorithm.
+//!
+//! A single core cannot saturate memory bandwidth, so with `threads > 1`
+//! each rank splits every step's bytes between itself and `threads - 1`
+//! helper threads (started per call): the calling thread gathers them at a
+//! local gate after steps 1 and 3, runs the barrier, and releases them.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::block_offsets;
@@ -42,8 +48,127 @@ fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
     Ok(())
 }
 
+/// Where the threads of one rank meet between steps: each worker counts
+/// itself in `arrived`, then waits for `released` to reach the step's
+/// number; the leader waits for all arrivals, runs the group barrier and
+/// releases the step (or sets `failed`, which also releases everyone).
+struct Gate {
+    workers: usize,
+    arrived: AtomicUsize,
+    released: AtomicUsize,
+    failed: AtomicBool,
+}
+
+/// Spins briefly, then yields: waits here are a few microseconds when the
+/// threads have cores of their own, and must not starve them when not.
+fn pause(spins: &mut u32) {
+    if *spins < 200 {
+        std::hint::spin_loop();
+        *spins += 1;
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+impl Gate {
+    /// A worker's side of step `step` (1-based); false if the leader failed.
+    fn worker_pass(&self, step: usize) -> bool {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        let mut spins = 0;
+        while self.released.load(Ordering::Acquire) < step {
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            pause(&mut spins);
+        }
+        !self.failed.load(Ordering::Acquire)
+    }
+
+    /// The leader's side of step `step`: waits for the workers, then runs
+    /// `between` (the group barrier) before releasing them.
+    fn leader_pass(&self, step: usize, between: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut spins = 0;
+        while self.arrived.load(Ordering::Acquire) < self.workers * step {
+            if self.failed.load(Ordering::Acquire) {
+                // A worker failed and returns its own error when joined.
+                return Ok(());
+            }
+            pause(&mut spins);
+        }
+        match between() {
+            Ok(()) => {
+                self.released.store(step, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Part `i` of `parts` of `range`, split at whole `elem`-byte elements.
+fn part(
+    range: &std::ops::Range<usize>,
+    elem: usize,
+    parts: usize,
+    i: usize,
+) -> std::ops::Range<usize> {
+    let offsets = block_offsets(range.len(), elem, parts);
+    range.start + offsets[i]..range.start + offsets[i + 1]
+}
+
+/// What one thread of a rank does for one chunk, between the gates.
+struct ChunkWork<'a> {
+    arena: &'a ShmArena,
+    parity: usize,
+    /// The chunk's byte offsets of each rank's share.
+    shares: Vec<usize>,
+    /// This thread's bytes of the chunk: their offset in it, and them.
+    offset: usize,
+    bytes: &'a mut [u8],
+}
+
+impl ChunkWork<'_> {
+    fn copy_in(&self) {
+        self.arena.copy_in(self.parity, self.offset, self.bytes);
+    }
+
+    fn reduce(
+        &self,
+        rank: usize,
+        elem: usize,
+        threads: usize,
+        me: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let share = self.shares[rank]..self.shares[rank + 1];
+        self.arena
+            .reduce_share(self.parity, part(&share, elem, threads, me), dtype, op)
+    }
+
+    /// Copies this thread's bytes out of whichever ranks' slots own them.
+    fn copy_out(&mut self) {
+        let (lo, hi) = (self.offset, self.offset + self.bytes.len());
+        for (r, share) in self.shares.windows(2).enumerate() {
+            let (from, to) = (share[0].max(lo), share[1].min(hi));
+            if from < to {
+                self.arena.copy_out(
+                    r,
+                    self.parity,
+                    from..to,
+                    &mut self.bytes[from - lo..to - lo],
+                );
+            }
+        }
+    }
+}
+
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
-/// must be shared by exactly the ranks of `t`. Every rank gets
+/// must be shared by exactly the ranks of `t`, with `threads` threads on
+/// this rank (the caller's and `threads - 1` helpers). Every rank gets
 /// bit-identical results (each element is reduced by one rank only).
 pub fn all_reduce_shm_arena(
     t: &dyn Transport,
@@ -51,6 +176,7 @@ pub fn all_reduce_shm_arena(
     buf: &mut [u8],
     dtype: DType,
     op: ReduceOp,
+    threads: usize,
     deadline: Instant,
 ) -> Result<()> {
     let (rank, world) = (t.rank(), t.world_size());
@@ -69,18 +195,89 @@ pub fn all_reduce_shm_arena(
                 arena.chunk()
             )));
         }
+        let threads = threads.clamp(1, 64);
+        // Each thread's share of every chunk, decided up front so that the
+        // threads own disjoint parts of `buf`.
+        let mut per_thread: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
         for piece in buf.chunks_mut(chunk) {
             let parity = arena.next_parity();
-            arena.copy_in(parity, piece);
-            barrier(t, deadline)?;
             let shares = block_offsets(piece.len(), elem, world);
-            arena.reduce_share(parity, shares[rank]..shares[rank + 1], dtype, op)?;
-            barrier(t, deadline)?;
-            for (r, share) in shares.windows(2).enumerate() {
-                let range = share[0]..share[1];
-                arena.copy_out(r, parity, range.clone(), &mut piece[range]);
+            let whole = 0..piece.len();
+            let mut rest = piece;
+            for (i, work) in per_thread.iter_mut().enumerate() {
+                let mine = part(&whole, elem, threads, i);
+                let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
+                rest = tail;
+                work.push(ChunkWork {
+                    arena,
+                    parity,
+                    shares: shares.clone(),
+                    offset: mine.start,
+                    bytes,
+                });
             }
         }
+        let gate = Gate {
+            workers: threads - 1,
+            arrived: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        };
+        let mut lanes = per_thread.into_iter();
+        let leader_lane = lanes.next().unwrap_or_default();
+        std::thread::scope(|s| -> Result<()> {
+            let gate = &gate;
+            let helpers: Vec<_> = lanes
+                .enumerate()
+                .map(|(i, lane)| {
+                    s.spawn(move || -> Result<()> {
+                        let me = i + 1;
+                        let mut step = 0;
+                        for mut work in lane {
+                            work.copy_in();
+                            step += 1;
+                            if !gate.worker_pass(step) {
+                                return Ok(());
+                            }
+                            if let Err(e) = work.reduce(rank, elem, threads, me, dtype, op) {
+                                gate.failed.store(true, Ordering::Release);
+                                return Err(e);
+                            }
+                            step += 1;
+                            if !gate.worker_pass(step) {
+                                return Ok(());
+                            }
+                            work.copy_out();
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut step = 0;
+            let mut outcome = Ok(());
+            for mut work in leader_lane {
+                work.copy_in();
+                step += 1;
+                outcome = gate.leader_pass(step, || barrier(t, deadline));
+                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                let reduced = work.reduce(rank, elem, threads, 0, dtype, op);
+                step += 1;
+                outcome = gate.leader_pass(step, || reduced.and_then(|()| barrier(t, deadline)));
+                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                work.copy_out();
+            }
+            for helper in helpers {
+                let helped = helper.join().map_err(|_| {
+                    Error::InvalidArgument("all_reduce_shm_arena: a helper thread panicked".into())
+                })?;
+                outcome = outcome.and(helped);
+            }
+            outcome
+        })?;
     }
     finish(op, dtype, buf, world)
 }
@@ -92,40 +289,45 @@ mod tests {
     use super::*;
     use crate::cpu::algorithms::testing::check_all_reduce_with;
 
-    #[test]
-    fn matches_the_reference_for_world_sizes_1_to_8_with_small_odd_chunks() {
-        // 24-byte chunks: several chunks per message, chunk ends that cut
-        // through no element, shares of 0..3 elements per rank.
+    fn check(worlds: &[usize], lengths: &[usize], chunk: usize, threads: usize) {
         check_all_reduce_with(
-            &[1, 2, 3, 4, 8],
-            &[0, 1, 7, 100],
+            worlds,
+            lengths,
             |t, store| {
                 ShmArena::connect(
                     store,
                     "arena",
                     t.rank(),
                     t.world_size(),
-                    24,
+                    chunk,
                     Duration::from_secs(30),
                 )
                 .expect("arena setup")
             },
-            all_reduce_shm_arena,
+            |t, arena, buf, dtype, op, deadline| {
+                all_reduce_shm_arena(t, arena, buf, dtype, op, threads, deadline)
+            },
         );
+    }
+
+    #[test]
+    fn matches_the_reference_for_world_sizes_1_to_8_with_small_odd_chunks() {
+        // 24-byte chunks: several chunks per message, chunk ends that cut
+        // through no element, shares of 0..3 elements per rank.
+        check(&[1, 2, 3, 4, 8], &[0, 1, 7, 100], 24, 1);
     }
 
     #[test]
     fn one_chunk_per_call_alternates_halves_across_calls() {
         // Whole messages within one 1 KiB chunk: consecutive calls must not
         // reuse the half a slower rank may still be copying out of.
-        check_all_reduce_with(
-            &[3],
-            &[5, 37],
-            |t, store| {
-                ShmArena::connect(store, "a1", t.rank(), 3, 1024, Duration::from_secs(30))
-                    .expect("arena setup")
-            },
-            all_reduce_shm_arena,
-        );
+        check(&[3], &[5, 37], 1024, 1);
+    }
+
+    #[test]
+    fn helper_threads_split_every_step_and_match_the_reference() {
+        // 3 threads per rank over 40-byte chunks: threads with no bytes at
+        // all in some steps, parts that straddle two ranks' shares.
+        check(&[2, 3], &[1, 7, 100], 40, 3);
     }
 }

@@ -192,12 +192,12 @@ impl ShmArena {
         (rank * 2 + parity) * self.chunk + range.start
     }
 
-    /// Copies `data` to the start of this rank's half `parity`.
+    /// Copies `data` to byte `offset` of this rank's half `parity`.
     ///
-    /// The caller's protocol must make sure no other rank reads that half
-    /// meanwhile.
-    pub fn copy_in(&self, parity: usize, data: &[u8]) {
-        let at = self.offset(self.rank, parity, &(0..data.len()));
+    /// The caller's protocol must make sure no other rank reads those
+    /// bytes meanwhile.
+    pub fn copy_in(&self, parity: usize, offset: usize, data: &[u8]) {
+        let at = self.offset(self.rank, parity, &(offset..offset + data.len()));
         // SAFETY: `offset` checked that the destination lies inside the
         // mapping, which lives as long as self; `data` is ordinary memory
         // and cannot overlap the mapping's slot being written.
@@ -281,7 +281,7 @@ mod tests {
         });
         assert_eq!(store.num_keys().unwrap(), 0);
         for (rank, arena) in arenas.iter().enumerate() {
-            arena.copy_in(rank % 2, &[rank as u8 + 1; 10]);
+            arena.copy_in(rank % 2, 0, &[rank as u8 + 1; 10]);
         }
         let mut out = [0u8; 4];
         arenas[0].copy_out(2, 0, 3..7, &mut out);
