@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
-    all_reduce_shm_arena, SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES, SHM_ARENA_THREADS_MIN_BYTES,
+    all_reduce_shm_arena, broadcast_shm_arena, SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES,
+    SHM_ARENA_THREADS_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
@@ -473,8 +474,19 @@ impl ProcessGroup for ProcessGroupCpu {
         check_root("broadcast", root, self.size())?;
         let fp = tensor_fingerprint(CollectiveKind::Broadcast, tensor, None, root);
         let tensor = tensor.clone();
+        #[cfg(target_os = "linux")]
+        let arena = self
+            .arena
+            .clone()
+            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_MIN_BYTES);
         self.submit(fp, timeout, move |t, deadline| {
-            tensor.with_bytes_mut(|bytes| broadcast_tree(t, bytes, root, deadline))?
+            tensor.with_bytes_mut(|bytes| {
+                #[cfg(target_os = "linux")]
+                if let Some(arena) = &arena {
+                    return broadcast_shm_arena(t, arena, bytes, root, deadline);
+                }
+                broadcast_tree(t, bytes, root, deadline)
+            })?
         })
     }
 

@@ -17,7 +17,8 @@
 //!   size per peer.
 //! - `all_reduce_shm_arena` (Linux): for groups all on one host, reduces
 //!   straight out of a shared-memory arena, the transport only carrying
-//!   barriers; chosen above [`SHM_ARENA_MIN_BYTES`].
+//!   barriers; chosen above [`SHM_ARENA_MIN_BYTES`]. `broadcast_shm_arena`
+//!   likewise for broadcast.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
@@ -48,6 +49,8 @@
 //! ```
 
 mod all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+mod broadcast_shm_arena;
 mod broadcast_tree;
 mod direct;
 mod gather_direct;
@@ -66,6 +69,8 @@ use std::ops::Range;
 use std::time::Instant;
 
 pub use all_to_all_pairwise::all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+pub use broadcast_shm_arena::broadcast_shm_arena;
 pub use broadcast_tree::broadcast_tree;
 pub use direct::all_reduce_direct;
 pub use gather_direct::gather_direct;
@@ -130,7 +135,8 @@ pub const RING_MIN_BYTES: usize = 16 << 20;
 /// cores).
 pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 
-/// Messages above this many bytes use `all_reduce_shm_arena` when the
+/// Messages above this many bytes use `all_reduce_shm_arena` (and
+/// `broadcast_shm_arena`) when the
 /// group has a shared-memory arena (every rank on one host, shared memory
 /// not turned off); below it the transport-based algorithms above.
 pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;

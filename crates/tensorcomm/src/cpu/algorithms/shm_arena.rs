@@ -36,7 +36,7 @@ use crate::{Error, Result};
 
 /// Waits until every rank of `t` has reached this call: `ceil(log2 N)`
 /// rounds, in round `i` signalling rank `+2^i` and waiting on rank `-2^i`.
-fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
+pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
     let (rank, world) = (t.rank(), t.world_size());
     let mut distance = 1;
     while distance < world {
