@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
-    all_reduce_shm_arena, broadcast_shm_arena, SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES,
-    SHM_ARENA_THREADS_MIN_BYTES,
+    all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes,
+    SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES, SHM_ARENA_THREADS_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
@@ -447,10 +447,9 @@ impl ProcessGroup for ProcessGroupCpu {
         let fp = tensor_fingerprint(CollectiveKind::AllReduce, tensor, Some(op), 0);
         let tensor = tensor.clone();
         #[cfg(target_os = "linux")]
-        let arena = self
-            .arena
-            .clone()
-            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_MIN_BYTES);
+        let arena = self.arena.clone().filter(|a| {
+            tensor.numel() * tensor.dtype().size() > shm_arena_all_reduce_min_bytes(a.world_size())
+        });
         self.submit(fp, timeout, move |t, deadline| {
             let dtype = tensor.dtype();
             tensor.with_bytes_mut(|bytes| {

@@ -17,7 +17,8 @@
 //!   size per peer.
 //! - `all_reduce_shm_arena` (Linux): for groups all on one host, reduces
 //!   straight out of a shared-memory arena, the transport only carrying
-//!   barriers; chosen above [`SHM_ARENA_MIN_BYTES`]. `broadcast_shm_arena`
+//!   barriers; chosen above [`shm_arena_all_reduce_min_bytes`]
+//!   ([`SHM_ARENA_MIN_BYTES`] for broadcast). `broadcast_shm_arena`
 //!   likewise for broadcast.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
@@ -140,6 +141,30 @@ pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 /// group has a shared-memory arena (every rank on one host, shared memory
 /// not turned off); below it the transport-based algorithms above.
 pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;
+
+/// [`SHM_ARENA_MIN_BYTES`] for all-reduces over 4 or more ranks. Measured
+/// on the 32-core GPU host (bench/results/gloo-h200x2.txt, commit
+/// ef30300): the arena all-reduced 128 KiB in 51 µs (4 ranks) and 55 µs
+/// (8 ranks) while [`all_reduce_direct`] took 53 µs and 125 µs for 32 KiB;
+/// the arena's time only grows with the size, so it wins from 32 KiB at
+/// these worlds. (At 8 KiB direct took 23 and 47 µs: not known to lose.)
+pub const SHM_ARENA_MIN_BYTES_FROM_4_RANKS: usize = 16 << 10;
+
+/// Above how many bytes an all-reduce over `world_size` ranks sharing an
+/// arena uses `all_reduce_shm_arena`.
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::shm_arena_all_reduce_min_bytes;
+/// assert_eq!(shm_arena_all_reduce_min_bytes(2), 64 << 10);
+/// assert_eq!(shm_arena_all_reduce_min_bytes(8), 16 << 10);
+/// ```
+pub fn shm_arena_all_reduce_min_bytes(world_size: usize) -> usize {
+    if world_size >= 4 {
+        SHM_ARENA_MIN_BYTES_FROM_4_RANKS
+    } else {
+        SHM_ARENA_MIN_BYTES
+    }
+}
 
 /// Arena all-reduces of at least this many bytes split their work between
 /// several threads per rank (see [`SHM_ARENA_MAX_THREADS`]): a helper
