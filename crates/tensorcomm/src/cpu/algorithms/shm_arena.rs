@@ -325,6 +325,42 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_that_leaves_fails_the_others_promptly_with_helpers_running() {
+        use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+        let started = Instant::now();
+        let results = run_ranks_with_store(3, |t, store| {
+            let arena = ShmArena::connect(store, "gone", t.rank(), 3, 64, Duration::from_secs(30))
+                .expect("arena setup");
+            if t.rank() == 2 {
+                return None; // leaves: its transport closes
+            }
+            let mut buf = vec![1u8; 1000];
+            Some(all_reduce_shm_arena(
+                t,
+                &arena,
+                &mut buf,
+                DType::U8,
+                ReduceOp::Sum,
+                3,
+                deadline(),
+            ))
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        for (rank, outcome) in results.into_iter().take(2).enumerate() {
+            match outcome {
+                Some(Err(Error::PeerClosed { peer, .. })) => {
+                    assert!(peer == 2 || peer == 1 - rank, "rank {rank} named {peer}")
+                }
+                other => panic!("rank {rank}: expected a closed peer, found {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn helper_threads_split_every_step_and_match_the_reference() {
         // 3 threads per rank over 40-byte chunks: threads with no bytes at
         // all in some steps, parts that straddle two ranks' shares.
