@@ -1,7 +1,10 @@
 //! The CPU process group: collectives on host tensors over a
 //! [`RoutedTransport`] (shared memory with ranks on this host, TCP with the
 //! others; [`CpuOptions::transport`] or `TENSORCOMM_TRANSPORT` can force
-//! either), run in call order on the group's own thread.
+//! either), run in call order. A call queues its collective for the
+//! group's own thread and returns at once; a caller that then waits on the
+//! `Work` before that thread has picked the collective up runs it itself,
+//! so the common call-then-wait path costs no thread hand-off.
 //!
 //! ```
 //! use std::{sync::Arc, thread};
@@ -28,14 +31,21 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
+#[cfg(target_os = "linux")]
+use super::algorithms::{
+    all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes,
+    SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES, SHM_ARENA_THREADS_MIN_BYTES,
+};
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
+#[cfg(target_os = "linux")]
+use super::transport::shm::{ShmArena, DEFAULT_ARENA_CHUNK};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
@@ -75,6 +85,66 @@ impl Default for CpuOptions {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// A queued collective, run once by whichever comes first: the group's
+/// thread reaching it in the queue, or a caller waiting on its `Work`.
+struct QueuedJob {
+    job: Mutex<Option<Job>>,
+}
+
+impl QueuedJob {
+    /// Runs the job unless another thread has already taken it.
+    fn run_once(&self) {
+        let job = self
+            .job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(job) = job {
+            job();
+        }
+    }
+}
+
+/// Whose turn it is: the sequence number of the next collective to run.
+/// Jobs may be taken out of order (a waiter takes its own), so each waits
+/// here for its turn before running.
+#[derive(Default)]
+struct Turn {
+    next: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Turn {
+    /// Blocks until collective `seq` may run; dropping the returned guard
+    /// (also on a panic) hands the turn to `seq + 1`.
+    fn wait_for(&self, seq: u64) -> TurnGuard<'_> {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        while *next != seq {
+            next = self
+                .changed
+                .wait(next)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        TurnGuard { turn: self }
+    }
+}
+
+/// The running collective's turn; passes it on when dropped.
+struct TurnGuard<'a> {
+    turn: &'a Turn,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        *self
+            .turn
+            .next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        self.turn.changed.notify_all();
+    }
+}
+
 /// What the group's thread shares with the callers.
 struct Shared {
     rank: usize,
@@ -83,13 +153,14 @@ struct Shared {
     /// The collective whose failure broke the group, if any.
     broken: Mutex<Option<(String, u64)>>,
     recorder: FlightRecorder,
+    turn: Turn,
 }
 
 /// The next sequence number and the queue to the group's thread, under one
 /// lock so that sequence order is queue order.
 struct Queue {
     next_seq: u64,
-    jobs: Sender<Job>,
+    jobs: Sender<Arc<QueuedJob>>,
 }
 
 /// The CPU backend's [`ProcessGroup`].
@@ -101,6 +172,10 @@ pub struct ProcessGroupCpu {
     queue: Mutex<Queue>,
     timeout: Duration,
     p2p: Arc<P2p>,
+    /// The group's shared-memory arena when every rank is on this host and
+    /// reached over shared memory.
+    #[cfg(target_os = "linux")]
+    arena: Option<Arc<ShmArena>>,
     /// What `new_group` needs to set up sub-groups.
     origin: Origin,
 }
@@ -160,12 +235,26 @@ impl ProcessGroupCpu {
                 timeout: options.timeout,
             },
         )?;
-        let (jobs, incoming) = channel::<Job>();
+        #[cfg(target_os = "linux")]
+        let arena = if size > 1 && (0..size).all(|p| p == rank || transport.route(p) == Route::Shm)
+        {
+            Some(Arc::new(ShmArena::connect(
+                &*store,
+                key_prefix,
+                rank,
+                size,
+                DEFAULT_ARENA_CHUNK,
+                options.timeout,
+            )?))
+        } else {
+            None
+        };
+        let (jobs, incoming) = channel::<Arc<QueuedJob>>();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
             .spawn(move || {
                 for job in incoming {
-                    job();
+                    job.run_once();
                 }
             })
             .map_err(|e| Error::io("starting the process group's thread", e))?;
@@ -178,6 +267,8 @@ impl ProcessGroupCpu {
                 monitored_barriers: AtomicU64::new(0),
             },
             p2p: Arc::new(p2p),
+            #[cfg(target_os = "linux")]
+            arena,
             _store: store,
             shared: Arc::new(Shared {
                 rank,
@@ -185,6 +276,7 @@ impl ProcessGroupCpu {
                 transport,
                 broken: Mutex::new(None),
                 recorder,
+                turn: Turn::default(),
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout: options.timeout,
@@ -209,7 +301,9 @@ impl ProcessGroupCpu {
     }
 
     /// Takes the next sequence number and queues `body` to run under it
-    /// with the fingerprint `fp` (its `seq` is filled in here).
+    /// with the fingerprint `fp` (its `seq` is filled in here), on the
+    /// group's thread or on a thread that waits on the returned `Work`
+    /// first; either way after every earlier collective of the group.
     fn submit(
         &self,
         mut fp: Fingerprint,
@@ -223,10 +317,19 @@ impl ProcessGroupCpu {
         self.shared.recorder.queued(&fp);
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            let outcome = run(&shared, fp, deadline, body);
-            shared.recorder.finished(fp.seq, &outcome);
+            let outcome = {
+                let _turn = shared.turn.wait_for(fp.seq);
+                let outcome = run(&shared, fp, deadline, body);
+                shared.recorder.finished(fp.seq, &outcome);
+                outcome
+            };
             completion.complete(outcome)
         });
+        let job = Arc::new(QueuedJob {
+            job: Mutex::new(Some(job)),
+        });
+        let runner = job.clone();
+        let work = work.with_runner(Box::new(move || runner.run_once()));
         if queue.jobs.send(job).is_err() {
             return Ok(Work::done(Err(Error::GroupBroken {
                 op: fp.kind.name().into(),
@@ -238,7 +341,7 @@ impl ProcessGroupCpu {
     }
 }
 
-/// Runs one collective on the group's thread: refuses to run on a broken
+/// Runs one collective (on the group's thread or a waiting caller's): refuses to run on a broken
 /// group, checks fingerprints through [`Fingerprinted`], and on failure
 /// names the op, sequence number and peers, then closes the connections so
 /// the other ranks fail promptly too.
@@ -290,6 +393,19 @@ fn run(
     })
 }
 
+/// Threads per rank for an arena all-reduce of `nbytes` over `world`
+/// ranks: one below [`SHM_ARENA_THREADS_MIN_BYTES`], otherwise up to
+/// [`SHM_ARENA_MAX_THREADS`] while every rank's threads still have cores
+/// of their own.
+#[cfg(target_os = "linux")]
+fn arena_threads(nbytes: usize, world: usize) -> usize {
+    if nbytes < SHM_ARENA_THREADS_MIN_BYTES {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / world.max(1)).clamp(1, SHM_ARENA_MAX_THREADS)
+}
+
 fn tensor_fingerprint(
     kind: CollectiveKind,
     tensor: &Tensor<'_>,
@@ -330,9 +446,20 @@ impl ProcessGroup for ProcessGroupCpu {
         op.check_dtype("all_reduce", tensor.dtype())?;
         let fp = tensor_fingerprint(CollectiveKind::AllReduce, tensor, Some(op), 0);
         let tensor = tensor.clone();
+        #[cfg(target_os = "linux")]
+        let arena = self.arena.clone().filter(|a| {
+            tensor.numel() * tensor.dtype().size() > shm_arena_all_reduce_min_bytes(a.world_size())
+        });
         self.submit(fp, timeout, move |t, deadline| {
             let dtype = tensor.dtype();
-            tensor.with_bytes_mut(|bytes| all_reduce(t, bytes, dtype, op, deadline))?
+            tensor.with_bytes_mut(|bytes| {
+                #[cfg(target_os = "linux")]
+                if let Some(arena) = &arena {
+                    let threads = arena_threads(bytes.len(), t.world_size());
+                    return all_reduce_shm_arena(t, arena, bytes, dtype, op, threads, deadline);
+                }
+                all_reduce(t, bytes, dtype, op, deadline)
+            })?
         })
     }
 
@@ -346,8 +473,19 @@ impl ProcessGroup for ProcessGroupCpu {
         check_root("broadcast", root, self.size())?;
         let fp = tensor_fingerprint(CollectiveKind::Broadcast, tensor, None, root);
         let tensor = tensor.clone();
+        #[cfg(target_os = "linux")]
+        let arena = self
+            .arena
+            .clone()
+            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_MIN_BYTES);
         self.submit(fp, timeout, move |t, deadline| {
-            tensor.with_bytes_mut(|bytes| broadcast_tree(t, bytes, root, deadline))?
+            tensor.with_bytes_mut(|bytes| {
+                #[cfg(target_os = "linux")]
+                if let Some(arena) = &arena {
+                    return broadcast_shm_arena(t, arena, bytes, root, deadline);
+                }
+                broadcast_tree(t, bytes, root, deadline)
+            })?
         })
     }
 

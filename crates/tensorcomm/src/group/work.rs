@@ -37,8 +37,10 @@ impl Completion {
 
 /// A collective in flight (or finished): c10d's `Work`.
 ///
-/// Collectives of one group run in the order they were called, on the
-/// group's own thread; the call returns at once with a `Work`.
+/// Collectives of one group run in the order they were called; the call
+/// returns at once with a `Work`. A backend may run a collective on the
+/// thread that calls [`Work::wait`] when it has not started yet (the CPU
+/// backend does, to save a thread hand-off).
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,7 +59,13 @@ impl Completion {
 #[must_use = "a collective's errors are only seen through its Work"]
 pub struct Work {
     completion: Arc<Completion>,
+    /// Runs the collective on the waiting thread if nobody has started it
+    /// yet (and does nothing otherwise); called by [`Work::wait`].
+    runner: Option<Runner>,
 }
+
+/// See [`Work::with_runner`].
+pub(crate) type Runner = Box<dyn FnOnce() + Send>;
 
 impl std::fmt::Debug for Work {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,9 +81,18 @@ impl Work {
         (
             Work {
                 completion: completion.clone(),
+                runner: None,
             },
             completion,
         )
+    }
+
+    /// Lets [`Work::wait`] run the collective itself through `runner`,
+    /// which must run it if no other thread has started it and return at
+    /// once otherwise.
+    pub(crate) fn with_runner(mut self, runner: Runner) -> Self {
+        self.runner = Some(runner);
+        self
     }
 
     /// A `Work` that is already finished with `outcome`.
@@ -111,7 +128,10 @@ impl Work {
     }
 
     /// Waits for the collective and returns its outcome.
-    pub fn wait(self) -> Result<()> {
+    pub fn wait(mut self) -> Result<()> {
+        if let Some(runner) = self.runner.take() {
+            runner();
+        }
         let mut guard = self.completion.lock();
         loop {
             if let Some(outcome) = guard.take() {

@@ -15,6 +15,11 @@
 //! - [`gather_direct`], [`scatter_direct`]: straight to and from the root.
 //! - [`all_to_all_pairwise`]: one pairwise exchange per step, blocks of any
 //!   size per peer.
+//! - `all_reduce_shm_arena` (Linux): for groups all on one host, reduces
+//!   straight out of a shared-memory arena, the transport only carrying
+//!   barriers; chosen above [`shm_arena_all_reduce_min_bytes`]
+//!   ([`SHM_ARENA_MIN_BYTES`] for broadcast). `broadcast_shm_arena`
+//!   likewise for broadcast.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
@@ -45,6 +50,8 @@
 //! ```
 
 mod all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+mod broadcast_shm_arena;
 mod broadcast_tree;
 mod direct;
 mod gather_direct;
@@ -54,6 +61,8 @@ mod ring;
 mod ring_all_gather;
 mod ring_reduce_scatter;
 mod scatter_direct;
+#[cfg(target_os = "linux")]
+mod shm_arena;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -61,6 +70,8 @@ use std::ops::Range;
 use std::time::Instant;
 
 pub use all_to_all_pairwise::all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+pub use broadcast_shm_arena::broadcast_shm_arena;
 pub use broadcast_tree::broadcast_tree;
 pub use direct::all_reduce_direct;
 pub use gather_direct::gather_direct;
@@ -70,6 +81,8 @@ pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
 pub use ring_all_gather::all_gather_ring;
 pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
+#[cfg(target_os = "linux")]
+pub use shm_arena::all_reduce_shm_arena;
 
 use super::reduce::ReduceOp;
 use super::transport::Transport;
@@ -122,6 +135,46 @@ pub const RING_MIN_BYTES: usize = 16 << 20;
 /// each way). Provisional (not measured here: needs 3+ ranks on enough
 /// cores).
 pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
+
+/// Messages above this many bytes use `all_reduce_shm_arena` (and
+/// `broadcast_shm_arena`) when the
+/// group has a shared-memory arena (every rank on one host, shared memory
+/// not turned off); below it the transport-based algorithms above.
+pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;
+
+/// [`SHM_ARENA_MIN_BYTES`] for all-reduces over 4 or more ranks. Measured
+/// on the 32-core GPU host (bench/results/gloo-h200x2.txt, commit
+/// ef30300): the arena all-reduced 128 KiB in 51 µs (4 ranks) and 55 µs
+/// (8 ranks) while [`all_reduce_direct`] took 53 µs and 125 µs for 32 KiB;
+/// the arena's time only grows with the size, so it wins from 32 KiB at
+/// these worlds. (At 8 KiB direct took 23 and 47 µs: not known to lose.)
+pub const SHM_ARENA_MIN_BYTES_FROM_4_RANKS: usize = 16 << 10;
+
+/// Above how many bytes an all-reduce over `world_size` ranks sharing an
+/// arena uses `all_reduce_shm_arena`.
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::shm_arena_all_reduce_min_bytes;
+/// assert_eq!(shm_arena_all_reduce_min_bytes(2), 64 << 10);
+/// assert_eq!(shm_arena_all_reduce_min_bytes(8), 16 << 10);
+/// ```
+pub fn shm_arena_all_reduce_min_bytes(world_size: usize) -> usize {
+    if world_size >= 4 {
+        SHM_ARENA_MIN_BYTES_FROM_4_RANKS
+    } else {
+        SHM_ARENA_MIN_BYTES
+    }
+}
+
+/// Arena all-reduces of at least this many bytes split their work between
+/// several threads per rank (see [`SHM_ARENA_MAX_THREADS`]): a helper
+/// thread costs tens of microseconds to start, worth it from a few chunks.
+pub const SHM_ARENA_THREADS_MIN_BYTES: usize = 2 << 20;
+
+/// Most threads per rank for an arena all-reduce (fewer when the host has
+/// fewer than this many cores per rank): one core's copies and reductions
+/// reach only a fraction of the memory bandwidth.
+pub const SHM_ARENA_MAX_THREADS: usize = 4;
 
 /// The all-reduce algorithms to choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,6 +20,14 @@ pub(crate) fn deadline() -> Instant {
 /// Runs `f` on every rank of a fresh mesh of `world` ranks, one thread
 /// each, and returns the results in rank order.
 pub(crate) fn run_ranks<R: Send>(world: usize, f: impl Fn(&dyn Transport) -> R + Sync) -> Vec<R> {
+    run_ranks_with_store(world, |t, _| f(t))
+}
+
+/// [`run_ranks`], also handing each rank the store the mesh met through.
+pub(crate) fn run_ranks_with_store<R: Send>(
+    world: usize,
+    f: impl Fn(&dyn Transport, &HashStore) -> R + Sync,
+) -> Vec<R> {
     let store = Arc::new(HashStore::new());
     let f = &f;
     thread::scope(|s| {
@@ -33,7 +41,7 @@ pub(crate) fn run_ranks<R: Send>(world: usize, f: impl Fn(&dyn Transport) -> R +
                     };
                     let t = TcpTransport::connect(&*store, "test", rank, world, &options)
                         .expect("mesh setup");
-                    f(&t)
+                    f(&t, &store)
                 })
             })
             .collect();
@@ -131,15 +139,33 @@ pub(crate) fn check_all_reduce(
     lengths: &[usize],
     algorithm: impl Fn(&dyn Transport, &mut [u8], DType, ReduceOp, Instant) -> Result<()> + Sync,
 ) {
+    check_all_reduce_with(
+        worlds,
+        lengths,
+        |_, _| (),
+        |t, _: &(), buf, dtype, op, deadline| algorithm(t, buf, dtype, op, deadline),
+    );
+}
+
+/// [`check_all_reduce`] for an algorithm that needs per-rank state `S`
+/// besides the transport, made by `setup` once per rank.
+pub(crate) fn check_all_reduce_with<S>(
+    worlds: &[usize],
+    lengths: &[usize],
+    setup: impl Fn(&dyn Transport, &HashStore) -> S + Sync,
+    algorithm: impl Fn(&dyn Transport, &S, &mut [u8], DType, ReduceOp, Instant) -> Result<()> + Sync,
+) {
     for &world in worlds {
-        let results = run_ranks(world, |t| {
+        let results = run_ranks_with_store(world, |t, store| {
+            let state = setup(t, store);
             let mut out = Vec::new();
             for &n in lengths {
                 for case in &CASES {
                     let mut buf: Vec<u8> = (0..n)
                         .flat_map(|i| encode(case.dtype, (case.value)(t.rank(), i)))
                         .collect();
-                    algorithm(t, &mut buf, case.dtype, case.op, deadline()).expect("all_reduce");
+                    algorithm(t, &state, &mut buf, case.dtype, case.op, deadline())
+                        .expect("all_reduce");
                     out.push(buf);
                 }
                 let mut noise: Vec<u8> = (0..n)
@@ -148,7 +174,7 @@ pub(crate) fn check_all_reduce(
                         x.to_ne_bytes()
                     })
                     .collect();
-                algorithm(t, &mut noise, DType::F32, ReduceOp::Sum, deadline())
+                algorithm(t, &state, &mut noise, DType::F32, ReduceOp::Sum, deadline())
                     .expect("all_reduce");
                 out.push(noise);
             }

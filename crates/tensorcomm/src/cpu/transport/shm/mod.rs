@@ -22,10 +22,15 @@
 //! The segment's name is unlinked as soon as both ranks have mapped it, so
 //! a crash never leaves anything behind in `/dev/shm`.
 //!
+//! [`ShmArena`] (`arena.rs`) is one segment shared by a whole group on
+//! one host, for algorithms that reduce straight out of each other's
+//! memory instead of streaming through the rings.
+//!
 //! Linux only (open-file-description locks); on other systems this module
 //! is empty.
 #![cfg(target_os = "linux")]
 
+mod arena;
 mod layout;
 mod link;
 mod mesh;
@@ -33,6 +38,7 @@ mod ring;
 mod segment;
 mod wait;
 
+pub use arena::{ShmArena, DEFAULT_ARENA_CHUNK};
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
 

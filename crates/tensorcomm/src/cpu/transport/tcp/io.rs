@@ -147,43 +147,93 @@ pub(super) fn read_exact(half: &mut Half, buf: &mut [u8], cx: &Context<'_>) -> R
     Ok(())
 }
 
-/// Writes as much of `data` as the socket takes without blocking and
-/// returns how much that was. The stream is blocking again afterwards.
-pub(super) fn write_without_blocking(
-    half: &mut Half,
+/// Moves `data` out through `writer` and `buf.len()` bytes in through
+/// `reader` at the same time without blocking, busy-polling both sockets,
+/// until both are done or neither has moved for `patience` (or the
+/// deadline passed). Returns how many bytes went each way; the streams are
+/// blocking again afterwards. Saves the helper thread a blocking exchange
+/// needs while both peers are there and the data flows.
+pub(super) fn exchange_without_blocking(
+    writer: &mut Half,
     data: &[u8],
-    cx: &Context<'_>,
-) -> Result<usize> {
-    let io_err = |e: std::io::Error| Error::PeerIo {
+    send_cx: &Context<'_>,
+    reader: &mut Half,
+    buf: &mut [u8],
+    recv_cx: &Context<'_>,
+    patience: Duration,
+) -> Result<(usize, usize)> {
+    let io_err = |cx: &Context<'_>, e: std::io::Error| Error::PeerIo {
         peer: cx.peer,
         during: cx.during(0),
         source: e,
     };
-    half.stream.set_nonblocking(true).map_err(io_err)?;
-    let mut done = 0;
-    let mut failure = None;
-    while done < data.len() {
-        match half.stream.write(&data[done..]) {
-            Ok(0) => {
-                failure = Some(cx.closed(done, ErrorKind::UnexpectedEof));
-                break;
-            }
-            Ok(n) => done += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) => {
-                let kind = e.kind();
-                failure = Some(
-                    cx.classify(e, done)
-                        .unwrap_or_else(|| cx.closed(done, kind)),
-                );
-                break;
+    writer
+        .stream
+        .set_nonblocking(true)
+        .map_err(|e| io_err(send_cx, e))?;
+    if let Err(e) = reader.stream.set_nonblocking(true) {
+        let _ = writer.stream.set_nonblocking(false);
+        return Err(io_err(recv_cx, e));
+    }
+    let (mut sent, mut received) = (0, 0);
+    let mut last_progress = Instant::now();
+    let mut idle_rounds = 0u32;
+    let failure = loop {
+        let mut progress = false;
+        if sent < data.len() {
+            match writer.stream.write(&data[sent..]) {
+                Ok(0) => break Some(send_cx.closed(sent, ErrorKind::UnexpectedEof)),
+                Ok(n) => {
+                    sent += n;
+                    progress = true;
+                }
+                Err(e) => {
+                    if let Some(err) = send_cx.classify(e, sent) {
+                        break Some(err);
+                    }
+                }
             }
         }
+        if received < buf.len() {
+            match reader.stream.read(&mut buf[received..]) {
+                Ok(0) => break Some(recv_cx.closed(received, ErrorKind::UnexpectedEof)),
+                Ok(n) => {
+                    received += n;
+                    progress = true;
+                }
+                Err(e) => {
+                    if let Some(err) = recv_cx.classify(e, received) {
+                        break Some(err);
+                    }
+                }
+            }
+        }
+        if sent == data.len() && received == buf.len() {
+            break None;
+        }
+        if progress {
+            last_progress = Instant::now();
+            idle_rounds = 0;
+        } else {
+            let now = Instant::now();
+            if now - last_progress >= patience || now >= send_cx.deadline {
+                break None;
+            }
+            idle_rounds += 1;
+            if idle_rounds < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    };
+    let restored = writer
+        .stream
+        .set_nonblocking(false)
+        .and_then(|()| reader.stream.set_nonblocking(false));
+    if let Some(err) = failure {
+        return Err(err);
     }
-    half.stream.set_nonblocking(false).map_err(io_err)?;
-    match failure {
-        Some(err) => Err(err),
-        None => Ok(done),
-    }
+    restored.map_err(|e| io_err(send_cx, e))?;
+    Ok((sent, received))
 }

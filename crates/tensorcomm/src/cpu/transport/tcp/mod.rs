@@ -9,10 +9,30 @@
 mod io;
 mod setup;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use io::{read_exact, write_all, write_without_blocking, Context, Half};
+use io::{exchange_without_blocking, read_exact, write_all, Context, Half};
+
+/// How long `send_recv` keeps polling both sockets without progress
+/// before it falls back to blocking calls (and a helper thread for the
+/// send), when the host has at least two cores per rank
+/// ([`exchange_patience`]). Short: while a peer computes, a blocked thread
+/// costs nothing.
+const EXCHANGE_PATIENCE: Duration = Duration::from_micros(200);
+
+/// [`EXCHANGE_PATIENCE`] where every rank of a `world_size` group on this
+/// host can have two cores (its own and one for its peer's traffic), zero
+/// otherwise: polling ranks that share cores slow each other down.
+fn exchange_patience(world_size: usize) -> Duration {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if cores >= 2 * world_size {
+        EXCHANGE_PATIENCE
+    } else {
+        Duration::ZERO
+    }
+}
 
 use super::{check_peer, Transport};
 use crate::store::Store;
@@ -207,10 +227,22 @@ impl Transport for TcpTransport {
         };
         let mut writer = lock(&out.writer);
         let mut reader = lock(&inp.reader);
-        // What fits in the socket buffers goes without blocking; the rest
-        // (large messages) is written by a helper thread while this one
-        // reads, so that two ranks sending to each other always progress.
-        let sent = write_without_blocking(&mut writer, data, &send_cx)?;
+        // Both directions are first driven together on this thread
+        // without blocking, while data keeps moving (the common case: both
+        // peers are in the same step). If that stalls, what is left is
+        // moved blocking: the rest of the send by a helper thread while
+        // this one reads, so two ranks sending to each other always
+        // progress.
+        let (sent, received) = exchange_without_blocking(
+            &mut writer,
+            data,
+            &send_cx,
+            &mut reader,
+            buf,
+            &recv_cx,
+            exchange_patience(self.world_size),
+        )?;
+        let buf = &mut buf[received..];
         if sent == data.len() {
             return read_exact(&mut reader, buf, &recv_cx);
         }

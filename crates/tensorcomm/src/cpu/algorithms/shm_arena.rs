@@ -1,0 +1,369 @@
+//! Shared-memory arena all-reduce, for groups whose ranks all share one
+//! host: no byte streams, each byte is copied into shared memory once,
+//! reduced once by the rank that owns it, and copied out once per rank.
+//!
+//! The message goes through the [`ShmArena`] one chunk at a time. For chunk
+//! `k` (slot half `p`, alternating):
+//! 1. every rank copies its chunk into its own slot's half `p`;
+//! 2. barrier;
+//! 3. every rank reduces its 1/N share of the chunk from all slots into
+//!    its own slot (reduce-scatter in place);
+//! 4. barrier;
+//! 5. every rank copies each rank's reduced share out of that rank's slot
+//!    (all-gather).
+//!
+//! Chunk `k + 1` goes to the other half, so no third barrier is needed:
+//! everyone has finished copying chunk `k - 1` out of that half before
+//! anyone passes the first barrier of chunk `k`. The barriers are
+//! dissemination barriers of 1-byte messages over the group's transport,
+//! so the collective's fingerprint rides on them and a dead peer fails
+//! them by name, as in every other algorithm.
+//!
+//! A single core cannot saturate memory bandwidth, so with `threads > 1`
+//! each rank splits every step's bytes between itself and `threads - 1`
+//! helper threads (started per call): the calling thread gathers them at a
+//! local gate after steps 1 and 3, runs the barrier, and releases them.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use super::block_offsets;
+use crate::cpu::reduce::{finish, ReduceOp};
+use crate::cpu::transport::shm::ShmArena;
+use crate::cpu::transport::Transport;
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// Waits until every rank of `t` has reached this call: `ceil(log2 N)`
+/// rounds, in round `i` signalling rank `+2^i` and waiting on rank `-2^i`.
+pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    let mut distance = 1;
+    while distance < world {
+        let to = (rank + distance) % world;
+        let from = (rank + world - distance) % world;
+        t.send_recv(to, &[1], from, &mut [0u8], deadline)?;
+        distance *= 2;
+    }
+    Ok(())
+}
+
+/// Where the threads of one rank meet between steps: each worker counts
+/// itself in `arrived`, then waits for `released` to reach the step's
+/// number; the leader waits for all arrivals, runs the group barrier and
+/// releases the step (or sets `failed`, which also releases everyone).
+struct Gate {
+    workers: usize,
+    arrived: AtomicUsize,
+    released: AtomicUsize,
+    failed: AtomicBool,
+}
+
+/// Spins briefly, then yields: waits here are a few microseconds when the
+/// threads have cores of their own, and must not starve them when not.
+fn pause(spins: &mut u32) {
+    if *spins < 200 {
+        std::hint::spin_loop();
+        *spins += 1;
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+impl Gate {
+    /// A worker's side of step `step` (1-based); false if the leader failed.
+    fn worker_pass(&self, step: usize) -> bool {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        let mut spins = 0;
+        while self.released.load(Ordering::Acquire) < step {
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            pause(&mut spins);
+        }
+        !self.failed.load(Ordering::Acquire)
+    }
+
+    /// The leader's side of step `step`: waits for the workers, then runs
+    /// `between` (the group barrier) before releasing them.
+    fn leader_pass(&self, step: usize, between: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut spins = 0;
+        while self.arrived.load(Ordering::Acquire) < self.workers * step {
+            if self.failed.load(Ordering::Acquire) {
+                // A worker failed and returns its own error when joined.
+                return Ok(());
+            }
+            pause(&mut spins);
+        }
+        match between() {
+            Ok(()) => {
+                self.released.store(step, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Part `i` of `parts` of `range`, split at whole `elem`-byte elements.
+fn part(
+    range: &std::ops::Range<usize>,
+    elem: usize,
+    parts: usize,
+    i: usize,
+) -> std::ops::Range<usize> {
+    let offsets = block_offsets(range.len(), elem, parts);
+    range.start + offsets[i]..range.start + offsets[i + 1]
+}
+
+/// What one thread of a rank does for one chunk, between the gates.
+struct ChunkWork<'a> {
+    arena: &'a ShmArena,
+    parity: usize,
+    /// The chunk's byte offsets of each rank's share.
+    shares: Vec<usize>,
+    /// This thread's bytes of the chunk: their offset in it, and them.
+    offset: usize,
+    bytes: &'a mut [u8],
+}
+
+impl ChunkWork<'_> {
+    fn copy_in(&self) {
+        self.arena.copy_in(self.parity, self.offset, self.bytes);
+    }
+
+    fn reduce(
+        &self,
+        rank: usize,
+        elem: usize,
+        threads: usize,
+        me: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let share = self.shares[rank]..self.shares[rank + 1];
+        self.arena
+            .reduce_share(self.parity, part(&share, elem, threads, me), dtype, op)
+    }
+
+    /// Copies this thread's bytes out of whichever ranks' slots own them.
+    fn copy_out(&mut self) {
+        let (lo, hi) = (self.offset, self.offset + self.bytes.len());
+        for (r, share) in self.shares.windows(2).enumerate() {
+            let (from, to) = (share[0].max(lo), share[1].min(hi));
+            if from < to {
+                self.arena.copy_out(
+                    r,
+                    self.parity,
+                    from..to,
+                    &mut self.bytes[from - lo..to - lo],
+                );
+            }
+        }
+    }
+}
+
+/// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
+/// must be shared by exactly the ranks of `t`, with `threads` threads on
+/// this rank (the caller's and `threads - 1` helpers). Every rank gets
+/// bit-identical results (each element is reduced by one rank only).
+pub fn all_reduce_shm_arena(
+    t: &dyn Transport,
+    arena: &ShmArena,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    threads: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    if arena.world_size() != world {
+        return Err(Error::InvalidArgument(format!(
+            "all_reduce_shm_arena: expected an arena shared by the transport's {world} ranks, found one for {}",
+            arena.world_size()
+        )));
+    }
+    let elem = dtype.size();
+    let chunk = arena.chunk() / elem * elem;
+    if world > 1 && !buf.is_empty() {
+        if chunk == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce_shm_arena: expected arena chunks of at least one {dtype} element, found {} bytes",
+                arena.chunk()
+            )));
+        }
+        let threads = threads.clamp(1, 64);
+        // Each thread's share of every chunk, decided up front so that the
+        // threads own disjoint parts of `buf`.
+        let mut per_thread: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+        for piece in buf.chunks_mut(chunk) {
+            let parity = arena.next_parity();
+            let shares = block_offsets(piece.len(), elem, world);
+            let whole = 0..piece.len();
+            let mut rest = piece;
+            for (i, work) in per_thread.iter_mut().enumerate() {
+                let mine = part(&whole, elem, threads, i);
+                let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
+                rest = tail;
+                work.push(ChunkWork {
+                    arena,
+                    parity,
+                    shares: shares.clone(),
+                    offset: mine.start,
+                    bytes,
+                });
+            }
+        }
+        let gate = Gate {
+            workers: threads - 1,
+            arrived: AtomicUsize::new(0),
+            released: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        };
+        let mut lanes = per_thread.into_iter();
+        let leader_lane = lanes.next().unwrap_or_default();
+        std::thread::scope(|s| -> Result<()> {
+            let gate = &gate;
+            let helpers: Vec<_> = lanes
+                .enumerate()
+                .map(|(i, lane)| {
+                    s.spawn(move || -> Result<()> {
+                        let me = i + 1;
+                        let mut step = 0;
+                        for mut work in lane {
+                            work.copy_in();
+                            step += 1;
+                            if !gate.worker_pass(step) {
+                                return Ok(());
+                            }
+                            if let Err(e) = work.reduce(rank, elem, threads, me, dtype, op) {
+                                gate.failed.store(true, Ordering::Release);
+                                return Err(e);
+                            }
+                            step += 1;
+                            if !gate.worker_pass(step) {
+                                return Ok(());
+                            }
+                            work.copy_out();
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            let mut step = 0;
+            let mut outcome = Ok(());
+            for mut work in leader_lane {
+                work.copy_in();
+                step += 1;
+                outcome = gate.leader_pass(step, || barrier(t, deadline));
+                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                let reduced = work.reduce(rank, elem, threads, 0, dtype, op);
+                step += 1;
+                outcome = gate.leader_pass(step, || reduced.and_then(|()| barrier(t, deadline)));
+                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                work.copy_out();
+            }
+            for helper in helpers {
+                let helped = helper.join().map_err(|_| {
+                    Error::InvalidArgument("all_reduce_shm_arena: a helper thread panicked".into())
+                })?;
+                outcome = outcome.and(helped);
+            }
+            outcome
+        })?;
+    }
+    finish(op, dtype, buf, world)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::cpu::algorithms::testing::check_all_reduce_with;
+
+    fn check(worlds: &[usize], lengths: &[usize], chunk: usize, threads: usize) {
+        check_all_reduce_with(
+            worlds,
+            lengths,
+            |t, store| {
+                ShmArena::connect(
+                    store,
+                    "arena",
+                    t.rank(),
+                    t.world_size(),
+                    chunk,
+                    Duration::from_secs(30),
+                )
+                .expect("arena setup")
+            },
+            |t, arena, buf, dtype, op, deadline| {
+                all_reduce_shm_arena(t, arena, buf, dtype, op, threads, deadline)
+            },
+        );
+    }
+
+    #[test]
+    fn matches_the_reference_for_world_sizes_1_to_8_with_small_odd_chunks() {
+        // 24-byte chunks: several chunks per message, chunk ends that cut
+        // through no element, shares of 0..3 elements per rank.
+        check(&[1, 2, 3, 4, 8], &[0, 1, 7, 100], 24, 1);
+    }
+
+    #[test]
+    fn one_chunk_per_call_alternates_halves_across_calls() {
+        // Whole messages within one 1 KiB chunk: consecutive calls must not
+        // reuse the half a slower rank may still be copying out of.
+        check(&[3], &[5, 37], 1024, 1);
+    }
+
+    #[test]
+    fn a_rank_that_leaves_fails_the_others_promptly_with_helpers_running() {
+        use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+        let started = Instant::now();
+        let results = run_ranks_with_store(3, |t, store| {
+            let arena = ShmArena::connect(store, "gone", t.rank(), 3, 64, Duration::from_secs(30))
+                .expect("arena setup");
+            if t.rank() == 2 {
+                return None; // leaves: its transport closes
+            }
+            let mut buf = vec![1u8; 1000];
+            Some(all_reduce_shm_arena(
+                t,
+                &arena,
+                &mut buf,
+                DType::U8,
+                ReduceOp::Sum,
+                3,
+                deadline(),
+            ))
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        for (rank, outcome) in results.into_iter().take(2).enumerate() {
+            match outcome {
+                Some(Err(Error::PeerClosed { peer, .. })) => {
+                    assert!(peer == 2 || peer == 1 - rank, "rank {rank} named {peer}")
+                }
+                other => panic!("rank {rank}: expected a closed peer, found {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn helper_threads_split_every_step_and_match_the_reference() {
+        // 3 threads per rank over 40-byte chunks: threads with no bytes at
+        // all in some steps, parts that straddle two ranks' shares.
+        check(&[2, 3], &[1, 7, 100], 40, 3);
+    }
+}

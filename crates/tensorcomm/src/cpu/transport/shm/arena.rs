@@ -1,0 +1,307 @@
+//! [`ShmArena`]: one shared-memory segment for a whole group of ranks on
+//! one host, in which collectives move data without going through the
+//! per-pair byte rings.
+//!
+//! The segment holds `world_size` slots of `2 * chunk` bytes: each rank's
+//! slot, split into two halves (parity 0 and 1) so that one chunk of a
+//! message can be copied in while the previous one is still being read.
+//! The arena has no synchronisation of its own: the algorithm using it
+//! (see `cpu::algorithms::all_reduce_shm_arena`) orders every write before
+//! every read of the same bytes with barriers over the group's transport,
+//! which also carries the collective's fingerprint and reports a dead
+//! peer by name.
+//!
+//! Rank 0 creates the segment and publishes its name under
+//! `{key_prefix}/arena`; the others map it and set
+//! `{key_prefix}/arena/mapped/{rank}`; rank 0 unlinks the name once every
+//! rank has mapped it, so nothing is left in `/dev/shm` afterwards.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::segment::{self, Segment};
+use crate::cpu::reduce::{reduce_into, ReduceOp};
+use crate::store::Store;
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// A good chunk size: 1 MiB per slot half.
+pub const DEFAULT_ARENA_CHUNK: usize = 1 << 20;
+
+/// A group's shared data area on one host (see the module docs).
+///
+/// ```
+/// use std::{sync::Arc, thread, time::Duration};
+/// use tensorcomm::cpu::transport::shm::ShmArena;
+/// use tensorcomm::store::HashStore;
+///
+/// let store = Arc::new(HashStore::new());
+/// let ranks: Vec<_> = (0..2).map(|rank| {
+///     let store = store.clone();
+///     thread::spawn(move || -> tensorcomm::Result<usize> {
+///         let arena = ShmArena::connect(&*store, "doc", rank, 2, 4096, Duration::from_secs(10))?;
+///         Ok(arena.chunk())
+///     })
+/// }).collect();
+/// for r in ranks {
+///     assert_eq!(r.join().unwrap()?, 4096);
+/// }
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub struct ShmArena {
+    rank: usize,
+    world_size: usize,
+    chunk: usize,
+    /// Chunks staged so far: chunk `k` uses half `k % 2`. Every rank runs
+    /// the same chunks in the same order, so the counts agree; carrying it
+    /// across collectives keeps a collective's first chunk off the half a
+    /// slower rank may still be reading from the previous one.
+    steps: AtomicUsize,
+    segment: Segment,
+}
+
+impl std::fmt::Debug for ShmArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmArena")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("chunk", &self.chunk)
+            .finish()
+    }
+}
+
+fn arena_name() -> String {
+    use std::sync::atomic::AtomicU64;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("/tcarena.{}.{seq}.{nanos:08x}", std::process::id())
+}
+
+impl ShmArena {
+    /// Sets up the arena of rank `rank` of `world_size` ranks, all on this
+    /// host, with slot halves of `chunk` bytes. Every rank calls it with
+    /// the same `key_prefix` and `chunk`; waiting for the others ends
+    /// after `timeout` with a store timeout.
+    pub fn connect(
+        store: &dyn Store,
+        key_prefix: &str,
+        rank: usize,
+        world_size: usize,
+        chunk: usize,
+        timeout: Duration,
+    ) -> Result<ShmArena> {
+        let len = world_size
+            .checked_mul(2)
+            .and_then(|n| n.checked_mul(chunk))
+            .filter(|&n| n > 0 && rank < world_size && n <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "ShmArena::connect expected rank < world size and a non-empty arena, found rank {rank}, world size {world_size}, chunk {chunk}"
+                ))
+            })?;
+        let key = format!("{key_prefix}/arena");
+        let mapped_key = |r: usize| format!("{key}/mapped/{r}");
+        let segment = if rank == 0 {
+            let (name, segment) = loop {
+                let name = arena_name();
+                match Segment::create(&name, len) {
+                    Ok(segment) => break (name, segment),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => {
+                        let what = format!("creating shared-memory arena {name} of {len} bytes");
+                        return Err(Error::io(what, e));
+                    }
+                }
+            };
+            let waited = (|| {
+                store.set(&key, name.as_bytes())?;
+                let keys: Vec<String> = (1..world_size).map(mapped_key).collect();
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                store.wait_timeout(&keys, timeout)?;
+                store.delete_key(&key)?;
+                for k in keys {
+                    store.delete_key(k)?;
+                }
+                Ok(())
+            })();
+            let unlinked = segment::unlink(&name);
+            waited?;
+            unlinked.map_err(|e| Error::io(format!("unlinking shared-memory arena {name}"), e))?;
+            segment
+        } else {
+            let raw = store.get_timeout(&key, timeout)?;
+            let name = String::from_utf8(raw).map_err(|e| Error::BadValue {
+                name: key.clone(),
+                expected: "a shared-memory segment name".to_string(),
+                found: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            })?;
+            let segment = Segment::open(&name)
+                .map_err(|e| Error::io(format!("opening shared-memory arena {name}"), e))?;
+            if segment.len() != len {
+                return Err(Error::ShmBadHeader {
+                    segment: name,
+                    field: "arena size".to_string(),
+                    expected: format!("{len} bytes ({world_size} ranks x 2 x {chunk})"),
+                    found: format!("{} bytes", segment.len()),
+                });
+            }
+            store.set(&mapped_key(rank), b"1")?;
+            segment
+        };
+        Ok(ShmArena {
+            rank,
+            world_size,
+            chunk,
+            steps: AtomicUsize::new(0),
+            segment,
+        })
+    }
+
+    /// Bytes per slot half: the most one step of an algorithm can stage.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The half (0 or 1) the next chunk staged through the arena uses;
+    /// alternates from one call to the next.
+    pub fn next_parity(&self) -> usize {
+        self.steps.fetch_add(1, Ordering::Relaxed) % 2
+    }
+
+    /// The number of ranks sharing the arena.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Byte offset of `range` within the half `parity` of `rank`'s slot,
+    /// checked against the slot's bounds.
+    fn offset(&self, rank: usize, parity: usize, range: &Range<usize>) -> usize {
+        assert!(
+            rank < self.world_size
+                && parity < 2
+                && range.start <= range.end
+                && range.end <= self.chunk,
+            "arena access out of bounds: rank {rank} parity {parity} range {range:?} chunk {}",
+            self.chunk
+        );
+        (rank * 2 + parity) * self.chunk + range.start
+    }
+
+    /// Copies `data` to byte `offset` of this rank's half `parity`.
+    ///
+    /// The caller's protocol must make sure no other rank reads those
+    /// bytes meanwhile.
+    pub fn copy_in(&self, parity: usize, offset: usize, data: &[u8]) {
+        let at = self.offset(self.rank, parity, &(offset..offset + data.len()));
+        // SAFETY: `offset` checked that the destination lies inside the
+        // mapping, which lives as long as self; `data` is ordinary memory
+        // and cannot overlap the mapping's slot being written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.segment.base().as_ptr().add(at),
+                data.len(),
+            );
+        }
+    }
+
+    /// Copies `range` of `rank`'s half `parity` into `out`
+    /// (`out.len() == range.len()`).
+    ///
+    /// The caller's protocol must make sure no rank writes those bytes
+    /// meanwhile.
+    pub fn copy_out(&self, rank: usize, parity: usize, range: Range<usize>, out: &mut [u8]) {
+        assert_eq!(out.len(), range.len(), "copy_out length");
+        let at = self.offset(rank, parity, &range);
+        // SAFETY: as in `copy_in`, with the source inside the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.segment.base().as_ptr().add(at),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+
+    /// Reduces `range` of every rank's half `parity` into the same range of
+    /// this rank's half (its own contribution first, then the others in
+    /// rank order).
+    ///
+    /// The caller's protocol must make sure that, meanwhile, nobody else
+    /// touches `range` of this rank's half and nobody writes `range` of the
+    /// others'.
+    pub fn reduce_share(
+        &self,
+        parity: usize,
+        range: Range<usize>,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let mine = self.offset(self.rank, parity, &range);
+        let base = self.segment.base().as_ptr();
+        // SAFETY: `offset` checked the range; by the caller's protocol only
+        // this rank accesses these bytes until its next barrier.
+        let acc = unsafe { std::slice::from_raw_parts_mut(base.add(mine), range.len()) };
+        for other in (0..self.world_size).filter(|&r| r != self.rank) {
+            let at = self.offset(other, parity, &range);
+            // SAFETY: inside the mapping and disjoint from `acc` (another
+            // rank's slot); by the caller's protocol nobody writes it now.
+            let src = unsafe { std::slice::from_raw_parts(base.add(at), range.len()) };
+            reduce_into(op, dtype, acc, src)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::HashStore;
+    use std::sync::Arc;
+
+    #[test]
+    fn ranks_see_each_others_slots_and_the_keys_are_cleaned_up() {
+        let store = Arc::new(HashStore::new());
+        let arenas: Vec<ShmArena> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|rank| {
+                    let store = store.clone();
+                    s.spawn(move || {
+                        ShmArena::connect(&*store, "t", rank, 3, 64, Duration::from_secs(10))
+                            .unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(store.num_keys().unwrap(), 0);
+        for (rank, arena) in arenas.iter().enumerate() {
+            arena.copy_in(rank % 2, 0, &[rank as u8 + 1; 10]);
+        }
+        let mut out = [0u8; 4];
+        arenas[0].copy_out(2, 0, 3..7, &mut out);
+        assert_eq!(out, [3; 4]);
+        arenas[2].copy_out(1, 1, 6..10, &mut out);
+        assert_eq!(out, [2; 4]);
+    }
+
+    #[test]
+    fn a_mismatched_chunk_size_is_named() {
+        let store = Arc::new(HashStore::new());
+        let err = std::thread::scope(|s| {
+            let a = {
+                let store = store.clone();
+                s.spawn(move || ShmArena::connect(&*store, "m", 0, 2, 64, Duration::from_secs(1)))
+            };
+            let b = ShmArena::connect(&*store, "m", 1, 2, 128, Duration::from_secs(10));
+            let _ = a.join().unwrap();
+            b.unwrap_err()
+        });
+        assert!(err.to_string().contains("arena size"), "{err}");
+    }
+}
