@@ -1,6 +1,7 @@
 //! Coalescing: sorting coordinates and summing the values of duplicates.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
@@ -11,6 +12,9 @@ use crate::Result;
 impl SparseTensor {
     /// The same tensor with coordinates sorted lexicographically and the
     /// values of repeated coordinates summed, in the order they were given.
+    ///
+    /// GPU values are coalesced on the host: they are copied to the host
+    /// and the result's values back to their device.
     ///
     /// Sums follow PyTorch: floats add in their own type except `f16` and
     /// `bf16`, which accumulate in `f32` and round once; integers wrap on
@@ -29,6 +33,13 @@ impl SparseTensor {
     /// # Ok::<(), tensorcomm::Error>(())
     /// ```
     pub fn coalesce(&self) -> Result<SparseTensor> {
+        #[cfg(feature = "cuda")]
+        if self.device() != crate::tensor::Device::Cpu && !self.coalesced && self.nnz() >= 2 {
+            return self
+                .to_device(crate::tensor::Device::Cpu)?
+                .coalesce()?
+                .to_device(self.device());
+        }
         let nnz = self.nnz();
         // Below, nnz >= 2, so a value row is `numel / nnz` elements.
         if self.coalesced || nnz < 2 {
@@ -95,7 +106,7 @@ impl SparseTensor {
             )?,
         };
         Ok(SparseTensor {
-            indices,
+            indices: Arc::new(indices),
             values,
             sizes: self.sizes.clone(),
             coalesced: true,

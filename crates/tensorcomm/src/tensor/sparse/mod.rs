@@ -1,8 +1,10 @@
-//! Sparse COO tensors: coordinates and values, for the sparse all-reduce.
+//! Sparse COO tensors: coordinates and values, for the sparse all-reduce
+//! and `cuda::comm`.
 
 mod coalesce;
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use super::{contiguous_strides, DType, Device, Tensor};
 use crate::{Error, Result};
@@ -16,6 +18,16 @@ use crate::{Error, Result};
 /// dense block of shape `[dense dims]`, so `values` has shape
 /// `[nnz, dense dims...]`. Entries may repeat coordinates until
 /// [`coalesce`](SparseTensor::coalesce) sums them.
+///
+/// Where the parts live: the values may be on a GPU (`Device::Cuda(i)`, see
+/// [`to_device`](SparseTensor::to_device)); the indices always stay in host
+/// memory, shared (not copied) between a tensor and its copies on other
+/// devices. PyTorch keeps both on the device; here host indices keep
+/// [`new`](SparseTensor::new)'s range checks and the sparse all-reduce on
+/// the host, and `cuda::comm` moves only the values between GPUs. The
+/// host algorithms ([`coalesce`](SparseTensor::coalesce),
+/// [`to_dense`](SparseTensor::to_dense)) copy GPU values to the host
+/// explicitly and put their result back on the values' device.
 ///
 /// ```
 /// use tensorcomm::tensor::{SparseTensor, Tensor};
@@ -35,7 +47,7 @@ use crate::{Error, Result};
 /// ```
 #[derive(Clone, Debug)]
 pub struct SparseTensor {
-    indices: Vec<i64>,
+    indices: Arc<Vec<i64>>,
     values: Tensor<'static>,
     sizes: Vec<usize>,
     coalesced: bool,
@@ -48,7 +60,7 @@ impl SparseTensor {
     /// `values` has shape `[nnz, dense dims...]` and `sizes` is the full
     /// shape; `sparse_dim` is `sizes.len() - (values.dim() - 1)`. Every
     /// coordinate must be in `0..sizes[d]`. Values that are not contiguous
-    /// are copied into a contiguous tensor.
+    /// are copied into a contiguous tensor on their own device.
     ///
     /// ```
     /// use tensorcomm::{Error, tensor::{SparseTensor, Tensor}};
@@ -106,10 +118,10 @@ impl SparseTensor {
         let values = if values.is_contiguous() && values.offset() == 0 {
             values
         } else {
-            values.contiguous()?
+            contiguous_on_its_device(&values)?
         };
         let mut sparse = SparseTensor {
-            indices,
+            indices: Arc::new(indices),
             values,
             sizes: sizes.to_vec(),
             coalesced: false,
@@ -175,12 +187,75 @@ impl SparseTensor {
     /// # Ok::<(), tensorcomm::Error>(())
     /// ```
     pub fn into_parts(self) -> (Vec<i64>, Tensor<'static>, Vec<usize>) {
-        (self.indices, self.values, self.sizes)
+        let indices = Arc::try_unwrap(self.indices).unwrap_or_else(|shared| (*shared).clone());
+        (indices, self.values, self.sizes)
+    }
+
+    /// True when `self` and `other` hold the same index array (not a copy
+    /// of it), as a tensor and its copies on other devices do.
+    ///
+    /// ```
+    /// use tensorcomm::tensor::{SparseTensor, Tensor};
+    /// let s = SparseTensor::new(vec![1], Tensor::from_vec(vec![4u8], &[1])?, &[2])?;
+    /// assert!(s.clone().shares_indices(&s));
+    /// let t = SparseTensor::new(vec![1], Tensor::from_vec(vec![4u8], &[1])?, &[2])?;
+    /// assert!(!t.shares_indices(&s));
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn shares_indices(&self, other: &SparseTensor) -> bool {
+        Arc::ptr_eq(&self.indices, &other.indices)
+    }
+
+    /// The same tensor with its values copied to `device` (the indices stay
+    /// on the host and are shared, not copied). On the values' own device
+    /// this is `self` (same values storage).
+    ///
+    /// ```no_run
+    /// use tensorcomm::tensor::{Device, SparseTensor, Tensor};
+    /// let s = SparseTensor::new(vec![0, 0], Tensor::from_vec(vec![1.0f32, 2.0], &[2])?, &[3])?;
+    /// let g = s.to_device(Device::Cuda(0))?;
+    /// assert_eq!(g.device(), Device::Cuda(0));
+    /// assert!(g.shares_indices(&s));
+    /// // Host algorithms copy the values over and back explicitly.
+    /// assert_eq!(g.to_dense()?.device(), Device::Cuda(0));
+    /// assert_eq!(g.coalesce()?.values().to_vec::<f32>()?, [3.0]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    #[cfg(feature = "cuda")]
+    pub fn to_device(&self, device: Device) -> Result<SparseTensor> {
+        if self.device() == device {
+            return Ok(self.clone());
+        }
+        Ok(self.with_values(self.values.to_device(device)?))
+    }
+
+    /// The same indices (shared), sizes and coalesced flag with other
+    /// values of the same shape and dtype, contiguous at offset 0 (values
+    /// copied to another device).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn with_values(&self, values: Tensor<'static>) -> SparseTensor {
+        debug_assert_eq!(values.shape(), self.values.shape());
+        debug_assert!(values.is_contiguous() && values.offset() == 0);
+        SparseTensor {
+            indices: Arc::clone(&self.indices),
+            values,
+            sizes: self.sizes.clone(),
+            coalesced: self.coalesced,
+        }
     }
 
     /// The dense tensor this describes, with duplicate entries summed (as
-    /// [`coalesce`](SparseTensor::coalesce) sums them).
+    /// [`coalesce`](SparseTensor::coalesce) sums them), on the values'
+    /// device. For GPU values this is computed on the host: the values are
+    /// copied to the host and the result back to the GPU.
     pub fn to_dense(&self) -> Result<Tensor<'static>> {
+        #[cfg(feature = "cuda")]
+        if self.device() != Device::Cpu {
+            return self
+                .to_device(Device::Cpu)?
+                .to_dense()?
+                .to_device(self.device());
+        }
         let coalesced;
         let source = if self.coalesced {
             self
@@ -218,6 +293,23 @@ impl SparseTensor {
             .map(|d| self.indices[d * nnz + a].cmp(&self.indices[d * nnz + b]))
             .find(|o| o.is_ne())
             .unwrap_or(Ordering::Equal)
+    }
+}
+
+/// A contiguous copy of `values` on the device holding them.
+fn contiguous_on_its_device(values: &Tensor<'static>) -> Result<Tensor<'static>> {
+    match values.device() {
+        Device::Cpu => values.contiguous(),
+        #[cfg(feature = "cuda")]
+        device @ Device::Cuda(_) => {
+            let out = Tensor::zeros_on(values.shape(), values.dtype(), device)?;
+            out.copy_from(values)?;
+            Ok(out)
+        }
+        #[cfg(not(feature = "cuda"))]
+        other => Err(Error::InvalidSparse(format!(
+            "values on {other} need the `cuda` feature"
+        ))),
     }
 }
 
