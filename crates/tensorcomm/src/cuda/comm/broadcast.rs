@@ -5,7 +5,10 @@ use crate::tensor::{Device, Tensor};
 use crate::Result;
 
 use super::copy::{byte_copyable, copy_pairs, output_like, span, Queue};
-use super::group::take_tensors;
+use super::group::{take_kinds, Kind};
+use super::sparse::CommTensor;
+#[cfg(doc)]
+use super::take_tensors;
 use super::{arg_error, check_devices, cuda_ordinal};
 
 /// The default bucket size of [`broadcast_coalesced`] and
@@ -101,7 +104,8 @@ pub fn broadcast_out(tensor: &Tensor<'_>, outs: &[Tensor<'_>]) -> Result<()> {
 /// outputs by the multi-tensor kernel on `devices[0]` (tensors of 4 MiB
 /// and more by the copy engines), in groups queued while the next outputs
 /// are allocated, with one wait at the end: there are no flat buffers, so
-/// `buffer_size` only orders the copies.
+/// `buffer_size` only orders the copies. Lists with sparse tensors go
+/// through [`broadcast_coalesced_mixed`].
 ///
 /// ```no_run
 /// use tensorcomm::cuda::comm::{broadcast_coalesced, DEFAULT_BUFFER_SIZE};
@@ -120,11 +124,54 @@ pub fn broadcast_coalesced<'a>(
     devices: &[i64],
     buffer_size: usize,
 ) -> Result<Vec<Vec<Tensor<'a>>>> {
-    const OP: &str = "broadcast_coalesced";
-    let devices = check_devices(OP, devices)?;
+    let items: Vec<CommTensor<'a>> = tensors.iter().cloned().map(CommTensor::Dense).collect();
+    broadcast_items("broadcast_coalesced", &items, devices, buffer_size)?
+        .into_iter()
+        .map(|outs| outs.into_iter().map(CommTensor::into_dense).collect())
+        .collect()
+}
+
+/// [`broadcast_coalesced`] of a list mixing dense and sparse tensors, as
+/// PyTorch's takes them: every tensor (a sparse tensor's values) on
+/// `devices[0]`. Buckets hold one dtype and one kind, dense or sparse
+/// ([`take_tensors`]; a sparse tensor counts its indices and values). A
+/// sparse tensor's copy on `devices[k]` has its values copied to that GPU,
+/// with the dense tensors' copies, and shares the input's host indices
+/// (see [`SparseTensor`](crate::tensor::SparseTensor)). `result[0]` holds
+/// the inputs themselves; every list keeps input order and kinds.
+///
+/// ```no_run
+/// use tensorcomm::cuda::comm::{broadcast_coalesced_mixed, CommTensor, DEFAULT_BUFFER_SIZE};
+/// use tensorcomm::tensor::{DType, Device, SparseTensor, Tensor};
+/// let grad = SparseTensor::new(vec![3, 1], Tensor::from_vec(vec![1.0f32, 2.0], &[2])?, &[8])?;
+/// let items: Vec<CommTensor<'static>> = vec![
+///     Tensor::zeros_on(&[16], DType::F32, Device::Cuda(0))?.into(),
+///     grad.to_device(Device::Cuda(0))?.into(),
+/// ];
+/// let copies = broadcast_coalesced_mixed(&items, &[0, 1], DEFAULT_BUFFER_SIZE)?;
+/// let on1 = copies[1][1].as_sparse().expect("input order and kinds are kept");
+/// assert_eq!(on1.device(), Device::Cuda(1));
+/// assert_eq!(on1.to_dense()?.to_vec::<f32>()?, grad.to_dense()?.to_vec::<f32>()?);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn broadcast_coalesced_mixed<'a>(
+    tensors: &[CommTensor<'a>],
+    devices: &[i64],
+    buffer_size: usize,
+) -> Result<Vec<Vec<CommTensor<'a>>>> {
+    broadcast_items("broadcast_coalesced", tensors, devices, buffer_size)
+}
+
+fn broadcast_items<'a>(
+    op: &'static str,
+    tensors: &[CommTensor<'a>],
+    devices: &[i64],
+    buffer_size: usize,
+) -> Result<Vec<Vec<CommTensor<'a>>>> {
+    let devices = check_devices(op, devices)?;
     let Some(&root) = devices.first() else {
         return Err(arg_error(
-            OP,
+            op,
             "devices",
             None,
             "at least one device",
@@ -133,61 +180,81 @@ pub fn broadcast_coalesced<'a>(
     };
     for (i, t) in tensors.iter().enumerate() {
         if t.device() != Device::Cuda(root) {
+            let whose = if t.is_sparse() {
+                "a sparse tensor with values"
+            } else {
+                "a tensor"
+            };
             return Err(arg_error(
-                OP,
+                op,
                 "tensor",
                 Some(i),
-                format!("a tensor on devices[0] = cuda:{root}"),
-                format!("a tensor on {}", t.device()),
+                format!("{whose} on devices[0] = cuda:{root}"),
+                format!("{whose} on {}", t.device()),
             ));
         }
     }
     if buffer_size == 0 {
         return Err(arg_error(
-            OP,
+            op,
             "buffer_size",
             None,
             "a positive number of bytes",
             "0",
         ));
     }
-    // PyTorch flattens each bucket into a buffer of `buffer_size` bytes,
-    // broadcasts it and unflattens it. Here every tensor is copied straight
-    // into its outputs, so no buffer needs bounding and no bucket needs its
-    // own synchronisation. The outputs are allocated bucket by bucket, and
-    // as soon as [`GROUP_BYTES`] of copies are ready they are queued, so the
-    // GPUs copy while the host prepares the next tensors; one wait at the
-    // end.
+    // PyTorch flattens each bucket into a buffer of `buffer_size` bytes
+    // (a sparse bucket into one buffer of indices and one of values),
+    // broadcasts it and unflattens it. Here every dense tensor and every
+    // sparse tensor's values are copied straight into their outputs, so no
+    // buffer needs bounding and no bucket needs its own synchronisation.
+    // The outputs are allocated bucket by bucket, and as soon as
+    // [`GROUP_BYTES`] of copies are ready they are queued, so the GPUs copy
+    // while the host prepares the next tensors; one wait at the end.
     for &d in &devices[1..] {
         if d != root {
             runtime::context(d)?;
         }
     }
-    let mut fresh: Vec<Vec<Option<Tensor<'a>>>> = devices[1..]
+    let mut fresh: Vec<Vec<Option<CommTensor<'a>>>> = devices[1..]
         .iter()
         .map(|_| vec![None; tensors.len()])
         .collect();
+    let specs: Vec<(Kind, usize)> = tensors.iter().map(|t| (t.kind(), t.nbytes())).collect();
     let mut queue = Queue::default();
     let mut spans = Vec::new();
     let mut ready = 0usize;
     let mut strided = Vec::new();
-    for bucket in take_tensors(tensors, buffer_size) {
+    for bucket in take_kinds(&specs, buffer_size) {
         for (k, &d) in devices[1..].iter().enumerate() {
             if d == root {
                 continue;
             }
             for &i in &bucket {
-                let src = &tensors[i];
-                let dst = output_like(src, Device::Cuda(d))?;
-                if dst.numel() > 0 {
-                    if byte_copyable(&dst, src) {
-                        ready += src.nbytes();
-                        spans.push(span(&dst, src)?);
-                    } else {
-                        strided.push((k, i));
+                let out = match &tensors[i] {
+                    CommTensor::Dense(src) => {
+                        let dst = output_like(src, Device::Cuda(d))?;
+                        if dst.numel() > 0 {
+                            if byte_copyable(&dst, src) {
+                                ready += src.nbytes();
+                                spans.push(span(&dst, src)?);
+                            } else {
+                                strided.push((k, i));
+                            }
+                        }
+                        CommTensor::Dense(dst)
                     }
-                }
-                fresh[k][i] = Some(dst);
+                    CommTensor::Sparse(src) => {
+                        // Values are contiguous: always one byte range.
+                        let values = output_like(src.values(), Device::Cuda(d))?;
+                        if values.numel() > 0 {
+                            ready += values.nbytes();
+                            spans.push(span(&values, src.values())?);
+                        }
+                        CommTensor::Sparse(src.with_values(values))
+                    }
+                };
+                fresh[k][i] = Some(out);
             }
         }
         if ready >= GROUP_BYTES || spans.len() >= kernels::MAX_COPY {
@@ -198,7 +265,7 @@ pub fn broadcast_coalesced<'a>(
     }
     queue.push(&spans, &|_| None)?;
     queue.finish()?;
-    let mut outputs: Vec<Vec<Tensor<'a>>> = Vec::with_capacity(devices.len());
+    let mut outputs: Vec<Vec<CommTensor<'a>>> = Vec::with_capacity(devices.len());
     outputs.push(tensors.to_vec());
     for outs in fresh {
         outputs.push(
@@ -208,9 +275,10 @@ pub fn broadcast_coalesced<'a>(
                 .collect(),
         );
     }
+    // Only dense tensors are ever strided.
     let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = strided
         .iter()
-        .map(|&(k, i)| (&outputs[k + 1][i], &tensors[i]))
+        .filter_map(|&(k, i)| Some((outputs[k + 1][i].as_dense()?, tensors[i].as_dense()?)))
         .collect();
     copy_pairs(&pairs, &|_| None)?;
     Ok(outputs)

@@ -26,16 +26,40 @@ pub fn take_tensors(tensors: &[Tensor<'_>], buffer_size: usize) -> Vec<Vec<usize
     take_specs(&specs, buffer_size)
 }
 
-/// [`take_tensors`] over (dtype, bytes) pairs.
+/// What a bucket holds: tensors of one dtype, all dense or all sparse
+/// (PyTorch groups by tensor type, which tells the two apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kind {
+    pub sparse: bool,
+    pub dtype: DType,
+}
+
+impl Kind {
+    pub(crate) fn dense(dtype: DType) -> Kind {
+        Kind {
+            sparse: false,
+            dtype,
+        }
+    }
+}
+
+/// [`take_tensors`] over (dtype, bytes) pairs of dense tensors.
 pub(crate) fn take_specs(specs: &[(DType, usize)], buffer_size: usize) -> Vec<Vec<usize>> {
+    let kinds: Vec<(Kind, usize)> = specs.iter().map(|&(d, b)| (Kind::dense(d), b)).collect();
+    take_kinds(&kinds, buffer_size)
+}
+
+/// [`take_tensors`] over (kind, bytes) pairs: dense and sparse tensors of
+/// one dtype never share a bucket; the open buckets are emitted at the end,
+/// dense before sparse, each in dtype order.
+pub(crate) fn take_kinds(specs: &[(Kind, usize)], buffer_size: usize) -> Vec<Vec<usize>> {
     let mut results = Vec::new();
-    // Open buckets by dtype, in the fixed dtype order at the end.
-    let mut open: Vec<(DType, Vec<usize>, usize)> = Vec::new();
-    for (i, &(dtype, bytes)) in specs.iter().enumerate() {
-        let slot = match open.iter().position(|(d, _, _)| *d == dtype) {
+    let mut open: Vec<(Kind, Vec<usize>, usize)> = Vec::new();
+    for (i, &(kind, bytes)) in specs.iter().enumerate() {
+        let slot = match open.iter().position(|(k, _, _)| *k == kind) {
             Some(p) => p,
             None => {
-                open.push((dtype, Vec::new(), 0));
+                open.push((kind, Vec::new(), 0));
                 open.len() - 1
             }
         };
@@ -53,7 +77,7 @@ pub(crate) fn take_specs(specs: &[(DType, usize)], buffer_size: usize) -> Vec<Ve
             .position(|&x| x == d)
             .unwrap_or(usize::MAX)
     };
-    open.sort_by_key(|(d, _, _)| rank(*d));
+    open.sort_by_key(|(k, _, _)| (k.sparse, rank(k.dtype)));
     results.extend(
         open.into_iter()
             .map(|(_, b, _)| b)
@@ -94,6 +118,35 @@ mod tests {
                 b.iter().all(|&i| specs[i].0 == specs[b[0]].0),
                 "one dtype per bucket"
             );
+        }
+    }
+
+    #[test]
+    fn dense_and_sparse_of_one_dtype_are_bucketed_apart() {
+        let dense = Kind::dense(DType::F32);
+        let sparse = Kind {
+            sparse: true,
+            dtype: DType::F32,
+        };
+        let specs = [
+            (sparse, 4),
+            (dense, 4),
+            (sparse, 4),
+            (dense, 4),
+            (Kind::dense(DType::I64), 8),
+            (sparse, 1),
+        ];
+        // The sparse bucket fills first (4 + 4 >= 8), then the dense one and
+        // the i64 one; the last sparse tensor is left open and comes last.
+        assert_eq!(
+            take_kinds(&specs, 8),
+            vec![vec![0, 2], vec![1, 3], vec![4], vec![5]]
+        );
+        // With a large buffer: dense buckets first, in dtype order.
+        let buckets = take_kinds(&specs, 1 << 20);
+        assert_eq!(buckets, vec![vec![1, 3], vec![4], vec![0, 2, 5]]);
+        for b in &buckets {
+            assert!(b.iter().all(|&i| specs[i].0 == specs[b[0]].0));
         }
     }
 

@@ -4,19 +4,28 @@
 //! | function | PyTorch |
 //! | --- | --- |
 //! | [`broadcast`], [`broadcast_out`] | `torch.cuda.comm.broadcast` |
-//! | [`broadcast_coalesced`] | `torch.cuda.comm.broadcast_coalesced` |
+//! | [`broadcast_coalesced`], [`broadcast_coalesced_mixed`] | `torch.cuda.comm.broadcast_coalesced` |
 //! | [`scatter`], [`scatter_out`] | `torch.cuda.comm.scatter` |
 //! | [`gather`], [`gather_out`] | `torch.cuda.comm.gather` |
-//! | [`reduce_add`], [`reduce_add_coalesced`] | `torch.cuda.comm.reduce_add(_coalesced)` |
+//! | [`reduce_add`], [`reduce_add_sparse`], [`reduce_add_mixed`] | `torch.cuda.comm.reduce_add` |
+//! | [`reduce_add_coalesced`] | `torch.cuda.comm.reduce_add_coalesced` |
 //!
 //! Semantics follow `torch/csrc/cuda/comm.cpp`: outputs on the source's own
 //! device are the inputs themselves (same storage), dense layouts such as
 //! channels-last are preserved, and every argument is checked before
 //! anything is written — errors ([`Error::CommArgument`](crate::Error::CommArgument))
 //! name the offending tensor index, what was expected and what was found.
-//! Differences: dtypes must match (PyTorch would convert), sparse tensors
-//! are not supported on GPUs here, and every call has finished its GPU work
-//! when it returns.
+//! Differences: dtypes must match (PyTorch would convert), and every call
+//! has finished its GPU work when it returns.
+//!
+//! Sparse tensors: a [`SparseTensor`](crate::tensor::SparseTensor) whose
+//! values are on a GPU (its indices stay on the host) takes part in
+//! [`broadcast_coalesced_mixed`] and [`reduce_add_sparse`] /
+//! [`reduce_add_mixed`], which take dense and sparse tensors in one list of
+//! [`CommTensor`] as PyTorch does. Sparse sums are uncoalesced
+//! concatenations, as PyTorch's sparse add; `reduce_add` of a list mixing
+//! dense and sparse tensors is an error (PyTorch would densify), and
+//! `reduce_add_coalesced` takes dense tensors only.
 //!
 //! How the bytes move: the copy method is picked per range. Ranges between
 //! two GPUs of at least 4 MiB go to the copy engines (`cuMemcpyPeerAsync`
@@ -53,12 +62,16 @@ mod gather;
 mod group;
 mod reduce;
 mod scatter;
+mod sparse;
 
-pub use broadcast::{broadcast, broadcast_coalesced, broadcast_out, DEFAULT_BUFFER_SIZE};
+pub use broadcast::{
+    broadcast, broadcast_coalesced, broadcast_coalesced_mixed, broadcast_out, DEFAULT_BUFFER_SIZE,
+};
 pub use gather::{gather, gather_out};
 pub use group::take_tensors;
 pub use reduce::{reduce_add, reduce_add_coalesced};
 pub use scatter::{scatter, scatter_out, scatter_sizes};
+pub use sparse::{reduce_add_mixed, reduce_add_sparse, CommTensor};
 
 use crate::tensor::{Device, Tensor};
 use crate::{Error, Result};
