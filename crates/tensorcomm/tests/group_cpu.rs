@@ -3,35 +3,18 @@
 //! `shm`): collectives against independent references for world sizes 1-8,
 //! validation before sending, mismatches, dead and silent peers.
 
+mod common;
+
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
-use tensorcomm::cpu::transport::{Route, TransportChoice};
+use common::groups_over as groups;
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
-
-/// Runs each named test body once per transport: `tcp::name` and
-/// `shm::name`.
-macro_rules! over_transports {
-    ($($name:ident),* $(,)?) => {
-        mod tcp {
-            $(#[test]
-            fn $name() {
-                super::$name(tensorcomm::cpu::transport::TransportChoice::Tcp);
-            })*
-        }
-        mod shm {
-            $(#[test]
-            fn $name() {
-                super::$name(tensorcomm::cpu::transport::TransportChoice::Shm);
-            })*
-        }
-    };
-}
 
 over_transports!(
     all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8,
@@ -42,46 +25,6 @@ over_transports!(
     a_peer_dropped_during_a_collective_fails_the_others_promptly_naming_it,
     a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works,
 );
-
-/// Builds one group per rank over `choice` (in parallel, as setup needs
-/// everyone) and checks that every pair got the route asked for.
-fn groups(
-    world: usize,
-    store: &Arc<HashStore>,
-    prefix: &str,
-    choice: TransportChoice,
-) -> Vec<ProcessGroupCpu> {
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let (store, prefix) = (store.clone(), prefix.to_string());
-            let options = CpuOptions {
-                timeout: Duration::from_secs(30),
-                transport: choice,
-                ..CpuOptions::default()
-            };
-            thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options))
-        })
-        .collect();
-    let pgs: Vec<ProcessGroupCpu> = handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect();
-    let want = match choice {
-        TransportChoice::Tcp => Route::Tcp,
-        _ => Route::Shm,
-    };
-    for pg in &pgs {
-        for peer in 0..world {
-            let expected = if peer == pg.rank() {
-                Route::Local
-            } else {
-                want
-            };
-            assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
-        }
-    }
-    pgs
-}
 
 fn value(rank: usize, i: usize) -> i64 {
     ((rank * 31 + i * 7) % 19) as i64 - 9
