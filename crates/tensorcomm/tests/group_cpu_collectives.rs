@@ -672,6 +672,13 @@ fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable(
         pg.reduce(&f(&[2]), 0, ReduceOp::Band, None),
         pg.reduce_scatter_tensor(&f(&[1]), &f(&[2]), ReduceOp::Bxor, None),
         pg.all_reduce_coalesced(&[f(&[1])], ReduceOp::Bor, None),
+        pg.all_reduce(&i(&[2]), ReduceOp::PremulSum(0.5), None),
+        pg.reduce_scatter(
+            &i(&[1]),
+            &[i(&[1]), i(&[1])],
+            ReduceOp::PremulSum(2.0),
+            None,
+        ),
     ] {
         assert!(
             matches!(result, Err(Error::UnsupportedReduceOp { .. })),
