@@ -3,85 +3,29 @@
 //! `shm`): collectives against independent references for world sizes 1-8,
 //! validation before sending, mismatches, dead and silent peers.
 
+mod common;
+
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
-use tensorcomm::cpu::transport::{Route, TransportChoice};
+use common::groups_over as groups;
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
-
-/// Runs each named test body once per transport: `tcp::name` and
-/// `shm::name`.
-macro_rules! over_transports {
-    ($($name:ident),* $(,)?) => {
-        mod tcp {
-            $(#[test]
-            fn $name() {
-                super::$name(tensorcomm::cpu::transport::TransportChoice::Tcp);
-            })*
-        }
-        mod shm {
-            $(#[test]
-            fn $name() {
-                super::$name(tensorcomm::cpu::transport::TransportChoice::Shm);
-            })*
-        }
-    };
-}
 
 over_transports!(
     all_reduce_broadcast_and_barrier_match_references_for_world_sizes_1_to_8,
     invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
     mismatched_shapes_are_reported_on_both_ranks_with_both_fingerprints,
     mismatched_ops_fail_every_rank_promptly,
+    a_mismatch_on_one_rank_of_4_fails_every_rank,
     a_dead_peer_fails_every_survivor_promptly_naming_it,
     a_peer_dropped_during_a_collective_fails_the_others_promptly_naming_it,
     a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works,
 );
-
-/// Builds one group per rank over `choice` (in parallel, as setup needs
-/// everyone) and checks that every pair got the route asked for.
-fn groups(
-    world: usize,
-    store: &Arc<HashStore>,
-    prefix: &str,
-    choice: TransportChoice,
-) -> Vec<ProcessGroupCpu> {
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let (store, prefix) = (store.clone(), prefix.to_string());
-            let options = CpuOptions {
-                timeout: Duration::from_secs(30),
-                transport: choice,
-                ..CpuOptions::default()
-            };
-            thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options))
-        })
-        .collect();
-    let pgs: Vec<ProcessGroupCpu> = handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect();
-    let want = match choice {
-        TransportChoice::Tcp => Route::Tcp,
-        _ => Route::Shm,
-    };
-    for pg in &pgs {
-        for peer in 0..world {
-            let expected = if peer == pg.rank() {
-                Route::Local
-            } else {
-                want
-            };
-            assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
-        }
-    }
-    pgs
-}
 
 fn value(rank: usize, i: usize) -> i64 {
     ((rank * 31 + i * 7) % 19) as i64 - 9
@@ -396,4 +340,63 @@ fn a_rank_that_skips_a_collective_times_out_by_name_and_a_fresh_group_works(
             });
         }
     });
+}
+
+/// Ranks 0-2 of 4 run an 8-element SUM all_reduce; rank 3 a MAX (or 9
+/// elements). Every rank's `Work` fails promptly naming the op and the
+/// sequence number. Rank 3, and a rank that exchanged fingerprints with it,
+/// report the mismatch with both fingerprints; the implementation does not
+/// pass the mismatch on, so the others fail with the closed link of a rank
+/// that gave up (what is asserted here, a known gap against the issue's
+/// "detected on every rank").
+fn a_mismatch_on_one_rank_of_4_fails_every_rank(choice: TransportChoice) {
+    for odd_shape in [false, true] {
+        let pgs = groups(4, &Arc::new(HashStore::new()), "pg", choice);
+        let started = Instant::now();
+        let errors: Vec<Error> = thread::scope(|s| {
+            let hs: Vec<_> = pgs
+                .iter()
+                .map(|pg| {
+                    s.spawn(move || {
+                        let odd = pg.rank() == 3;
+                        let n = if odd && odd_shape { 9 } else { 8 };
+                        let op = if odd && !odd_shape {
+                            ReduceOp::Max
+                        } else {
+                            ReduceOp::Sum
+                        };
+                        let t = Tensor::zeros(&[n], DType::I32).unwrap();
+                        pg.all_reduce(&t, op, None).unwrap().wait().unwrap_err()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let odd_mark = if odd_shape { "9 elements" } else { "MAX" };
+        let mut mismatches = Vec::new();
+        for (rank, err) in errors.into_iter().enumerate() {
+            let (ranks, source) = expect_failed(err, "all_reduce", 0);
+            assert_eq!(ranks.len(), 1, "{choice} rank {rank}: {ranks:?}");
+            assert_ne!(ranks, [rank]);
+            match source {
+                Error::CollectiveMismatch { mine, theirs, .. } => {
+                    // Both fingerprints, the odd one on the right side.
+                    assert_eq!(mine.contains(odd_mark), rank == 3, "{mine}");
+                    assert_eq!(theirs.contains(odd_mark), rank != 3, "{theirs}");
+                    assert!(mine.contains("seq 0") && theirs.contains("seq 0"));
+                    mismatches.push(rank);
+                }
+                Error::PeerClosed { peer, .. } => {
+                    assert_ne!(rank, 3, "{choice}: rank 3 must see the mismatch");
+                    assert_eq!(ranks, [peer]);
+                }
+                other => panic!("{choice} rank {rank}: {other:?}"),
+            }
+        }
+        assert!(
+            mismatches.contains(&3) && mismatches.len() >= 2,
+            "{choice}: {mismatches:?}"
+        );
+    }
 }

@@ -1,58 +1,57 @@
-//! The CPU process group's collectives beyond all_reduce/broadcast/barrier
-//! between threads over loopback: every op for every reduce op a dtype
-//! supports, for f32, bf16, i32, i64 and bool, world sizes 1-8, checked
-//! against references computed here from the inputs; uneven all-to-all;
-//! argument errors (nothing sent, the group still usable); mismatches.
+//! Every collective of the CPU process group between threads, over TCP on
+//! loopback and over shared memory (every test runs once per transport, in
+//! modules `tcp` and `shm`, and checks the routes): every op for every
+//! reduce op a dtype supports, for f32, f64, f16, bf16, i8, i32, i64 and
+//! bool, world sizes 1, 2, 3, 4 and 8, checked against references computed
+//! here from the inputs; uneven all-to-all; argument errors (nothing sent,
+//! the group still usable); mismatches.
+
+mod common;
 
 use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
 
-use half::bf16;
-use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use common::{groups_over, on_every_rank};
+use half::{bf16, f16};
+use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
-/// Builds one group per rank (in parallel, as setup needs everyone).
-fn groups(world: usize) -> Vec<ProcessGroupCpu> {
-    let store = Arc::new(HashStore::new());
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let store = store.clone();
-            let options = CpuOptions {
-                timeout: Duration::from_secs(30),
-                ..CpuOptions::default()
-            };
-            thread::spawn(move || ProcessGroupCpu::new(store, "pg", rank, world, &options))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().unwrap().unwrap())
-        .collect()
+over_transports!(
+    every_collective_matches_references_for_every_dtype_op_and_world_size,
+    permuted_tensors_travel_in_logical_order,
+    large_tensors_cross_the_ring_in_several_segments,
+    invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
+    different_roots_are_reported_with_both_fingerprints,
+    uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging,
+);
+
+/// One group per rank over `choice`, routes checked.
+fn groups(world: usize, choice: TransportChoice) -> Vec<ProcessGroupCpu> {
+    groups_over(world, &Arc::new(HashStore::new()), "pg", choice)
 }
 
-/// Runs `f` on every rank at once and returns the results in rank order.
-fn on_every_rank<R: Send>(
-    pgs: &[ProcessGroupCpu],
-    f: impl Fn(&ProcessGroupCpu) -> R + Sync,
-) -> Vec<R> {
-    let f = &f;
-    thread::scope(|s| {
-        let hs: Vec<_> = pgs.iter().map(|pg| s.spawn(move || f(pg))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-const DTYPES: [DType; 5] = [DType::F32, DType::BF16, DType::I32, DType::I64, DType::Bool];
+const DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I8,
+    DType::I32,
+    DType::I64,
+    DType::Bool,
+];
 
 /// A tensor of `dtype` and `shape` holding `f(i)` at row-major index `i`.
 fn make(dtype: DType, shape: &[usize], f: impl Fn(usize) -> f64) -> Tensor<'static> {
     let n: usize = shape.iter().product();
     match dtype {
         DType::F32 => Tensor::from_vec((0..n).map(|i| f(i) as f32).collect(), shape),
+        DType::F64 => Tensor::from_vec((0..n).map(&f).collect(), shape),
+        DType::F16 => Tensor::from_vec((0..n).map(|i| f16::from_f64(f(i))).collect(), shape),
+        DType::I8 => Tensor::from_vec((0..n).map(|i| f(i) as i8).collect(), shape),
         DType::BF16 => Tensor::from_vec((0..n).map(|i| bf16::from_f64(f(i))).collect(), shape),
         DType::I32 => Tensor::from_vec((0..n).map(|i| f(i) as i32).collect(), shape),
         DType::I64 => Tensor::from_vec((0..n).map(|i| f(i) as i64).collect(), shape),
@@ -70,6 +69,19 @@ fn decode(t: &Tensor<'_>) -> Vec<f64> {
     match t.dtype() {
         DType::F32 => t
             .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::F64 => t.to_vec::<f64>().unwrap(),
+        DType::F16 => t
+            .to_vec::<f16>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::I8 => t
+            .to_vec::<i8>()
             .unwrap()
             .into_iter()
             .map(f64::from)
@@ -149,6 +161,8 @@ fn assert_close(dtype: DType, got: &[f64], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let tol = match dtype {
         DType::F32 => 1e-6,
+        DType::F64 => 1e-12,
+        DType::F16 => 1e-3,
         DType::BF16 => 1e-2,
         _ => 0.0,
     };
@@ -175,6 +189,11 @@ fn check_reducing(pg: &ProcessGroupCpu, dtype: DType, op: ReduceOp, n: usize) {
     let reduced =
         |i: usize| reduce_ref(op, dtype, &(0..world).map(|r| v(r, i)).collect::<Vec<_>>());
     let what = |name: &str| format!("{name} {op} {dtype} world {world} rank {rank}");
+
+    let t = make(dtype, &[n], |i| v(rank, i));
+    pg.all_reduce(&t, op, None).unwrap().wait().unwrap();
+    let want: Vec<f64> = (0..n).map(reduced).collect();
+    assert_close(dtype, &decode(&t), &want, &what("all_reduce"));
 
     for root in [0, world - 1] {
         let t = make(dtype, &[n], |i| v(rank, i));
@@ -233,6 +252,20 @@ fn check_moving(pg: &ProcessGroupCpu, dtype: DType, n: usize) {
     let everyone: Vec<f64> = (0..world).flat_map(block).collect();
     let what = |name: &str| format!("{name} {dtype} world {world} rank {rank}");
     let input = make(dtype, &[n], |i| v(rank, i));
+
+    for root in [0, world - 1] {
+        let t = make(dtype, &[2, n], |i| v(rank * 3 + root, i));
+        pg.broadcast(&t, root, None).unwrap().wait().unwrap();
+        // The root's tensor holds v(root * 3 + root, i).
+        let want: Vec<f64> = (0..2 * n).map(|i| enc(v(root * 4, i))).collect();
+        assert_eq!(
+            decode(&t),
+            want,
+            "{}",
+            what(&format!("broadcast root {root}"))
+        );
+    }
+    pg.barrier(None).unwrap().wait().unwrap();
 
     let outs: Vec<_> = (0..world).map(|_| zeros(dtype, &[n])).collect();
     pg.all_gather(&outs, &input, None).unwrap().wait().unwrap();
@@ -365,10 +398,9 @@ fn check_moving(pg: &ProcessGroupCpu, dtype: DType, n: usize) {
     assert_eq!(decode(&out), want, "{}", what("all_to_all_single uneven"));
 }
 
-#[test]
-fn every_collective_matches_references_for_every_dtype_op_and_world_size() {
+fn every_collective_matches_references_for_every_dtype_op_and_world_size(choice: TransportChoice) {
     for world in [1, 2, 3, 4, 8] {
-        let pgs = groups(world);
+        let pgs = groups(world, choice);
         on_every_rank(&pgs, |pg| {
             for dtype in DTYPES {
                 for op in reduce_ops(dtype) {
@@ -380,9 +412,8 @@ fn every_collective_matches_references_for_every_dtype_op_and_world_size() {
     }
 }
 
-#[test]
-fn permuted_tensors_travel_in_logical_order() {
-    let pgs = groups(3);
+fn permuted_tensors_travel_in_logical_order(choice: TransportChoice) {
+    let pgs = groups(3, choice);
     on_every_rank(&pgs, |pg| {
         let rank = pg.rank();
         // A [2, 3] input seen through a permutation, gathered into a
@@ -406,11 +437,10 @@ fn permuted_tensors_travel_in_logical_order() {
     });
 }
 
-#[test]
-fn large_tensors_cross_the_ring_in_several_segments() {
+fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {
     // 600k f32 per block: more than one 512 KiB ring segment per chunk.
     for world in [2, 3] {
-        let pgs = groups(world);
+        let pgs = groups(world, choice);
         on_every_rank(&pgs, |pg| {
             let (rank, n) = (pg.rank(), 600_000usize);
             let v = |r: usize, i: usize| ((r * 7 + i) % 13) as f32;
@@ -493,9 +523,10 @@ fn dtype_mismatch(result: tensorcomm::Result<tensorcomm::group::Work>) -> (Strin
     }
 }
 
-#[test]
-fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable() {
-    let pgs = groups(2);
+fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable(
+    choice: TransportChoice,
+) {
+    let pgs = groups(2, choice);
     let f = |shape: &[usize]| Tensor::zeros(shape, DType::F32).unwrap();
     let i = |shape: &[usize]| Tensor::zeros(shape, DType::I32).unwrap();
     let pg = &pgs[0];
@@ -641,6 +672,13 @@ fn invalid_arguments_are_refused_before_sending_and_the_group_stays_usable() {
         pg.reduce(&f(&[2]), 0, ReduceOp::Band, None),
         pg.reduce_scatter_tensor(&f(&[1]), &f(&[2]), ReduceOp::Bxor, None),
         pg.all_reduce_coalesced(&[f(&[1])], ReduceOp::Bor, None),
+        pg.all_reduce(&i(&[2]), ReduceOp::PremulSum(0.5), None),
+        pg.reduce_scatter(
+            &i(&[1]),
+            &[i(&[1]), i(&[1])],
+            ReduceOp::PremulSum(2.0),
+            None,
+        ),
     ] {
         assert!(
             matches!(result, Err(Error::UnsupportedReduceOp { .. })),
@@ -670,9 +708,8 @@ fn mismatch_source(err: Error) -> (String, String) {
     }
 }
 
-#[test]
-fn different_roots_are_reported_with_both_fingerprints() {
-    let pgs = groups(2);
+fn different_roots_are_reported_with_both_fingerprints(choice: TransportChoice) {
+    let pgs = groups(2, choice);
     let errors = on_every_rank(&pgs, |pg| {
         let out = Tensor::zeros(&[2], DType::F32).unwrap();
         let root = pg.rank(); // each rank believes it is the root
@@ -689,9 +726,8 @@ fn different_roots_are_reported_with_both_fingerprints() {
     }
 }
 
-#[test]
-fn uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging() {
-    let pgs = groups(2);
+fn uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging(choice: TransportChoice) {
+    let pgs = groups(2, choice);
     let errors = on_every_rank(&pgs, |pg| {
         // Rank 0 sends 3 elements to rank 1, which expects 2.
         let (send, recv) = if pg.rank() == 0 {

@@ -1,20 +1,24 @@
 //! Failures of the CPU process group: monitored barriers naming the ranks
 //! that did not come, the flight recorder's states and JSON, and a rank
-//! process that exits mid-job (the test binary re-runs itself as the
-//! second rank, sharing a FileStore).
+//! process SIGKILLed inside a collective, over TCP and over shared memory
+//! (the test binary re-runs itself as that rank, sharing a FileStore).
 
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{groups, on_every_rank, options};
+use common::{groups, on_every_rank, options_over};
 use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::cpu::transport::{Route, TransportChoice};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::{FileStore, HashStore, Store};
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
+
+over_transports!(a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name);
 
 fn failed(err: Error) -> (String, u64, Vec<usize>, Error) {
     match err {
@@ -219,35 +223,67 @@ fn the_flight_recorder_tracks_states_and_dumps_valid_json() {
     assert_eq!(e[3]["op"], "barrier");
 }
 
-// ---- a rank process that exits mid-job --------------------------------
+// ---- a rank process killed mid-collective -----------------------------
 
-/// Set in the child: the FileStore both processes share.
+/// Set in the child: the FileStore all processes share.
 const CHILD_STORE: &str = "TENSORCOMM_GROUP_FAILURES_CHILD_STORE";
+/// Set in the child: the transport (`tcp` or `shm`).
+const CHILD_TRANSPORT: &str = "TENSORCOMM_GROUP_FAILURES_CHILD_TRANSPORT";
+/// Set by the child in the store once it is inside collective seq 1.
+const CHILD_INSIDE: &str = "child-inside-seq-1";
+/// Elements of the f32 all_reduce (seq 1) the child is killed in.
+const BIG: usize = 1 << 20;
 
-/// Rank 1 when CHILD_STORE is set: one all_reduce, then the process exits
-/// before the second. Run without it (as in a normal `cargo test`) it
-/// checks that a group of one does the same all_reduce.
+/// Rank 1 of 3 when CHILD_STORE is set: one all_reduce with everyone, then
+/// a second (seq 1) that rank 2 has not joined, so the child waits inside
+/// it until the parent kills it. Run without it (as in a normal `cargo
+/// test`) it checks that a group of one does the same all_reduce.
 #[test]
 fn child_rank_entry() {
-    let (store, rank, world): (Arc<dyn Store>, usize, usize) = match std::env::var(CHILD_STORE) {
-        Ok(path) => (Arc::new(FileStore::open(path).unwrap()), 1, 2),
-        Err(_) => (Arc::new(HashStore::new()), 0, 1),
-    };
-    let pg = ProcessGroupCpu::new(store, "pg", rank, world, &options()).unwrap();
+    let (store, rank, world, choice): (Arc<dyn Store>, usize, usize, TransportChoice) =
+        match std::env::var(CHILD_STORE) {
+            Ok(path) => {
+                let choice = std::env::var(CHILD_TRANSPORT).unwrap().parse().unwrap();
+                (Arc::new(FileStore::open(path).unwrap()), 1, 3, choice)
+            }
+            Err(_) => (Arc::new(HashStore::new()), 0, 1, TransportChoice::Tcp),
+        };
+    let pg = ProcessGroupCpu::new(store.clone(), "pg", rank, world, &options_over(choice)).unwrap();
     let t = Tensor::from_vec(vec![1.0f64; 8], &[8]).unwrap();
     pg.all_reduce(&t, ReduceOp::Sum, None)
         .unwrap()
         .wait()
         .unwrap();
     assert_eq!(t.to_vec::<f64>().unwrap(), vec![world as f64; 8]);
-    if world == 2 {
-        // No destructor runs: the connections close when the process ends.
-        std::process::exit(1);
+    if world == 1 {
+        return;
     }
+    // Large enough (4 MiB) that rank 1 cannot hand over its whole share
+    // before rank 2 takes part.
+    let big = Tensor::zeros(&[BIG], DType::F32).unwrap();
+    let work = pg.all_reduce(&big, ReduceOp::Sum, None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pg
+        .flight_recorder_json()
+        .contains(r#""seq":1,"state":"started""#)
+    {
+        assert!(Instant::now() < deadline, "seq 1 never started");
+        std::thread::yield_now();
+    }
+    store.set(CHILD_INSIDE, b"1").unwrap();
+    let outcome = work.wait();
+    // Only reached if the parent did not kill this process.
+    eprintln!("child rank: seq 1 returned {outcome:?}");
+    std::process::exit(2);
 }
 
-#[test]
-fn a_rank_process_that_exits_mid_job_fails_the_survivor_promptly_by_name() {
+/// Ranks 0 and 2 run here (threads), rank 1 in a child process. Ranks 0
+/// and 1 enter all_reduce seq 1; rank 1 is SIGKILLed inside it; rank 2
+/// joins afterwards. Both survivors fail within seconds (of a 30 s
+/// timeout) with the op, the sequence number and a named rank.
+fn a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name(
+    choice: TransportChoice,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store");
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&path).unwrap());
@@ -259,38 +295,79 @@ fn a_rank_process_that_exits_mid_job_fails_the_survivor_promptly_by_name() {
             "--test-threads=1",
         ])
         .env(CHILD_STORE, &path)
+        .env(CHILD_TRANSPORT, choice.to_string())
         .spawn()
         .expect("spawn the child rank");
-    let pg = ProcessGroupCpu::new(store, "pg", 0, 2, &options()).unwrap();
-    let t = Tensor::from_vec(vec![1.0f64; 8], &[8]).unwrap();
-    pg.all_reduce(&t, ReduceOp::Sum, None)
-        .unwrap()
-        .wait()
+    let pgs: Vec<ProcessGroupCpu> = std::thread::scope(|s| {
+        let hs: Vec<_> = [0, 2]
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    ProcessGroupCpu::new(store, "pg", rank, 3, &options_over(choice)).unwrap()
+                })
+            })
+            .into_iter()
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let want = if choice == TransportChoice::Tcp {
+        Route::Tcp
+    } else {
+        Route::Shm
+    };
+    assert_eq!((pgs[0].route(1), pgs[1].route(1)), (want, want));
+    let tensors: Vec<_> = (0..2)
+        .map(|_| Tensor::from_vec(vec![1.0f64; 8], &[8]).unwrap())
+        .collect();
+    on_every_rank(&pgs, |pg| {
+        let t = &tensors[pg.rank() / 2];
+        pg.all_reduce(t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(t.to_vec::<f64>().unwrap(), [3.0; 8]);
+    });
+
+    let big: Vec<_> = (0..2)
+        .map(|_| Tensor::zeros(&[BIG], DType::F32).unwrap())
+        .collect();
+    let first = pgs[0].all_reduce(&big[0], ReduceOp::Sum, None).unwrap();
+    store
+        .wait_timeout(&[CHILD_INSIDE], Duration::from_secs(30))
         .unwrap();
-    assert_eq!(t.to_vec::<f64>().unwrap(), [2.0; 8]);
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "{status:?}");
     let started = Instant::now();
-    let err = pg
-        .all_reduce(&t, ReduceOp::Sum, None)
-        .unwrap()
-        .wait()
-        .unwrap_err();
+    let second = pgs[1].all_reduce(&big[1], ReduceOp::Sum, None).unwrap();
+    let mut named = Vec::new();
+    for (pg, work) in pgs.iter().zip([first, second]) {
+        let err = work
+            .wait()
+            .expect_err(&format!("{choice}: rank {} completed", pg.rank()));
+        let text = err.to_string();
+        assert!(
+            text.contains("all_reduce (sequence number 1)"),
+            "{choice}: {text}"
+        );
+        let (op, seq, ranks, source) = failed(err);
+        assert_eq!((op.as_str(), seq), ("all_reduce", 1));
+        assert!(
+            matches!(source, Error::PeerClosed { .. }),
+            "{choice}: {source:?}"
+        );
+        assert!(
+            pg.flight_recorder_json()
+                .contains(r#""seq":1,"state":"failed""#),
+            "{choice}"
+        );
+        named.push(ranks);
+    }
     let elapsed = started.elapsed();
     assert!(
         elapsed < Duration::from_secs(10),
-        "took {elapsed:?} of a 30 s timeout"
+        "{choice}: took {elapsed:?} of a 30 s timeout"
     );
-    let text = err.to_string();
-    assert!(
-        text.contains("all_reduce (sequence number 1)") && text.contains("[1]"),
-        "{text}"
-    );
-    let (op, seq, ranks, source) = failed(err);
-    assert_eq!((op.as_str(), seq, ranks), ("all_reduce", 1, vec![1]));
-    assert!(
-        matches!(source, Error::PeerClosed { peer: 1, .. }),
-        "{source:?}"
-    );
-    assert_eq!(child.wait().unwrap().code(), Some(1));
-    let json = pg.flight_recorder_json();
-    assert!(json.contains(r#""seq":1,"state":"failed""#), "{json}");
+    assert!(named.contains(&vec![1]), "{choice}: {named:?}");
+    assert!(named.iter().all(|r| r.len() == 1), "{choice}: {named:?}");
 }

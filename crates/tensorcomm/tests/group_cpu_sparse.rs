@@ -1,4 +1,5 @@
-//! Sparse all-reduce of the CPU process group for world sizes 1-4 against
+//! Sparse all-reduce of the CPU process group for world sizes 1, 2, 3, 4
+//! and 8, over TCP and over shared memory (modules `tcp` and `shm`), against
 //! a dense reference summed independently here: duplicate coordinates
 //! within and across ranks, disjoint ones, dense dimensions, empty inputs.
 
@@ -6,15 +7,23 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{groups, on_every_rank};
+use common::{groups_over as groups, on_every_rank};
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, SparseTensor, Tensor};
 use tensorcomm::Error;
 
+over_transports!(
+    sums_match_a_dense_reference_for_world_sizes_1_to_8,
+    two_sparse_dims_in_f32_with_duplicates_across_ranks,
+    only_sum_is_accepted_and_mismatched_sizes_are_reported,
+);
+
 /// Rank `rank`'s entries of a [10, 3] tensor (1 sparse, 1 dense dim):
-/// row 0 on every rank, row 2 twice on every rank, a row of its own
-/// (disjoint from the others), and none at all on rank 1 of 3.
+/// row 0 on every rank, row 2 twice on every rank, row `5 + rank % 5`
+/// (its own up to 5 ranks; ranks r and r + 5 of 8 share it), and none at
+/// all on rank 1 of 3.
 fn entries(rank: usize, world: usize) -> Vec<(usize, [i64; 3])> {
     if world == 3 && rank == 1 {
         return Vec::new();
@@ -22,7 +31,7 @@ fn entries(rank: usize, world: usize) -> Vec<(usize, [i64; 3])> {
     let v = |k: i64| [k, 10 * k, -k];
     vec![
         (2, v(rank as i64 + 1)),
-        (5 + rank, v(7)),
+        (5 + rank % 5, v(7)),
         (0, v(100)),
         (2, v(3)),
     ]
@@ -35,10 +44,9 @@ fn sparse(entries: &[(usize, [i64; 3])]) -> SparseTensor {
     SparseTensor::new(indices, values, &[10, 3]).unwrap()
 }
 
-#[test]
-fn sums_match_a_dense_reference_for_world_sizes_1_to_4() {
-    for world in 1..=4 {
-        let pgs = groups(world, &Arc::new(HashStore::new()), "pg");
+fn sums_match_a_dense_reference_for_world_sizes_1_to_8(choice: TransportChoice) {
+    for world in [1, 2, 3, 4, 8] {
+        let pgs = groups(world, &Arc::new(HashStore::new()), "pg", choice);
         let results = on_every_rank(&pgs, |pg| {
             let input = sparse(&entries(pg.rank(), world));
             let sum = pg
@@ -73,9 +81,8 @@ fn sums_match_a_dense_reference_for_world_sizes_1_to_4() {
     }
 }
 
-#[test]
-fn two_sparse_dims_in_f32_with_duplicates_across_ranks() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn two_sparse_dims_in_f32_with_duplicates_across_ranks(choice: TransportChoice) {
+    let pgs = groups(3, &Arc::new(HashStore::new()), "pg", choice);
     let results = on_every_rank(&pgs, |pg| {
         let r = pg.rank() as i64;
         // (r, 1) is disjoint per rank; (2, 3) is shared; (0, 0) repeats.
@@ -100,9 +107,8 @@ fn two_sparse_dims_in_f32_with_duplicates_across_ranks() {
     }
 }
 
-#[test]
-fn only_sum_is_accepted_and_mismatched_sizes_are_reported() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn only_sum_is_accepted_and_mismatched_sizes_are_reported(choice: TransportChoice) {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "pg", choice);
     let s = sparse(&entries(0, 2));
     for op in [ReduceOp::Max, ReduceOp::Avg, ReduceOp::Product] {
         match pgs[0].all_reduce_sparse(&s, op, None) {

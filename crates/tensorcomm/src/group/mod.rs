@@ -84,10 +84,14 @@ impl std::str::FromStr for Backend {
 
 /// A group of ranks running collectives together.
 ///
-/// Collectives run in call order on the group's own thread; tensors are
-/// handles (`Tensor<'static>`, so they can outlive the call) whose storage
-/// the collective writes in place. `timeout` overrides the group's default
-/// for one call.
+/// A call queues its collective and returns a [`Work`] at once; a group's
+/// collectives run in call order. Which thread runs one is up to the
+/// backend: the CPU backend's own thread picks each up in turn, but a
+/// caller that waits on a `Work` before that thread has reached it runs
+/// the collective itself (see [`Work`]). Tensors are handles
+/// (`Tensor<'static>`, so they can outlive the call) whose storage the
+/// collective writes in place. `timeout` overrides the group's default for
+/// one call.
 pub trait ProcessGroup: Send + Sync {
     /// This rank in the group.
     fn rank(&self) -> usize;

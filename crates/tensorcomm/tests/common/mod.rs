@@ -1,5 +1,5 @@
 //! Helpers shared by the process-group test files: one group per rank,
-//! built on threads over one in-memory store.
+//! built on threads over one in-memory store, over the transport asked for.
 
 #![allow(dead_code)]
 
@@ -8,15 +8,74 @@ use std::thread;
 use std::time::Duration;
 
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use tensorcomm::cpu::transport::{Route, TransportChoice};
+use tensorcomm::group::ProcessGroup;
 use tensorcomm::store::{HashStore, Store};
 
-/// Builds one group per rank (in parallel, as setup needs everyone).
+/// Runs each named test body once per transport: `tcp::name` and
+/// `shm::name`, each calling `name(choice)` of the including file.
+#[macro_export]
+macro_rules! over_transports {
+    ($($name:ident),* $(,)?) => {
+        mod tcp {
+            $(#[test]
+            fn $name() {
+                super::$name(tensorcomm::cpu::transport::TransportChoice::Tcp);
+            })*
+        }
+        mod shm {
+            $(#[test]
+            fn $name() {
+                super::$name(tensorcomm::cpu::transport::TransportChoice::Shm);
+            })*
+        }
+    };
+}
+
+/// Builds one group per rank (in parallel, as setup needs everyone) with
+/// the transport `TENSORCOMM_TRANSPORT` picks.
 pub fn groups(world: usize, store: &Arc<HashStore>, prefix: &str) -> Vec<ProcessGroupCpu> {
+    build(world, store, prefix, options())
+}
+
+/// Builds one group per rank over `choice` (`Tcp` or `Shm`) and checks
+/// that every pair of ranks got the route asked for.
+pub fn groups_over(
+    world: usize,
+    store: &Arc<HashStore>,
+    prefix: &str,
+    choice: TransportChoice,
+) -> Vec<ProcessGroupCpu> {
+    let want = match choice {
+        TransportChoice::Tcp => Route::Tcp,
+        TransportChoice::Shm => Route::Shm,
+        other => panic!("groups_over takes Tcp or Shm, not {other:?}"),
+    };
+    let pgs = build(world, store, prefix, options_over(choice));
+    for pg in &pgs {
+        for peer in 0..world {
+            let expected = if peer == pg.rank() {
+                Route::Local
+            } else {
+                want
+            };
+            assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
+        }
+    }
+    pgs
+}
+
+fn build(
+    world: usize,
+    store: &Arc<HashStore>,
+    prefix: &str,
+    options: CpuOptions,
+) -> Vec<ProcessGroupCpu> {
     let store: Arc<dyn Store> = store.clone();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
-            let (store, prefix) = (store.clone(), prefix.to_string());
-            thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options()))
+            let (store, prefix, options) = (store.clone(), prefix.to_string(), options.clone());
+            thread::spawn(move || ProcessGroupCpu::new(store, &prefix, rank, world, &options))
         })
         .collect();
     handles
@@ -30,6 +89,14 @@ pub fn options() -> CpuOptions {
     CpuOptions {
         timeout: Duration::from_secs(30),
         ..CpuOptions::default()
+    }
+}
+
+/// [`options`] over `choice`.
+pub fn options_over(choice: TransportChoice) -> CpuOptions {
+    CpuOptions {
+        transport: choice,
+        ..options()
     }
 }
 
