@@ -144,3 +144,33 @@ fn the_cuda_comm_backend_runs_on_two_gpus_and_says_no_cuda_elsewhere() {
     assert!(!ok);
     assert!(stderr.contains("--backend cuda-comm"), "{stderr}");
 }
+
+#[test]
+fn the_auto_backend_runs_the_cpu_rows_then_uses_gpus_when_present() {
+    let (ok, stdout, stderr) = bench(&[
+        "--backend",
+        "auto",
+        "-n",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "64",
+        "-f",
+        "8",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ]);
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let cpu_rows = stdout
+        .lines()
+        .filter(|l| l.contains("all_reduce") && l.ends_with("OK"))
+        .count();
+    assert_eq!(cpu_rows, 2, "{stdout}");
+    // Either the GPU half ran (its own title line) or it said why not.
+    let gpu_ran = stdout.contains("# tensorcomm bench: cuda-comm");
+    let gpu_skipped = stdout.contains("# cuda-comm: skipped");
+    assert!(gpu_ran != gpu_skipped, "{stdout}");
+}

@@ -44,6 +44,9 @@ pub enum BenchBackend {
     /// `cuda::comm` between two GPUs of this process.
     #[value(name = "cuda-comm")]
     CudaComm,
+    /// The cpu run, then, on a machine with two or more GPUs, the
+    /// cuda-comm run with its default ops and sizes.
+    Auto,
 }
 
 /// The collectives that can be benchmarked.
@@ -233,8 +236,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
         eprintln!("tensorcomm bench: expected --sizes above 0");
         return ExitCode::from(2);
     }
-    if args.backend == BenchBackend::CudaComm {
-        return cuda_comm::main(&args);
+    match args.backend {
+        BenchBackend::CudaComm => return cuda_comm::main(&args),
+        BenchBackend::Auto => return cpu_then_gpus(args),
+        BenchBackend::Cpu => {}
     }
     if let Err(msg) = args.cpu_op() {
         eprintln!("tensorcomm bench: {msg}");
@@ -253,6 +258,36 @@ pub fn main(args: BenchArgs) -> ExitCode {
             let rank = std::env::var("RANK").unwrap_or_default();
             eprintln!("tensorcomm bench failed on rank {rank}: {err}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--backend auto`: the cpu run, then cuda::comm when this machine has
+/// the two GPUs it needs (said in a line when it does not).
+fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
+    let cpu = main(BenchArgs {
+        backend: BenchBackend::Cpu,
+        ..args.clone()
+    });
+    if cpu != ExitCode::SUCCESS {
+        return cpu;
+    }
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(n) if n >= 2 => {
+            println!();
+            cuda_comm::main(&BenchArgs {
+                backend: BenchBackend::CudaComm,
+                op: Vec::new(),
+                ..args
+            })
+        }
+        Ok(n) => {
+            println!("# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("# cuda-comm: skipped ({e})");
+            ExitCode::SUCCESS
         }
     }
 }
