@@ -45,7 +45,7 @@ use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
 #[cfg(target_os = "linux")]
-use super::transport::shm::{ShmArena, DEFAULT_ARENA_CHUNK};
+use super::transport::shm::{arena_chunk, ShmArena};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
@@ -243,7 +243,7 @@ impl ProcessGroupCpu {
                 key_prefix,
                 rank,
                 size,
-                DEFAULT_ARENA_CHUNK,
+                arena_chunk(size),
                 options.timeout,
             )?))
         } else {
