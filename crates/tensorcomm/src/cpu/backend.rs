@@ -37,15 +37,15 @@ use std::time::{Duration, Instant};
 use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
-    all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes,
-    SHM_ARENA_MAX_THREADS, SHM_ARENA_MIN_BYTES, SHM_ARENA_THREADS_MIN_BYTES,
+    all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes, shm_arena_threads,
+    SHM_ARENA_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
 #[cfg(target_os = "linux")]
-use super::transport::shm::{ShmArena, DEFAULT_ARENA_CHUNK};
+use super::transport::shm::{arena_chunk, ShmArena};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
@@ -243,7 +243,7 @@ impl ProcessGroupCpu {
                 key_prefix,
                 rank,
                 size,
-                DEFAULT_ARENA_CHUNK,
+                arena_chunk(size),
                 options.timeout,
             )?))
         } else {
@@ -394,16 +394,11 @@ fn run(
 }
 
 /// Threads per rank for an arena all-reduce of `nbytes` over `world`
-/// ranks: one below [`SHM_ARENA_THREADS_MIN_BYTES`], otherwise up to
-/// [`SHM_ARENA_MAX_THREADS`] while every rank's threads still have cores
-/// of their own.
+/// ranks on this host (see [`shm_arena_threads`]).
 #[cfg(target_os = "linux")]
 fn arena_threads(nbytes: usize, world: usize) -> usize {
-    if nbytes < SHM_ARENA_THREADS_MIN_BYTES {
-        return 1;
-    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / world.max(1)).clamp(1, SHM_ARENA_MAX_THREADS)
+    shm_arena_threads(nbytes, world, cores)
 }
 
 fn tensor_fingerprint(

@@ -173,8 +173,52 @@ pub const SHM_ARENA_THREADS_MIN_BYTES: usize = 2 << 20;
 
 /// Most threads per rank for an arena all-reduce (fewer when the host has
 /// fewer than this many cores per rank): one core's copies and reductions
-/// reach only a fraction of the memory bandwidth.
-pub const SHM_ARENA_MAX_THREADS: usize = 4;
+/// reach only a fraction of the memory bandwidth. On the 32-core GPU host
+/// (bench/results/gloo-h200x2.txt, commit ef30300) 2 ranks of 4 threads
+/// moved about 108 GB/s of copies and reductions and 8 ranks of 4 threads
+/// about 131 GB/s, so the host saturates near there; 8 lets 2 and 4 ranks
+/// reach it.
+pub const SHM_ARENA_MAX_THREADS: usize = 8;
+
+/// Each thread of an arena all-reduce gets at least this many bytes of the
+/// message: on the GPU host (bench/results/gloo-h200x2.txt) 2 ranks
+/// all-reduced 2 MiB in 354 us with 4 threads (commit ef30300) and in
+/// 485 us with 8 (commit 60bc79e), starting and gathering threads costing
+/// more than they save on small messages.
+pub const SHM_ARENA_MIN_BYTES_PER_THREAD: usize = 512 << 10;
+
+/// Threads per rank for an arena all-reduce of `nbytes` over `world_size`
+/// ranks on a host of `cores` cores: one below
+/// [`SHM_ARENA_THREADS_MIN_BYTES`], otherwise as many as every rank can
+/// have cores of its own, at most [`SHM_ARENA_MAX_THREADS`] and one per
+/// [`SHM_ARENA_MIN_BYTES_PER_THREAD`] of the message.
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::shm_arena_threads;
+/// assert_eq!(shm_arena_threads(1 << 20, 2, 32), 1);
+/// assert_eq!(shm_arena_threads(2 << 20, 2, 32), 4);
+/// assert_eq!(shm_arena_threads(64 << 20, 2, 32), 8);
+/// assert_eq!(shm_arena_threads(64 << 20, 8, 32), 4);
+/// assert_eq!(shm_arena_threads(64 << 20, 4, 2), 1);
+/// ```
+pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usize {
+    if nbytes < SHM_ARENA_THREADS_MIN_BYTES {
+        return 1;
+    }
+    (cores / world_size.max(1))
+        .clamp(1, SHM_ARENA_MAX_THREADS)
+        .min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
+}
+
+/// An arena all-reduce moves the message in steps of at most this many
+/// bytes per thread of a rank (within [`SHM_ARENA_MIN_STEP_BYTES`] and the
+/// arena's chunk): every step costs two barriers over the group, so many
+/// threads get bigger steps.
+pub const SHM_ARENA_STEP_BYTES_PER_THREAD: usize = 512 << 10;
+
+/// The smallest step of an arena all-reduce (unless the arena's chunk is
+/// smaller): 1 MiB, the step size measured in bench/results/gloo-h200x2.txt.
+pub const SHM_ARENA_MIN_STEP_BYTES: usize = 1 << 20;
 
 /// The all-reduce algorithms to choose from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,20 +1,29 @@
 //! Shared-memory arena all-reduce, for groups whose ranks all share one
-//! host: no byte streams, each byte is copied into shared memory once,
-//! reduced once by the rank that owns it, and copied out once per rank.
+//! host: no byte streams; each byte of another rank's share is copied into
+//! shared memory once, each share is reduced once by the rank that owns
+//! it, and copied out once per rank.
 //!
-//! The message goes through the [`ShmArena`] one chunk at a time. For chunk
-//! `k` (slot half `p`, alternating):
-//! 1. every rank copies its chunk into its own slot's half `p`;
+//! The message goes through the [`ShmArena`] one step at a time (up to the
+//! arena's chunk; bigger with more threads, see
+//! `SHM_ARENA_STEP_BYTES_PER_THREAD`). For step `k` (slot half `p`,
+//! alternating), with the step split into one share per rank:
+//! 1. every rank copies the other ranks' shares of its step into its own
+//!    slot's half `p` (its own share stays in its buffer);
 //! 2. barrier;
-//! 3. every rank reduces its 1/N share of the chunk from all slots into
-//!    its own slot (reduce-scatter in place);
+//! 3. every rank reduces its own share: its input, in its buffer, combined
+//!    with that share of every other slot, in place; then it copies the
+//!    result into its own slot (reduce-scatter);
 //! 4. barrier;
-//! 5. every rank copies each rank's reduced share out of that rank's slot
-//!    (all-gather).
+//! 5. every rank copies each other rank's reduced share out of that rank's
+//!    slot (all-gather).
 //!
-//! Chunk `k + 1` goes to the other half, so no third barrier is needed:
-//! everyone has finished copying chunk `k - 1` out of that half before
-//! anyone passes the first barrier of chunk `k`. The barriers are
+//! Per rank and byte of message, with `N` ranks: `3 - 1/N` bytes read and
+//! `2` written (the copy in, reduction and copy out of the whole message
+//! would be `3` and `2 + 1/N`).
+//!
+//! Step `k + 1` goes to the other half, so no third barrier is needed:
+//! everyone has finished reading step `k - 1` from that half before
+//! anyone passes the first barrier of step `k`. The barriers are
 //! dissemination barriers of 1-byte messages over the group's transport,
 //! so the collective's fingerprint rides on them and a dead peer fails
 //! them by name, as in every other algorithm.
@@ -27,7 +36,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use super::block_offsets;
+use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
 use crate::cpu::reduce::{finish, ReduceOp};
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
@@ -120,47 +129,49 @@ fn part(
 }
 
 /// What one thread of a rank does for one chunk, between the gates.
+///
+/// Thread `me` of `threads` owns part `me` of every rank's share of the
+/// chunk (`parts[r]`, bytes of the rank's own buffer), so the thread that
+/// reduces a part of this rank's share also holds this rank's input for
+/// it and reduces straight into it.
 struct ChunkWork<'a> {
     arena: &'a ShmArena,
     parity: usize,
-    /// The chunk's byte offsets of each rank's share.
-    shares: Vec<usize>,
-    /// This thread's bytes of the chunk: their offset in it, and them.
-    offset: usize,
-    bytes: &'a mut [u8],
+    /// For each rank `r`: the chunk's byte offset of this thread's part of
+    /// `r`'s share, and those bytes of this rank's buffer.
+    parts: Vec<(usize, &'a mut [u8])>,
 }
 
 impl ChunkWork<'_> {
-    fn copy_in(&self) {
-        self.arena.copy_in(self.parity, self.offset, self.bytes);
+    /// Stages this thread's parts of the other ranks' shares in this
+    /// rank's slot (its own share is read straight from its buffer).
+    fn copy_in(&self, rank: usize) {
+        for (r, (offset, bytes)) in self.parts.iter().enumerate() {
+            if r != rank {
+                self.arena.copy_in(self.parity, *offset, bytes);
+            }
+        }
     }
 
-    fn reduce(
-        &self,
-        rank: usize,
-        elem: usize,
-        threads: usize,
-        me: usize,
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let share = self.shares[rank]..self.shares[rank + 1];
+    /// Reduces this thread's part of this rank's share: this rank's input
+    /// in its buffer, combined with the other ranks' slots in rank order,
+    /// then published in this rank's slot for the others to copy out.
+    fn reduce(&mut self, rank: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        let (offset, acc) = &mut self.parts[rank];
+        let range = *offset..*offset + acc.len();
         self.arena
-            .reduce_share(self.parity, part(&share, elem, threads, me), dtype, op)
+            .reduce_share_into(self.parity, range, acc, dtype, op)?;
+        self.arena.copy_in(self.parity, *offset, acc);
+        Ok(())
     }
 
-    /// Copies this thread's bytes out of whichever ranks' slots own them.
-    fn copy_out(&mut self) {
-        let (lo, hi) = (self.offset, self.offset + self.bytes.len());
-        for (r, share) in self.shares.windows(2).enumerate() {
-            let (from, to) = (share[0].max(lo), share[1].min(hi));
-            if from < to {
-                self.arena.copy_out(
-                    r,
-                    self.parity,
-                    from..to,
-                    &mut self.bytes[from - lo..to - lo],
-                );
+    /// Copies this thread's parts of the other ranks' reduced shares out
+    /// of their slots.
+    fn copy_out(&mut self, rank: usize) {
+        for (r, (offset, bytes)) in self.parts.iter_mut().enumerate() {
+            if r != rank {
+                let range = *offset..*offset + bytes.len();
+                self.arena.copy_out(r, self.parity, range, bytes);
             }
         }
     }
@@ -168,7 +179,8 @@ impl ChunkWork<'_> {
 
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
 /// must be shared by exactly the ranks of `t`, with `threads` threads on
-/// this rank (the caller's and `threads - 1` helpers). Every rank gets
+/// this rank (the caller's and `threads - 1` helpers; the step size
+/// depends on it, so every rank passes the same number). Every rank gets
 /// bit-identical results (each element is reduced by one rank only).
 pub fn all_reduce_shm_arena(
     t: &dyn Transport,
@@ -196,25 +208,35 @@ pub fn all_reduce_shm_arena(
             )));
         }
         let threads = threads.clamp(1, 64);
-        // Each thread's share of every chunk, decided up front so that the
-        // threads own disjoint parts of `buf`.
+        // Steps of up to SHM_ARENA_STEP_BYTES_PER_THREAD per thread (at
+        // least SHM_ARENA_MIN_STEP_BYTES): fewer barriers when many threads
+        // share a step, never more than a slot half holds.
+        let step = (threads * SHM_ARENA_STEP_BYTES_PER_THREAD).max(SHM_ARENA_MIN_STEP_BYTES);
+        let step = chunk.min(step / elem * elem);
+        // Each thread's parts of every chunk, decided up front so that the
+        // threads own disjoint parts of `buf`: thread `i` gets part `i` of
+        // every rank's share (in buffer order: share by share, part by part).
         let mut per_thread: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
-        for piece in buf.chunks_mut(chunk) {
+        for piece in buf.chunks_mut(step) {
             let parity = arena.next_parity();
             let shares = block_offsets(piece.len(), elem, world);
-            let whole = 0..piece.len();
-            let mut rest = piece;
-            for (i, work) in per_thread.iter_mut().enumerate() {
-                let mine = part(&whole, elem, threads, i);
-                let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
-                rest = tail;
+            for work in per_thread.iter_mut() {
                 work.push(ChunkWork {
                     arena,
                     parity,
-                    shares: shares.clone(),
-                    offset: mine.start,
-                    bytes,
+                    parts: Vec::with_capacity(world),
                 });
+            }
+            let mut rest = piece;
+            for share in shares.windows(2) {
+                for (i, work) in per_thread.iter_mut().enumerate() {
+                    let mine = part(&(share[0]..share[1]), elem, threads, i);
+                    let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
+                    rest = tail;
+                    if let Some(w) = work.last_mut() {
+                        w.parts.push((mine.start, bytes));
+                    }
+                }
             }
         }
         let gate = Gate {
@@ -228,18 +250,16 @@ pub fn all_reduce_shm_arena(
         std::thread::scope(|s| -> Result<()> {
             let gate = &gate;
             let helpers: Vec<_> = lanes
-                .enumerate()
-                .map(|(i, lane)| {
+                .map(|lane| {
                     s.spawn(move || -> Result<()> {
-                        let me = i + 1;
                         let mut step = 0;
                         for mut work in lane {
-                            work.copy_in();
+                            work.copy_in(rank);
                             step += 1;
                             if !gate.worker_pass(step) {
                                 return Ok(());
                             }
-                            if let Err(e) = work.reduce(rank, elem, threads, me, dtype, op) {
+                            if let Err(e) = work.reduce(rank, dtype, op) {
                                 gate.failed.store(true, Ordering::Release);
                                 return Err(e);
                             }
@@ -247,7 +267,7 @@ pub fn all_reduce_shm_arena(
                             if !gate.worker_pass(step) {
                                 return Ok(());
                             }
-                            work.copy_out();
+                            work.copy_out(rank);
                         }
                         Ok(())
                     })
@@ -256,19 +276,19 @@ pub fn all_reduce_shm_arena(
             let mut step = 0;
             let mut outcome = Ok(());
             for mut work in leader_lane {
-                work.copy_in();
+                work.copy_in(rank);
                 step += 1;
                 outcome = gate.leader_pass(step, || barrier(t, deadline));
                 if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
                     break;
                 }
-                let reduced = work.reduce(rank, elem, threads, 0, dtype, op);
+                let reduced = work.reduce(rank, dtype, op);
                 step += 1;
                 outcome = gate.leader_pass(step, || reduced.and_then(|()| barrier(t, deadline)));
                 if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
                     break;
                 }
-                work.copy_out();
+                work.copy_out(rank);
             }
             for helper in helpers {
                 let helped = helper.join().map_err(|_| {
@@ -358,6 +378,13 @@ mod tests {
                 other => panic!("rank {rank}: expected a closed peer, found {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn steps_smaller_than_the_arenas_chunk_match_the_reference() {
+        // A 3 MiB + 8 B chunk, 3 threads: 1.5 MiB steps, so a 1.6 MB
+        // message (I64) takes a step of 1.5 MiB and an uneven tail.
+        check(&[2, 3], &[200_001], (3 << 20) + 8, 3);
     }
 
     #[test]

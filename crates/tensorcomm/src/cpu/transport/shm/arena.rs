@@ -228,34 +228,49 @@ impl ShmArena {
         }
     }
 
-    /// Reduces `range` of every rank's half `parity` into the same range of
-    /// this rank's half (its own contribution first, then the others in
-    /// rank order).
+    /// Reduces `range` of every other rank's half `parity` into `acc`
+    /// (`acc.len() == range.len()`), which holds this rank's contribution
+    /// for those bytes: the others are combined in rank order.
     ///
-    /// The caller's protocol must make sure that, meanwhile, nobody else
-    /// touches `range` of this rank's half and nobody writes `range` of the
-    /// others'.
-    pub fn reduce_share(
+    /// The caller's protocol must make sure nobody writes `range` of the
+    /// other ranks' halves meanwhile.
+    pub fn reduce_share_into(
         &self,
         parity: usize,
         range: Range<usize>,
+        acc: &mut [u8],
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
-        let mine = self.offset(self.rank, parity, &range);
+        assert_eq!(acc.len(), range.len(), "reduce_share_into length");
         let base = self.segment.base().as_ptr();
-        // SAFETY: `offset` checked the range; by the caller's protocol only
-        // this rank accesses these bytes until its next barrier.
-        let acc = unsafe { std::slice::from_raw_parts_mut(base.add(mine), range.len()) };
         for other in (0..self.world_size).filter(|&r| r != self.rank) {
             let at = self.offset(other, parity, &range);
-            // SAFETY: inside the mapping and disjoint from `acc` (another
-            // rank's slot); by the caller's protocol nobody writes it now.
+            // SAFETY: `offset` checked the range lies inside the mapping,
+            // which lives as long as self; `acc` is ordinary memory, so
+            // disjoint from it; by the caller's protocol nobody writes it now.
             let src = unsafe { std::slice::from_raw_parts(base.add(at), range.len()) };
             reduce_into(op, dtype, acc, src)?;
         }
         Ok(())
     }
+}
+
+/// Slot-half size for a group of `world_size` ranks: 8 MiB split between
+/// the ranks, within 1 and 4 MiB, so the whole arena (two halves per rank)
+/// stays at or under 16 MiB of shared memory (containers often give
+/// `/dev/shm` only 64 MiB) while few ranks get steps big enough for many
+/// threads each.
+///
+/// ```
+/// use tensorcomm::cpu::transport::shm::arena_chunk;
+/// assert_eq!(arena_chunk(2), 4 << 20);
+/// assert_eq!(arena_chunk(4), 2 << 20);
+/// assert_eq!(arena_chunk(8), 1 << 20);
+/// assert_eq!(arena_chunk(64), 1 << 20);
+/// ```
+pub fn arena_chunk(world_size: usize) -> usize {
+    ((8 << 20) / world_size.max(1)).clamp(DEFAULT_ARENA_CHUNK, 4 << 20)
 }
 
 #[cfg(test)]
