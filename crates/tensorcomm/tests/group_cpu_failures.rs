@@ -280,7 +280,7 @@ fn child_rank_entry() {
 /// Ranks 0 and 2 run here (threads), rank 1 in a child process. Ranks 0
 /// and 1 enter all_reduce seq 1; rank 1 is SIGKILLed inside it; rank 2
 /// joins afterwards. Both survivors fail within seconds (of a 30 s
-/// timeout) with the op, the sequence number and a named rank.
+/// timeout) with the op, the sequence number and rank 1 named.
 fn a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name(
     choice: TransportChoice,
 ) {
@@ -353,7 +353,7 @@ fn a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name(
         let (op, seq, ranks, source) = failed(err);
         assert_eq!((op.as_str(), seq), ("all_reduce", 1));
         assert!(
-            matches!(source, Error::PeerClosed { .. }),
+            matches!(source, Error::PeerClosed { peer: 1, .. }),
             "{choice}: {source:?}"
         );
         assert!(
@@ -368,6 +368,7 @@ fn a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name(
         elapsed < Duration::from_secs(10),
         "{choice}: took {elapsed:?} of a 30 s timeout"
     );
-    assert!(named.contains(&vec![1]), "{choice}: {named:?}");
-    assert!(named.iter().all(|r| r.len() == 1), "{choice}: {named:?}");
+    // Rank 2 may first lose its link to rank 0 (which gave up), but learns
+    // from the store that rank 1 is the one that died.
+    assert_eq!(named, [[1], [1]], "{choice}");
 }

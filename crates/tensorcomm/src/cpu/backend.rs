@@ -49,6 +49,7 @@ use super::transport::shm::{arena_chunk, ShmArena};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
+use crate::group::failure_report::FailureBoard;
 use crate::group::fingerprint::{
     reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
 };
@@ -154,6 +155,9 @@ struct Shared {
     broken: Mutex<Option<(String, u64)>>,
     recorder: FlightRecorder,
     turn: Turn,
+    /// Where a failed collective posts its root cause before closing the
+    /// connections (see `group/failure_report.rs`).
+    failures: FailureBoard,
 }
 
 /// The next sequence number and the queue to the group's thread, under one
@@ -258,6 +262,7 @@ impl ProcessGroupCpu {
                 }
             })
             .map_err(|e| Error::io("starting the process group's thread", e))?;
+        let failures = FailureBoard::new(store.clone(), key_prefix);
         Ok(ProcessGroupCpu {
             origin: Origin {
                 store: store.clone(),
@@ -277,6 +282,7 @@ impl ProcessGroupCpu {
                 broken: Mutex::new(None),
                 recorder,
                 turn: Turn::default(),
+                failures,
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout: options.timeout,
@@ -373,6 +379,11 @@ fn run(
     );
     outcome.map_err(|source| {
         *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
+        // The report goes out before the connections close, so a rank that
+        // fails because they closed finds it.
+        let source = shared
+            .failures
+            .settle(&fp, shared.rank, source, transport.mismatched());
         shared.transport.abort();
         let ranks = match &source {
             Error::PeerClosed { peer, .. }

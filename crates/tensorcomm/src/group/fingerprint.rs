@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use super::ReduceOp;
@@ -73,7 +74,7 @@ impl CollectiveKind {
         )
     }
 
-    fn from_code(code: u8) -> Option<Self> {
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
         Some(match code {
             1 => CollectiveKind::AllReduce,
             2 => CollectiveKind::Broadcast,
@@ -183,7 +184,7 @@ impl Fingerprint {
     }
 
     /// Decodes a peer's fingerprint; `None` when the bytes are not one.
-    fn decode(bytes: &[u8; FINGERPRINT_LEN]) -> Option<Self> {
+    pub(crate) fn decode(bytes: &[u8; FINGERPRINT_LEN]) -> Option<Self> {
         let u64_at = |i: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&bytes[i..i + 8]);
@@ -247,6 +248,9 @@ pub(crate) struct Fingerprinted<'a> {
     encoded: [u8; FINGERPRINT_LEN],
     sent: Vec<AtomicBool>,
     received: Vec<AtomicBool>,
+    /// The first peer whose fingerprint differed from this rank's, with
+    /// the bytes it sent (for the failure report of `group/failure_report.rs`).
+    mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
 }
 
 impl<'a> Fingerprinted<'a> {
@@ -258,7 +262,14 @@ impl<'a> Fingerprinted<'a> {
             encoded: mine.encode(),
             sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
             received: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            mismatched: OnceLock::new(),
         }
+    }
+
+    /// The first peer whose fingerprint differed from this rank's and the
+    /// encoded fingerprint it sent; `None` while every check has passed.
+    pub(crate) fn mismatched(&self) -> Option<(usize, [u8; FINGERPRINT_LEN])> {
+        self.mismatched.get().copied()
     }
 
     fn first_send(&self, to: usize) -> bool {
@@ -277,6 +288,7 @@ impl<'a> Fingerprinted<'a> {
         if theirs == &self.encoded {
             return Ok(());
         }
+        let _ = self.mismatched.set((from, *theirs));
         let described = match Fingerprint::decode(theirs) {
             Some(fp) => fp.to_string(),
             None => format!("unrecognised fingerprint bytes {theirs:?}"),

@@ -11,9 +11,14 @@
 //! both. A failed collective (a peer closed its connection, timed out, or
 //! mismatched) fails with
 //! [`Error::CollectiveFailed`](crate::Error::CollectiveFailed) naming the op,
-//! the sequence number and the peer ranks involved; the group then closes
-//! its connections so that every other rank fails promptly too, and later
-//! calls fail with [`Error::GroupBroken`](crate::Error::GroupBroken).
+//! the sequence number and the peer ranks involved. Before closing its
+//! connections (so that every other rank fails promptly too) the failing
+//! rank posts the root cause to the group's store, first report of a
+//! sequence number kept; a rank that then fails only because a peer gave
+//! up and closed reports that root cause instead (a mismatch with both
+//! fingerprints, or the rank that died or did not arrive), so every rank
+//! names the same cause. Later calls fail with
+//! [`Error::GroupBroken`](crate::Error::GroupBroken).
 //!
 //! ```
 //! use tensorcomm::group::{init_process_group, Backend, ReduceOp};
@@ -28,6 +33,7 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;
 mod new_group;

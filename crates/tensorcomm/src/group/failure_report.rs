@@ -1,0 +1,671 @@
+//! Failure reports: how the root cause of a failed collective reaches every
+//! rank of the group, not only the ranks that saw it.
+//!
+//! A rank whose collective fails (a fingerprint mismatch, a peer that closed
+//! its connection or died, a peer that did not respond in time, ranks
+//! missing from a monitored barrier) posts a [`FailureReport`] to the
+//! group's store under `{key_prefix}/failure/{seq}` with `compare_set`, so
+//! the first report of a sequence number is the one kept, and only then
+//! closes its connections. A rank whose own failure is a closed or silent
+//! peer may just be seeing such a close: it posts the same way, and when
+//! the key already holds another rank's report (one naming a different
+//! peer, or a mismatch) it reports that root cause instead, seen from its
+//! side (its own fingerprint as `mine`).
+//!
+//! No rank has to wait for the key: a report is in the store before the
+//! connections whose closing causes the secondary failures are closed, so a
+//! rank that fails because of it finds it on its first look. Only failures
+//! touch the store (collectives that succeed never do), and every store
+//! call is bounded by [`STORE_PATIENCE`]: when the store is slow or gone,
+//! a rank keeps its own error.
+//!
+//! Encoding (little-endian), a few dozen bytes: version, cause tag, op
+//! code, 0, reporting rank (u32), sequence number (u64), then per cause:
+//! mismatch: peer (u32), both sides (each a 32-byte fingerprint, or a text
+//! for mismatches found by an algorithm, such as all_to_all's split sizes);
+//! closed peer: peer (u32), reason (u16 length + UTF-8, at most 256 bytes);
+//! silent peer: peer (u32), timeout in ms (u64); missing ranks: timeout in
+//! ms (u64), count (u32), ranks (u32 each).
+//!
+//! Keys are per group (its key prefix) and per sequence number; a group is
+//! never set up twice under one prefix of one store (its transport setup
+//! keys would clash too), so a report never outlives its group's meaning.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fingerprint::{CollectiveKind, Fingerprint, FINGERPRINT_LEN};
+use crate::store::Store;
+use crate::Error;
+
+/// How long a failing rank waits on the store to post or read a report
+/// before it gives up and keeps its own error.
+pub(crate) const STORE_PATIENCE: Duration = Duration::from_secs(2);
+
+const VERSION: u8 = 1;
+const MAX_TEXT: usize = 256;
+
+/// One side of a mismatch: an encoded fingerprint, or an algorithm's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Fingerprint([u8; FINGERPRINT_LEN]),
+    Text(String),
+}
+
+impl Side {
+    fn describe(&self) -> String {
+        match self {
+            Side::Fingerprint(bytes) => match Fingerprint::decode(bytes) {
+                Some(fp) => fp.to_string(),
+                None => format!("unrecognised fingerprint bytes {bytes:?}"),
+            },
+            Side::Text(text) => text.clone(),
+        }
+    }
+}
+
+/// Why a collective failed, as the reporting rank saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The reporter (`mine`) and `peer` (`theirs`) disagreed on the collective.
+    Mismatch {
+        peer: usize,
+        mine: Side,
+        theirs: Side,
+    },
+    /// `peer` closed its connection or died.
+    PeerClosed { peer: usize, reason: String },
+    /// `peer` did not respond within `timeout`.
+    PeerTimeout { peer: usize, timeout: Duration },
+    /// A monitored barrier's missing ranks.
+    RanksMissing {
+        missing: Vec<usize>,
+        timeout: Duration,
+    },
+}
+
+/// The root cause of a failed collective, as posted to the group's store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FailureReport {
+    pub(crate) op: CollectiveKind,
+    pub(crate) seq: u64,
+    pub(crate) reporter: usize,
+    pub(crate) cause: Cause,
+}
+
+/// The store key of collective `seq`'s report in the group at `key_prefix`.
+pub(crate) fn failure_key(key_prefix: &str, seq: u64) -> String {
+    format!("{key_prefix}/failure/{seq}")
+}
+
+fn clip(text: &str) -> String {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+fn put_u32(out: &mut Vec<u8>, v: usize) {
+    out.extend_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+fn put_millis(out: &mut Vec<u8>, d: Duration) {
+    out.extend_from_slice(
+        &u64::try_from(d.as_millis())
+            .unwrap_or(u64::MAX)
+            .to_le_bytes(),
+    );
+}
+
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    let text = clip(text);
+    out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn put_side(out: &mut Vec<u8>, side: &Side) {
+    match side {
+        Side::Fingerprint(bytes) => {
+            out.push(0);
+            out.extend_from_slice(bytes);
+        }
+        Side::Text(text) => {
+            out.push(1);
+            put_text(out, text);
+        }
+    }
+}
+
+/// Reads a report's fields in order; every read is `None` past the end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < n {
+            return None;
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u32(&mut self) -> Option<usize> {
+        let b = self.take(4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Some(u64::from_le_bytes(b))
+    }
+
+    fn millis(&mut self) -> Option<Duration> {
+        self.u64().map(Duration::from_millis)
+    }
+
+    fn text(&mut self) -> Option<String> {
+        let b = self.take(2)?;
+        let len = usize::from(u16::from_le_bytes([b[0], b[1]]));
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+
+    fn side(&mut self) -> Option<Side> {
+        match self.u8()? {
+            0 => {
+                let mut fp = [0u8; FINGERPRINT_LEN];
+                fp.copy_from_slice(self.take(FINGERPRINT_LEN)?);
+                Some(Side::Fingerprint(fp))
+            }
+            1 => Some(Side::Text(self.text()?)),
+            _ => None,
+        }
+    }
+}
+
+impl FailureReport {
+    /// The report of `err`, which failed collective `fp` on `rank`;
+    /// `mismatched` is the peer and fingerprint bytes that failed this
+    /// rank's fingerprint check, if one did. `None` for errors that are not
+    /// about the group (nothing worth telling the other ranks).
+    pub(crate) fn from_error(
+        fp: &Fingerprint,
+        rank: usize,
+        err: &Error,
+        mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+    ) -> Option<Self> {
+        let cause = match err {
+            Error::CollectiveMismatch {
+                peer, mine, theirs, ..
+            } => match mismatched {
+                Some((p, bytes)) if p == *peer => Cause::Mismatch {
+                    peer: *peer,
+                    mine: Side::Fingerprint(fp.encode()),
+                    theirs: Side::Fingerprint(bytes),
+                },
+                _ => Cause::Mismatch {
+                    peer: *peer,
+                    mine: Side::Text(mine.clone()),
+                    theirs: Side::Text(theirs.clone()),
+                },
+            },
+            Error::PeerClosed { peer, reason, .. } => Cause::PeerClosed {
+                peer: *peer,
+                reason: reason.clone(),
+            },
+            Error::PeerIo { peer, source, .. } => Cause::PeerClosed {
+                peer: *peer,
+                reason: source.to_string(),
+            },
+            Error::PeerTimeout { peer, timeout, .. } => Cause::PeerTimeout {
+                peer: *peer,
+                timeout: *timeout,
+            },
+            Error::RanksMissing { missing, timeout } => Cause::RanksMissing {
+                missing: missing.clone(),
+                timeout: *timeout,
+            },
+            _ => return None,
+        };
+        Some(FailureReport {
+            op: fp.kind,
+            seq: fp.seq,
+            reporter: rank,
+            cause,
+        })
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let tag = match self.cause {
+            Cause::Mismatch { .. } => 1,
+            Cause::PeerClosed { .. } => 2,
+            Cause::PeerTimeout { .. } => 3,
+            Cause::RanksMissing { .. } => 4,
+        };
+        let mut out = vec![VERSION, tag, self.op as u8, 0];
+        put_u32(&mut out, self.reporter);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        match &self.cause {
+            Cause::Mismatch { peer, mine, theirs } => {
+                put_u32(&mut out, *peer);
+                put_side(&mut out, mine);
+                put_side(&mut out, theirs);
+            }
+            Cause::PeerClosed { peer, reason } => {
+                put_u32(&mut out, *peer);
+                put_text(&mut out, reason);
+            }
+            Cause::PeerTimeout { peer, timeout } => {
+                put_u32(&mut out, *peer);
+                put_millis(&mut out, *timeout);
+            }
+            Cause::RanksMissing { missing, timeout } => {
+                put_millis(&mut out, *timeout);
+                put_u32(&mut out, missing.len());
+                for &r in missing {
+                    put_u32(&mut out, r);
+                }
+            }
+        }
+        out
+    }
+
+    /// Decodes a stored report; `None` when the bytes are not one.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader { bytes };
+        let (version, tag, op, pad) = (r.u8()?, r.u8()?, r.u8()?, r.u8()?);
+        if version != VERSION || pad != 0 {
+            return None;
+        }
+        let op = CollectiveKind::from_code(op)?;
+        let (reporter, seq) = (r.u32()?, r.u64()?);
+        let cause = match tag {
+            1 => Cause::Mismatch {
+                peer: r.u32()?,
+                mine: r.side()?,
+                theirs: r.side()?,
+            },
+            2 => Cause::PeerClosed {
+                peer: r.u32()?,
+                reason: r.text()?,
+            },
+            3 => Cause::PeerTimeout {
+                peer: r.u32()?,
+                timeout: r.millis()?,
+            },
+            4 => {
+                let timeout = r.millis()?;
+                let n = r.u32()?;
+                if n > r.bytes.len() / 4 {
+                    return None;
+                }
+                let missing = (0..n).map(|_| r.u32()).collect::<Option<Vec<_>>>()?;
+                Cause::RanksMissing { missing, timeout }
+            }
+            _ => return None,
+        };
+        r.bytes.is_empty().then_some(FailureReport {
+            op,
+            seq,
+            reporter,
+            cause,
+        })
+    }
+
+    /// The root cause as rank `rank`, which ran `mine`, reports it: a
+    /// mismatch names the rank whose fingerprint differs from `mine`, with
+    /// both fingerprints; a closed or silent peer is named as the reporter
+    /// found it.
+    pub(crate) fn to_error(&self, mine: &Fingerprint, rank: usize) -> Error {
+        let reporter = self.reporter;
+        let during = format!(
+            "{} (sequence number {}), as rank {reporter} found and reported through the store",
+            self.op.name(),
+            self.seq
+        );
+        match &self.cause {
+            Cause::Mismatch {
+                peer,
+                mine: theirs_mine,
+                theirs,
+            } => {
+                let (peer, theirs) = match (theirs_mine, theirs) {
+                    // This rank agrees with the reporter: the peer is the odd one.
+                    (Side::Fingerprint(m), _) if *m == mine.encode() && *peer != rank => {
+                        (*peer, theirs.describe())
+                    }
+                    (Side::Fingerprint(_), _) => (reporter, theirs_mine.describe()),
+                    (Side::Text(_), _) => (
+                        if *peer == rank { reporter } else { *peer },
+                        format!(
+                            "{}, as rank {reporter} found (it ran {})",
+                            theirs.describe(),
+                            theirs_mine.describe()
+                        ),
+                    ),
+                };
+                Error::CollectiveMismatch {
+                    rank,
+                    peer,
+                    mine: mine.to_string(),
+                    theirs,
+                }
+            }
+            Cause::PeerClosed { peer, reason } => Error::PeerClosed {
+                peer: *peer,
+                during,
+                reason: reason.clone(),
+            },
+            Cause::PeerTimeout { peer, timeout } => Error::PeerTimeout {
+                peer: *peer,
+                during,
+                timeout: *timeout,
+            },
+            Cause::RanksMissing { missing, timeout } => Error::RanksMissing {
+                missing: missing.clone(),
+                timeout: *timeout,
+            },
+        }
+    }
+
+    /// True when this report names the same closed or silent peer as
+    /// `err` (then `err` is as good a root cause as the report).
+    fn same_peer_as(&self, err: &Error) -> bool {
+        let named = match &self.cause {
+            Cause::PeerClosed { peer, .. } | Cause::PeerTimeout { peer, .. } => *peer,
+            _ => return false,
+        };
+        matches!(err,
+            Error::PeerClosed { peer, .. } | Error::PeerTimeout { peer, .. } | Error::PeerIo { peer, .. }
+            if *peer == named)
+    }
+}
+
+/// True for errors that a rank also sees when another rank gave up and
+/// closed its connections (so the root cause may be elsewhere).
+fn may_be_secondary(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::PeerClosed { .. } | Error::PeerTimeout { .. } | Error::PeerIo { .. }
+    )
+}
+
+/// `store.compare_set(key, "", value)` on a helper thread, waited on for at
+/// most [`STORE_PATIENCE`]; `None` when it failed or took longer.
+fn post_first(store: &Arc<dyn Store>, key: String, value: Vec<u8>) -> Option<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    let store = store.clone();
+    let spawned = std::thread::Builder::new()
+        .name("tensorcomm-failure-report".into())
+        .spawn(move || {
+            let _ = tx.send(store.compare_set(&key, b"", &value));
+        });
+    if spawned.is_err() {
+        return None;
+    }
+    match rx.recv_timeout(STORE_PATIENCE) {
+        Ok(Ok(stored)) => Some(stored),
+        Ok(Err(e)) => {
+            tracing::debug!("could not post a failure report: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("the store did not answer a failure report within {STORE_PATIENCE:?}");
+            None
+        }
+    }
+}
+
+/// Where a group's failed collectives leave their reports: its store and
+/// key prefix.
+pub(crate) struct FailureBoard {
+    store: Arc<dyn Store>,
+    key_prefix: String,
+}
+
+impl FailureBoard {
+    pub(crate) fn new(store: Arc<dyn Store>, key_prefix: &str) -> Self {
+        FailureBoard {
+            store,
+            key_prefix: key_prefix.into(),
+        }
+    }
+
+    /// Posts the report of `err` (collective `fp` failed on `rank`; see
+    /// [`FailureReport::from_error`] for `mismatched`) unless one is there
+    /// already, and returns the error this rank reports: its own, or the
+    /// root cause another rank posted first when its own is a closed or
+    /// silent peer that the report does not name. Call it before closing
+    /// this rank's connections.
+    pub(crate) fn settle(
+        &self,
+        fp: &Fingerprint,
+        rank: usize,
+        err: Error,
+        mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+    ) -> Error {
+        let Some(report) = FailureReport::from_error(fp, rank, &err, mismatched) else {
+            return err;
+        };
+        let encoded = report.encode();
+        let key = failure_key(&self.key_prefix, fp.seq);
+        let Some(stored) = post_first(&self.store, key, encoded.clone()) else {
+            return err;
+        };
+        if stored == encoded || !may_be_secondary(&err) {
+            return err;
+        }
+        match FailureReport::decode(&stored) {
+            Some(first) if first.seq == fp.seq && !first.same_peer_as(&err) => {
+                tracing::debug!(
+                    seq = fp.seq,
+                    reporter = first.reporter,
+                    "reporting the root cause another rank posted instead of: {err}"
+                );
+                first.to_error(fp, rank)
+            }
+            _ => err,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::HashStore;
+    use crate::tensor::DType;
+
+    fn fp(numel: u64, seq: u64) -> Fingerprint {
+        Fingerprint {
+            kind: CollectiveKind::AllReduce,
+            reduce_op: 1,
+            dtype: Some(DType::I32),
+            root: 0,
+            seq,
+            numel,
+            shape_hash: 7,
+        }
+    }
+
+    fn report(cause: Cause) -> FailureReport {
+        FailureReport {
+            op: CollectiveKind::AllReduce,
+            seq: 5,
+            reporter: 2,
+            cause,
+        }
+    }
+
+    fn closed(peer: usize) -> Error {
+        Error::PeerClosed {
+            peer,
+            during: "receiving".into(),
+            reason: "connection closed".into(),
+        }
+    }
+
+    #[test]
+    fn every_cause_survives_encoding_and_truncation_is_refused() {
+        let causes = [
+            Cause::Mismatch {
+                peer: 3,
+                mine: Side::Fingerprint(fp(8, 5).encode()),
+                theirs: Side::Fingerprint(fp(9, 5).encode()),
+            },
+            Cause::Mismatch {
+                peer: 1,
+                mine: Side::Text("sending 4 bytes".into()),
+                theirs: Side::Text("expecting 6 bytes".into()),
+            },
+            Cause::PeerClosed {
+                peer: 7,
+                reason: "é".repeat(200),
+            },
+            Cause::PeerTimeout {
+                peer: 0,
+                timeout: Duration::from_millis(1500),
+            },
+            Cause::RanksMissing {
+                missing: vec![1, 3],
+                timeout: Duration::from_secs(2),
+            },
+        ];
+        for cause in causes {
+            let r = report(cause);
+            let bytes = r.encode();
+            let back = FailureReport::decode(&bytes).unwrap();
+            match (&back.cause, &r.cause) {
+                // Long reasons are clipped to 256 bytes on a char boundary.
+                (Cause::PeerClosed { reason: got, .. }, Cause::PeerClosed { reason, .. }) => {
+                    assert_eq!(got.len(), 256);
+                    assert!(reason.starts_with(got.as_str()));
+                }
+                _ => assert_eq!(back, r),
+            }
+            for cut in 0..bytes.len() {
+                assert_eq!(FailureReport::decode(&bytes[..cut]), None, "cut {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(FailureReport::decode(&longer), None);
+        }
+        assert_eq!(FailureReport::decode(b"not a report at all"), None);
+    }
+
+    #[test]
+    fn a_mismatch_is_reported_from_each_ranks_side_with_both_fingerprints() {
+        // Rank 2 (8 elements) found rank 3 (9 elements) different.
+        let r = report(Cause::Mismatch {
+            peer: 3,
+            mine: Side::Fingerprint(fp(8, 5).encode()),
+            theirs: Side::Fingerprint(fp(9, 5).encode()),
+        });
+        let (normal, odd) = (fp(8, 5).to_string(), fp(9, 5).to_string());
+        match r.to_error(&fp(8, 5), 0) {
+            Error::CollectiveMismatch {
+                rank: 0,
+                peer: 3,
+                mine,
+                theirs,
+            } => assert_eq!((mine, theirs), (normal.clone(), odd.clone())),
+            other => panic!("{other:?}"),
+        }
+        match r.to_error(&fp(9, 5), 3) {
+            Error::CollectiveMismatch {
+                rank: 3,
+                peer: 2,
+                mine,
+                theirs,
+            } => assert_eq!((mine, theirs), (odd, normal.clone())),
+            other => panic!("{other:?}"),
+        }
+        // A third view (10 elements) differs from the reporter's.
+        match r.to_error(&fp(10, 5), 1) {
+            Error::CollectiveMismatch {
+                peer: 2, theirs, ..
+            } => assert_eq!(theirs, normal),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_first_report_wins_and_a_closed_link_adopts_it() {
+        let store: Arc<dyn Store> = Arc::new(HashStore::new());
+        let board = FailureBoard::new(store.clone(), "g");
+        let mismatch = Error::CollectiveMismatch {
+            rank: 3,
+            peer: 2,
+            mine: fp(9, 5).to_string(),
+            theirs: fp(8, 5).to_string(),
+        };
+        // Rank 3 found the mismatch first and keeps its own error.
+        let got = board.settle(&fp(9, 5), 3, mismatch, Some((2, fp(8, 5).encode())));
+        assert!(matches!(got, Error::CollectiveMismatch { peer: 2, .. }));
+        let stored = store.get("g/failure/5").unwrap();
+        assert_eq!(
+            FailureReport::decode(&stored).unwrap().cause,
+            Cause::Mismatch {
+                peer: 2,
+                mine: Side::Fingerprint(fp(9, 5).encode()),
+                theirs: Side::Fingerprint(fp(8, 5).encode()),
+            }
+        );
+        // Rank 0 lost its link to rank 3, which gave up: it reports the mismatch.
+        match board.settle(&fp(8, 5), 0, closed(3), None) {
+            Error::CollectiveMismatch {
+                rank: 0,
+                peer: 3,
+                mine,
+                theirs,
+            } => assert_eq!((mine, theirs), (fp(8, 5).to_string(), fp(9, 5).to_string())),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.get("g/failure/5").unwrap(), stored, "first kept");
+        // Another sequence number has its own key.
+        assert!(matches!(
+            board.settle(&fp(8, 6), 0, closed(3), None),
+            Error::PeerClosed { peer: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn a_dead_peer_is_named_by_ranks_that_lost_another_link() {
+        let store: Arc<dyn Store> = Arc::new(HashStore::new());
+        let board = FailureBoard::new(store, "g");
+        // Rank 1 saw rank 2 die; rank 0, waiting on rank 1, then lost it.
+        assert!(matches!(
+            board.settle(&fp(8, 0), 1, closed(2), None),
+            Error::PeerClosed { peer: 2, .. }
+        ));
+        match board.settle(&fp(8, 0), 0, closed(1), None) {
+            Error::PeerClosed {
+                peer: 2,
+                during,
+                reason,
+            } => {
+                assert!(during.contains("rank 1 found"), "{during}");
+                assert_eq!(reason, "connection closed");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A rank that saw rank 2 die itself keeps its own error.
+        match board.settle(&fp(8, 0), 3, closed(2), None) {
+            Error::PeerClosed { during, .. } => assert_eq!(during, "receiving"),
+            other => panic!("{other:?}"),
+        }
+        // Errors about this rank's own arguments are not posted.
+        let own = Error::InvalidArgument("x".into());
+        assert!(matches!(
+            board.settle(&fp(8, 1), 0, own, None),
+            Error::InvalidArgument(_)
+        ));
+    }
+}
