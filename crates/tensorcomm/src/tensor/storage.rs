@@ -4,12 +4,12 @@
 //! owns a type-erased `Vec<T>` (so [`Tensor::into_vec`](super::Tensor::into_vec)
 //! can hand the very same allocation back) or borrows the caller's
 //! `&'a mut [T]` as bytes. Both are reached through `bytemuck`, so no
-//! `unsafe` is needed.
+//! `unsafe` is needed here. With the `cuda` feature, [`Memory`] also holds
+//! pinned host buffers and GPU memory, whose bytes only `cuda::runtime`
+//! touches.
 //!
 //! Views share one storage through [`SharedStorage`] (`Arc<RwLock<..>>`):
-//! many readers at once, one writer at a time. Device memory (pinned host
-//! buffers, CUDA allocations) joins [`Memory`] as new variants when the CUDA
-//! runtime layer exists.
+//! many readers at once, one writer at a time.
 
 use std::any::Any;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
