@@ -7,10 +7,10 @@
 //! fingerprint (op, reduce op, dtype, element count, shape and strides
 //! hash, root, sequence number) in front of the first message to each
 //! peer; a receiver whose own fingerprint differs fails with
-//! [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch) naming
+//! [`Error::CollectiveMismatch`] naming
 //! both. A failed collective (a peer closed its connection, timed out, or
 //! mismatched) fails with
-//! [`Error::CollectiveFailed`](crate::Error::CollectiveFailed) naming the op,
+//! [`Error::CollectiveFailed`] naming the op,
 //! the sequence number and the peer ranks involved. Before closing its
 //! connections (so that every other rank fails promptly too) the failing
 //! rank posts the root cause to the group's store, first report of a
@@ -18,7 +18,7 @@
 //! up and closed reports that root cause instead (a mismatch with both
 //! fingerprints, or the rank that died or did not arrive), so every rank
 //! names the same cause. Later calls fail with
-//! [`Error::GroupBroken`](crate::Error::GroupBroken).
+//! [`Error::GroupBroken`].
 //!
 //! ```
 //! use tensorcomm::group::{init_process_group, Backend, ReduceOp};

@@ -4,8 +4,8 @@
 //! counts to and from peers, each call bounded by a deadline. There is no
 //! framing: both sides know how many bytes a step of an algorithm moves, and
 //! the process group adds its own headers where it needs them. Failures name
-//! the peer ([`Error::PeerClosed`], [`Error::PeerTimeout`],
-//! [`Error::PeerIo`]), so a collective can say which rank went missing.
+//! the peer ([`Error::PeerClosed`](crate::Error::PeerClosed), [`Error::PeerTimeout`](crate::Error::PeerTimeout),
+//! [`Error::PeerIo`](crate::Error::PeerIo)), so a collective can say which rank went missing.
 //!
 //! [`TcpTransport`] is a full mesh of TCP connections set up through a
 //! [`Store`](crate::store::Store). [`shm::ShmTransport`] implements the

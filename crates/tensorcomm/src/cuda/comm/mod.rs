@@ -13,7 +13,7 @@
 //! Semantics follow `torch/csrc/cuda/comm.cpp`: outputs on the source's own
 //! device are the inputs themselves (same storage), dense layouts such as
 //! channels-last are preserved, and every argument is checked before
-//! anything is written — errors ([`Error::CommArgument`](crate::Error::CommArgument))
+//! anything is written — errors ([`Error::CommArgument`])
 //! name the offending tensor index, what was expected and what was found.
 //! Differences: dtypes must match (PyTorch would convert), and every call
 //! has finished its GPU work when it returns.
