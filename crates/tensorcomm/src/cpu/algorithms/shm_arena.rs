@@ -46,8 +46,10 @@
 //! copy bandwidth, so each of the two barriers (a gate of up to 8 threads,
 //! then `log2 N` rounds of transport messages, gated by the slowest thread
 //! of the slowest rank) looked like it cost tens of µs; halving their
-//! number was predicted to cut 10-25% at 4 and 8 ranks. Outcome: see
-//! bench/results/NOTES.md.
+//! number was predicted to cut 10-25% at 4 and 8 ranks. Outcome (same
+//! host, bench/results/NOTES.md): 32 MiB 12%, 23% and 11% faster at 2, 4
+//! and 8 ranks; 8 MiB 14% and 6% faster at 4 and 8 ranks; one-step
+//! messages (2 MiB) unchanged within the run-to-run noise (~14%).
 //!
 //! A single core cannot saturate memory bandwidth, so with `threads > 1`
 //! each rank splits every step's bytes between itself and `threads - 1`
