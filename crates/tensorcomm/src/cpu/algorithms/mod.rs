@@ -212,8 +212,8 @@ pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usiz
 
 /// An arena all-reduce moves the message in steps of at most this many
 /// bytes per thread of a rank (within [`SHM_ARENA_MIN_STEP_BYTES`] and the
-/// arena's chunk): every step costs two barriers over the group, so many
-/// threads get bigger steps.
+/// arena's chunk): every step costs a barrier over the group (the steps
+/// are pipelined), so many threads get bigger steps.
 pub const SHM_ARENA_STEP_BYTES_PER_THREAD: usize = 512 << 10;
 
 /// The smallest step of an arena all-reduce (unless the arena's chunk is

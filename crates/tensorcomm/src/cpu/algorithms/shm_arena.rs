@@ -5,28 +5,51 @@
 //!
 //! The message goes through the [`ShmArena`] one step at a time (up to the
 //! arena's chunk; bigger with more threads, see
-//! `SHM_ARENA_STEP_BYTES_PER_THREAD`). For step `k` (slot half `p`,
-//! alternating), with the step split into one share per rank:
-//! 1. every rank copies the other ranks' shares of its step into its own
-//!    slot's half `p` (its own share stays in its buffer);
-//! 2. barrier;
-//! 3. every rank reduces its own share: its input, in its buffer, combined
-//!    with that share of every other slot, in place; then it copies the
-//!    result into its own slot (reduce-scatter);
-//! 4. barrier;
-//! 5. every rank copies each other rank's reduced share out of that rank's
-//!    slot (all-gather).
+//! `SHM_ARENA_STEP_BYTES_PER_THREAD`). Step `k` uses slot half `k % 2`
+//! (alternating), with the step split into one share per rank:
+//! - copy in: every rank copies the other ranks' shares of its step into
+//!   its own slot's half (its own share stays in its buffer);
+//! - reduce: every rank reduces its own share: its input, in its buffer,
+//!   combined with that share of every other slot, in place; then it
+//!   copies the result into its own slot (reduce-scatter);
+//! - copy out: every rank copies each other rank's reduced share out of
+//!   that rank's slot (all-gather).
+//!
+//! The steps are pipelined: phase `j` copies step `j` in, reduces step
+//! `j - 1` and copies step `j - 2` out, and a barrier separates phases, so
+//! `S` steps take `S + 1` barriers (two per step without the pipeline).
+//! Two halves are enough, because every step of a call lays its shares
+//! out in the same bytes of the slot half (the steps are made as equal as
+//! whole elements allow; the last one's shares are the first one's, cut
+//! at its length). In half `j % 2` of its slot, a rank writes the other
+//! ranks' shares in phase `j` (copy in of step `j`), which they last read
+//! in phase `j - 1` (their reduce of step `j - 2`) and which are not its
+//! own share, read in phase `j` (their copy out of step `j - 2`); it
+//! writes its own share in phase `j + 1` (reduce of step `j`), which they
+//! last read in phase `j` (that copy out). A barrier lies between each
+//! such read and write. The last copy out of a call follows its last
+//! barrier, as before; the next call starts on the other half and copies
+//! into this one only after its first barrier, so the argument carries
+//! across calls.
 //!
 //! Per rank and byte of message, with `N` ranks: `3 - 1/N` bytes read and
 //! `2` written (the copy in, reduction and copy out of the whole message
 //! would be `3` and `2 + 1/N`).
 //!
-//! Step `k + 1` goes to the other half, so no third barrier is needed:
-//! everyone has finished reading step `k - 1` from that half before
-//! anyone passes the first barrier of step `k`. The barriers are
-//! dissemination barriers of 1-byte messages over the group's transport,
-//! so the collective's fingerprint rides on them and a dead peer fails
-//! them by name, as in every other algorithm.
+//! The barriers are dissemination barriers of 1-byte messages over the
+//! group's transport, so the collective's fingerprint rides on them and a
+//! dead peer fails them by name, as in every other algorithm.
+//!
+//! Pipelining, predicted and measured: on the GPU host (32 cores) the
+//! unpipelined algorithm took 260-380 µs per step at 2-8 ranks, where the
+//! bytes alone should take well under 100 µs per step at one thread's
+//! copy bandwidth, so each of the two barriers (a gate of up to 8 threads,
+//! then `log2 N` rounds of transport messages, gated by the slowest thread
+//! of the slowest rank) looked like it cost tens of µs; halving their
+//! number was predicted to cut 10-25% at 4 and 8 ranks. Outcome (same
+//! host, bench/results/NOTES.md): 32 MiB 12%, 23% and 11% faster at 2, 4
+//! and 8 ranks; 8 MiB 14% and 6% faster at 4 and 8 ranks; one-step
+//! messages (2 MiB) unchanged within the run-to-run noise (~14%).
 //!
 //! A single core cannot saturate memory bandwidth, so with `threads > 1`
 //! each rank splits every step's bytes between itself and `threads - 1`
@@ -177,6 +200,29 @@ impl ChunkWork<'_> {
     }
 }
 
+/// Phase `phase` of one thread's steps (`lane`, in order): reduces step
+/// `phase - 1`, copies step `phase - 2` out and step `phase` in, each
+/// where it exists. Between two phases every rank passes a barrier, so
+/// everything a phase reads was written before the previous barrier.
+fn run_phase(
+    lane: &mut [ChunkWork<'_>],
+    phase: usize,
+    rank: usize,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    if let Some(work) = phase.checked_sub(1).and_then(|k| lane.get_mut(k)) {
+        work.reduce(rank, dtype, op)?;
+    }
+    if let Some(work) = phase.checked_sub(2).and_then(|k| lane.get_mut(k)) {
+        work.copy_out(rank);
+    }
+    if let Some(work) = lane.get(phase) {
+        work.copy_in(rank);
+    }
+    Ok(())
+}
+
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
 /// must be shared by exactly the ranks of `t`, with `threads` threads on
 /// this rank (the caller's and `threads - 1` helpers; the step size
@@ -213,13 +259,20 @@ pub fn all_reduce_shm_arena(
         // share a step, never more than a slot half holds.
         let step = (threads * SHM_ARENA_STEP_BYTES_PER_THREAD).max(SHM_ARENA_MIN_STEP_BYTES);
         let step = chunk.min(step / elem * elem);
+        // Steps as equal as whole elements allow (the last may be up to one
+        // element per step shorter), every step's shares laid out where the
+        // first step's are: the pipeline relies on each rank's share of
+        // every step lying in the same bytes of its slot half.
+        let steps = buf.len().div_ceil(step);
+        let step = ((buf.len() / elem).div_ceil(steps) * elem).max(elem);
+        let layout = block_offsets(step, elem, world);
         // Each thread's parts of every chunk, decided up front so that the
         // threads own disjoint parts of `buf`: thread `i` gets part `i` of
         // every rank's share (in buffer order: share by share, part by part).
         let mut per_thread: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
         for piece in buf.chunks_mut(step) {
             let parity = arena.next_parity();
-            let shares = block_offsets(piece.len(), elem, world);
+            let shares: Vec<usize> = layout.iter().map(|&o| o.min(piece.len())).collect();
             for work in per_thread.iter_mut() {
                 work.push(ChunkWork {
                     arena,
@@ -245,50 +298,39 @@ pub fn all_reduce_shm_arena(
             released: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
         };
+        // The steps run as a pipeline, one barrier per phase: phase `j`
+        // reduces step `j - 1`, copies step `j - 2` out and step `j` in.
+        let phases = per_thread.first().map_or(0, Vec::len) + 1;
         let mut lanes = per_thread.into_iter();
-        let leader_lane = lanes.next().unwrap_or_default();
+        let mut leader_lane = lanes.next().unwrap_or_default();
         std::thread::scope(|s| -> Result<()> {
             let gate = &gate;
             let helpers: Vec<_> = lanes
-                .map(|lane| {
+                .map(|mut lane| {
                     s.spawn(move || -> Result<()> {
-                        let mut step = 0;
-                        for mut work in lane {
-                            work.copy_in(rank);
-                            step += 1;
-                            if !gate.worker_pass(step) {
-                                return Ok(());
-                            }
-                            if let Err(e) = work.reduce(rank, dtype, op) {
+                        for phase in 0..phases {
+                            if let Err(e) = run_phase(&mut lane, phase, rank, dtype, op) {
                                 gate.failed.store(true, Ordering::Release);
                                 return Err(e);
                             }
-                            step += 1;
-                            if !gate.worker_pass(step) {
+                            if !gate.worker_pass(phase + 1) {
                                 return Ok(());
                             }
-                            work.copy_out(rank);
                         }
-                        Ok(())
+                        run_phase(&mut lane, phases, rank, dtype, op)
                     })
                 })
                 .collect();
-            let mut step = 0;
             let mut outcome = Ok(());
-            for mut work in leader_lane {
-                work.copy_in(rank);
-                step += 1;
-                outcome = gate.leader_pass(step, || barrier(t, deadline));
+            for phase in 0..phases {
+                let done = run_phase(&mut leader_lane, phase, rank, dtype, op);
+                outcome = gate.leader_pass(phase + 1, || done.and_then(|()| barrier(t, deadline)));
                 if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
                     break;
                 }
-                let reduced = work.reduce(rank, dtype, op);
-                step += 1;
-                outcome = gate.leader_pass(step, || reduced.and_then(|()| barrier(t, deadline)));
-                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
-                    break;
-                }
-                work.copy_out(rank);
+            }
+            if outcome.is_ok() && !gate.failed.load(Ordering::Acquire) {
+                outcome = run_phase(&mut leader_lane, phases, rank, dtype, op);
             }
             for helper in helpers {
                 let helped = helper.join().map_err(|_| {
@@ -385,6 +427,15 @@ mod tests {
         // A 3 MiB + 8 B chunk, 3 threads: 1.5 MiB steps, so a 1.6 MB
         // message (I64) takes a step of 1.5 MiB and an uneven tail.
         check(&[2, 3], &[200_001], (3 << 20) + 8, 3);
+    }
+
+    #[test]
+    fn pipelined_steps_with_odd_and_even_step_counts_across_calls_match_the_reference() {
+        // 16-byte chunks, 2 threads, 4 ranks: calls of 1 to 40 steps back
+        // to back, so every phase of the pipeline (a step copied in while
+        // the one before is reduced and the one before that copied out)
+        // and every way a call can end and the next begin is exercised.
+        check(&[4], &[1, 5, 23, 40], 16, 2);
     }
 
     #[test]
