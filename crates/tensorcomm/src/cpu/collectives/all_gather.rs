@@ -4,7 +4,10 @@
 
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
+use std::time::Instant;
+
 use crate::cpu::algorithms::all_gather_ring;
+use crate::cpu::transport::Transport;
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_like, check_per_rank};
 use crate::tensor::Tensor;
@@ -34,13 +37,26 @@ pub(crate) fn plan(
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
             let n = input.nbytes();
-            let mut buf = vec![0u8; n * size];
-            read_into(&input, &mut buf[t.rank() * n..(t.rank() + 1) * n])?;
-            all_gather_ring(t, &mut buf, deadline)?;
+            let buf = gather_bytes(t, &input, size, deadline)?;
             for (out, block) in outputs.iter().zip(buf.chunks_exact(n.max(1))) {
                 write_from(out, block)?;
             }
             Ok(())
         }),
     })
+}
+
+/// Every rank's `input` bytes, in rank order: this rank's staged into its
+/// block of one buffer, the rest filled by the ring.
+pub(super) fn gather_bytes(
+    t: &dyn Transport,
+    input: &Tensor<'static>,
+    size: usize,
+    deadline: Instant,
+) -> Result<Vec<u8>> {
+    let n = input.nbytes();
+    let mut buf = vec![0u8; n * size];
+    read_into(input, &mut buf[t.rank() * n..(t.rank() + 1) * n])?;
+    all_gather_ring(t, &mut buf, deadline)?;
+    Ok(buf)
 }

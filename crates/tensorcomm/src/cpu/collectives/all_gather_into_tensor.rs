@@ -1,11 +1,11 @@
 //! `all_gather_into_tensor`: every rank's `input` concatenated (or
 //! stacked) along dim 0 into one `output` of `world` times its size, over
-//! the ring ([`all_gather_ring`]). The fingerprint covers dtype and the
+//! the ring ([`all_gather_ring`](crate::cpu::algorithms::all_gather_ring)). The fingerprint covers dtype and the
 //! input's shape.
 
-use super::staging::{read_into, write_from};
+use super::all_gather::gather_bytes;
+use super::staging::write_from;
 use super::{fingerprint, Planned};
-use crate::cpu::algorithms::all_gather_ring;
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_gathered};
 use crate::tensor::Tensor;
@@ -31,10 +31,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let n = input.nbytes();
-            let mut buf = vec![0u8; n * size];
-            read_into(&input, &mut buf[t.rank() * n..(t.rank() + 1) * n])?;
-            all_gather_ring(t, &mut buf, deadline)?;
+            let buf = gather_bytes(t, &input, size, deadline)?;
             write_from(&output, &buf)
         }),
     })
