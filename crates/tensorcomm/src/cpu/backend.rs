@@ -49,6 +49,8 @@ use super::transport::shm::{arena_chunk, ShmArena};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
+#[cfg(target_os = "linux")]
+use super::HelperThreads;
 use crate::group::failure_report::FailureBoard;
 use crate::group::fingerprint::{
     reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
@@ -179,9 +181,17 @@ pub struct ProcessGroupCpu {
     /// The group's shared-memory arena when every rank is on this host and
     /// reached over shared memory.
     #[cfg(target_os = "linux")]
-    arena: Option<Arc<ShmArena>>,
+    arena: Option<Arc<Arena>>,
     /// What `new_group` needs to set up sub-groups.
     origin: Origin,
+}
+
+/// A group's shared-memory arena and the helper threads its all-reduces
+/// split their work with.
+#[cfg(target_os = "linux")]
+struct Arena {
+    shm: ShmArena,
+    helpers: HelperThreads,
 }
 
 /// Where a group's sub-groups meet: the parent's store and key prefix,
@@ -242,14 +252,17 @@ impl ProcessGroupCpu {
         #[cfg(target_os = "linux")]
         let arena = if size > 1 && (0..size).all(|p| p == rank || transport.route(p) == Route::Shm)
         {
-            Some(Arc::new(ShmArena::connect(
-                &*store,
-                key_prefix,
-                rank,
-                size,
-                arena_chunk(size),
-                options.timeout,
-            )?))
+            Some(Arc::new(Arena {
+                shm: ShmArena::connect(
+                    &*store,
+                    key_prefix,
+                    rank,
+                    size,
+                    arena_chunk_for(size)?,
+                    options.timeout,
+                )?,
+                helpers: HelperThreads::new(&format!("arena-rank{rank}")),
+            }))
         } else {
             None
         };
@@ -404,10 +417,59 @@ fn run(
     })
 }
 
+/// Slot-half size of a group's arena: [`arena_chunk`], or the bytes in
+/// `TENSORCOMM_SHM_ARENA_CHUNK` (suffixes K and M, 4 KiB to 64 MiB) where
+/// set, for tuning. Every rank must see the same value: a rank with
+/// another one fails setup with an error naming both arena sizes.
+#[cfg(target_os = "linux")]
+fn arena_chunk_for(size: usize) -> Result<usize> {
+    const VAR: &str = "TENSORCOMM_SHM_ARENA_CHUNK";
+    let Ok(raw) = std::env::var(VAR) else {
+        return Ok(arena_chunk(size));
+    };
+    let text = raw.trim();
+    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
+        Some(d) => (d, 1 << 10),
+        None => match text.strip_suffix(['M', 'm']) {
+            Some(d) => (d, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| (4 << 10..=64 << 20).contains(n))
+        .ok_or_else(|| Error::BadValue {
+            name: VAR.into(),
+            expected: "a size from 4K to 64M (suffixes K, M)".into(),
+            found: raw.clone(),
+        })
+}
+
 /// Threads per rank for an arena all-reduce of `nbytes` over `world`
-/// ranks on this host (see [`shm_arena_threads`]).
+/// ranks on this host (see [`shm_arena_threads`]), or the number in
+/// `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for tuning. Every
+/// rank must see the same value (the launcher passes its environment on).
 #[cfg(target_os = "linux")]
 fn arena_threads(nbytes: usize, world: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        let raw = std::env::var("TENSORCOMM_SHM_ARENA_THREADS").ok()?;
+        match raw.trim().parse::<usize>() {
+            Ok(n @ 1..=64) => Some(n),
+            _ => {
+                tracing::warn!(
+                    value = %raw,
+                    "TENSORCOMM_SHM_ARENA_THREADS: expected a thread count from 1 to 64; ignored"
+                );
+                None
+            }
+        }
+    });
+    if let Some(n) = forced {
+        return *n;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     shm_arena_threads(nbytes, world, cores)
 }
@@ -454,7 +516,8 @@ impl ProcessGroup for ProcessGroupCpu {
         let tensor = tensor.clone();
         #[cfg(target_os = "linux")]
         let arena = self.arena.clone().filter(|a| {
-            tensor.numel() * tensor.dtype().size() > shm_arena_all_reduce_min_bytes(a.world_size())
+            tensor.numel() * tensor.dtype().size()
+                > shm_arena_all_reduce_min_bytes(a.shm.world_size())
         });
         self.submit(fp, timeout, move |t, deadline| {
             let dtype = tensor.dtype();
@@ -462,7 +525,10 @@ impl ProcessGroup for ProcessGroupCpu {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
                     let threads = arena_threads(bytes.len(), t.world_size());
-                    return all_reduce_shm_arena(t, arena, bytes, dtype, op, threads, deadline);
+                    let Arena { shm, helpers } = &**arena;
+                    return all_reduce_shm_arena(
+                        t, shm, helpers, bytes, dtype, op, threads, deadline,
+                    );
                 }
                 all_reduce(t, bytes, dtype, op, deadline)
             })?
@@ -488,7 +554,7 @@ impl ProcessGroup for ProcessGroupCpu {
             tensor.with_bytes_mut(|bytes| {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
-                    return broadcast_shm_arena(t, arena, bytes, root, deadline);
+                    return broadcast_shm_arena(t, &arena.shm, bytes, root, deadline);
                 }
                 broadcast_tree(t, bytes, root, deadline)
             })?

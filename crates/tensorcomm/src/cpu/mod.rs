@@ -16,9 +16,12 @@
 pub mod algorithms;
 pub mod backend;
 mod collectives;
+mod helper_threads;
 pub mod reduce;
 pub mod transport;
 
 mod monitored_barrier;
 mod p2p;
 mod sparse_all_reduce;
+
+pub use helper_threads::HelperThreads;

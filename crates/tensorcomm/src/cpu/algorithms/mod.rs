@@ -166,48 +166,56 @@ pub fn shm_arena_all_reduce_min_bytes(world_size: usize) -> usize {
     }
 }
 
-/// Arena all-reduces of at least this many bytes split their work between
-/// several threads per rank (see [`SHM_ARENA_MAX_THREADS`]): a helper
-/// thread costs tens of microseconds to start, worth it from a few chunks.
-pub const SHM_ARENA_THREADS_MIN_BYTES: usize = 2 << 20;
-
 /// Most threads per rank for an arena all-reduce (fewer when the host has
 /// fewer than this many cores per rank): one core's copies and reductions
-/// reach only a fraction of the memory bandwidth. On the 32-core GPU host
-/// (bench/results/gloo-h200x2.txt, commit ef30300) 2 ranks of 4 threads
-/// moved about 108 GB/s of copies and reductions and 8 ranks of 4 threads
-/// about 131 GB/s, so the host saturates near there; 8 lets 2 and 4 ranks
-/// reach it.
+/// reach only a fraction of the memory bandwidth.
 pub const SHM_ARENA_MAX_THREADS: usize = 8;
 
 /// Each thread of an arena all-reduce gets at least this many bytes of the
-/// message: on the GPU host (bench/results/gloo-h200x2.txt) 2 ranks
-/// all-reduced 2 MiB in 354 us with 4 threads (commit ef30300) and in
-/// 485 us with 8 (commit 60bc79e), starting and gathering threads costing
-/// more than they save on small messages.
-pub const SHM_ARENA_MIN_BYTES_PER_THREAD: usize = 512 << 10;
+/// message.
+pub const SHM_ARENA_MIN_BYTES_PER_THREAD: usize = 64 << 10;
+
+/// When the threads of every rank together would take every core of the
+/// host, each gets at least this many bytes, or each rank runs half as
+/// many.
+pub const SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD: usize = 512 << 10;
 
 /// Threads per rank for an arena all-reduce of `nbytes` over `world_size`
-/// ranks on a host of `cores` cores: one below
-/// [`SHM_ARENA_THREADS_MIN_BYTES`], otherwise as many as every rank can
-/// have cores of its own, at most [`SHM_ARENA_MAX_THREADS`] and one per
-/// [`SHM_ARENA_MIN_BYTES_PER_THREAD`] of the message.
+/// ranks on a host of `cores` cores: as many as give every rank cores of
+/// its own (at most [`SHM_ARENA_MAX_THREADS`]), halved below
+/// [`SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD`] per thread when that takes
+/// every core, and at most one per [`SHM_ARENA_MIN_BYTES_PER_THREAD`].
+///
+/// Measured on the 32-core GPU host with the threads kept alive between
+/// calls ([`HelperThreads`](crate::cpu::HelperThreads)), f32 sum, forcing
+/// 1, 2, 4 and 8 threads (bench/results/gloo-h200x2.txt): 2 ranks were
+/// fastest with 8 threads from 512 KiB (2 MiB: 66.5 µs, 120.4 with 4);
+/// 4 ranks with 4 threads up to 4 MiB and 8 from 8 MiB (32 MiB: 2488 µs
+/// with 8, 3460 with 4); 8 ranks with 2 threads up to 1 MiB and 4 from
+/// 2 MiB (2 MiB: 330 µs with 4, 527 with 2; 8 threads, 64 on 32 cores,
+/// lost everywhere). One rule covers these but for 4 ranks at 4 MiB,
+/// where it picks 8 threads (575 µs) and 4 measured faster (411 µs).
 ///
 /// ```
 /// use tensorcomm::cpu::algorithms::shm_arena_threads;
-/// assert_eq!(shm_arena_threads(1 << 20, 2, 32), 1);
-/// assert_eq!(shm_arena_threads(2 << 20, 2, 32), 4);
-/// assert_eq!(shm_arena_threads(64 << 20, 2, 32), 8);
-/// assert_eq!(shm_arena_threads(64 << 20, 8, 32), 4);
+/// assert_eq!(shm_arena_threads(256 << 10, 2, 32), 4);
+/// assert_eq!(shm_arena_threads(2 << 20, 2, 32), 8);
+/// assert_eq!(shm_arena_threads(2 << 20, 4, 32), 4);
+/// assert_eq!(shm_arena_threads(8 << 20, 4, 32), 8);
+/// assert_eq!(shm_arena_threads(1 << 20, 8, 32), 2);
+/// assert_eq!(shm_arena_threads(2 << 20, 8, 32), 4);
 /// assert_eq!(shm_arena_threads(64 << 20, 4, 2), 1);
 /// ```
 pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usize {
-    if nbytes < SHM_ARENA_THREADS_MIN_BYTES {
-        return 1;
-    }
-    (cores / world_size.max(1))
-        .clamp(1, SHM_ARENA_MAX_THREADS)
-        .min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
+    let world = world_size.max(1);
+    let own = (cores / world).clamp(1, SHM_ARENA_MAX_THREADS);
+    let fills_host = world * own >= cores;
+    let threads = if fills_host && nbytes < own * SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD {
+        (own / 2).max(1)
+    } else {
+        own
+    };
+    threads.min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
 }
 
 /// An arena all-reduce moves the message in steps of at most this many

@@ -53,16 +53,19 @@
 //!
 //! A single core cannot saturate memory bandwidth, so with `threads > 1`
 //! each rank splits every step's bytes between itself and `threads - 1`
-//! helper threads (started per call): the calling thread gathers them at a
-//! local gate after steps 1 and 3, runs the barrier, and releases them.
+//! [`HelperThreads`] (kept alive between calls): the calling thread
+//! gathers them at a local gate after each phase, runs the barrier, and
+//! releases them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
 use crate::cpu::reduce::{finish, ReduceOp};
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
+use crate::cpu::HelperThreads;
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -136,6 +139,18 @@ impl Gate {
                 self.failed.store(true, Ordering::Release);
                 Err(e)
             }
+        }
+    }
+}
+
+/// Sets the gate's failure flag if dropped while its thread panics, so no
+/// lane waits for one that will never arrive.
+struct ReleaseOnPanic<'a>(&'a Gate);
+
+impl Drop for ReleaseOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Release);
         }
     }
 }
@@ -225,12 +240,13 @@ fn run_phase(
 
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
 /// must be shared by exactly the ranks of `t`, with `threads` threads on
-/// this rank (the caller's and `threads - 1` helpers; the step size
+/// this rank (the caller's and `threads - 1` of `helpers`; the step size
 /// depends on it, so every rank passes the same number). Every rank gets
 /// bit-identical results (each element is reduced by one rank only).
 pub fn all_reduce_shm_arena(
     t: &dyn Transport,
     arena: &ShmArena,
+    helpers: &HelperThreads,
     buf: &mut [u8],
     dtype: DType,
     op: ReduceOp,
@@ -301,45 +317,45 @@ pub fn all_reduce_shm_arena(
         // The steps run as a pipeline, one barrier per phase: phase `j`
         // reduces step `j - 1`, copies step `j - 2` out and step `j` in.
         let phases = per_thread.first().map_or(0, Vec::len) + 1;
-        let mut lanes = per_thread.into_iter();
-        let mut leader_lane = lanes.next().unwrap_or_default();
-        std::thread::scope(|s| -> Result<()> {
+        let lanes: Vec<Mutex<Vec<ChunkWork<'_>>>> =
+            per_thread.into_iter().map(Mutex::new).collect();
+        let outcomes = helpers.run(threads, |i| -> Result<()> {
             let gate = &gate;
-            let helpers: Vec<_> = lanes
-                .map(|mut lane| {
-                    s.spawn(move || -> Result<()> {
-                        for phase in 0..phases {
-                            if let Err(e) = run_phase(&mut lane, phase, rank, dtype, op) {
-                                gate.failed.store(true, Ordering::Release);
-                                return Err(e);
-                            }
-                            if !gate.worker_pass(phase + 1) {
-                                return Ok(());
-                            }
-                        }
-                        run_phase(&mut lane, phases, rank, dtype, op)
-                    })
-                })
-                .collect();
-            let mut outcome = Ok(());
+            // A lane that panics must not leave the others at the gate.
+            let _release = ReleaseOnPanic(gate);
+            let mut lane = lanes[i].lock().unwrap_or_else(PoisonError::into_inner);
+            if i > 0 {
+                for phase in 0..phases {
+                    if let Err(e) = run_phase(&mut lane, phase, rank, dtype, op) {
+                        gate.failed.store(true, Ordering::Release);
+                        return Err(e);
+                    }
+                    if !gate.worker_pass(phase + 1) {
+                        return Ok(());
+                    }
+                }
+                return run_phase(&mut lane, phases, rank, dtype, op);
+            }
             for phase in 0..phases {
-                let done = run_phase(&mut leader_lane, phase, rank, dtype, op);
-                outcome = gate.leader_pass(phase + 1, || done.and_then(|()| barrier(t, deadline)));
-                if outcome.is_err() || gate.failed.load(Ordering::Acquire) {
-                    break;
+                let done = run_phase(&mut lane, phase, rank, dtype, op);
+                gate.leader_pass(phase + 1, || done.and_then(|()| barrier(t, deadline)))?;
+                if gate.failed.load(Ordering::Acquire) {
+                    // A helper failed: its own error is returned below.
+                    return Ok(());
                 }
             }
-            if outcome.is_ok() && !gate.failed.load(Ordering::Acquire) {
-                outcome = run_phase(&mut leader_lane, phases, rank, dtype, op);
-            }
-            for helper in helpers {
-                let helped = helper.join().map_err(|_| {
-                    Error::InvalidArgument("all_reduce_shm_arena: a helper thread panicked".into())
-                })?;
-                outcome = outcome.and(helped);
-            }
-            outcome
-        })?;
+            run_phase(&mut lane, phases, rank, dtype, op)
+        });
+        let mut outcome = Ok(());
+        for lane in outcomes {
+            let lane = lane.unwrap_or_else(|_| {
+                Err(Error::InvalidArgument(
+                    "all_reduce_shm_arena: a lane panicked".into(),
+                ))
+            });
+            outcome = outcome.and(lane);
+        }
+        outcome?;
     }
     finish(op, dtype, buf, world)
 }
@@ -356,7 +372,7 @@ mod tests {
             worlds,
             lengths,
             |t, store| {
-                ShmArena::connect(
+                let arena = ShmArena::connect(
                     store,
                     "arena",
                     t.rank(),
@@ -364,10 +380,11 @@ mod tests {
                     chunk,
                     Duration::from_secs(30),
                 )
-                .expect("arena setup")
+                .expect("arena setup");
+                (arena, HelperThreads::new("test"))
             },
-            |t, arena, buf, dtype, op, deadline| {
-                all_reduce_shm_arena(t, arena, buf, dtype, op, threads, deadline)
+            |t, (arena, helpers), buf, dtype, op, deadline| {
+                all_reduce_shm_arena(t, arena, helpers, buf, dtype, op, threads, deadline)
             },
         );
     }
@@ -400,6 +417,7 @@ mod tests {
             Some(all_reduce_shm_arena(
                 t,
                 &arena,
+                &HelperThreads::new("test"),
                 &mut buf,
                 DType::U8,
                 ReduceOp::Sum,
