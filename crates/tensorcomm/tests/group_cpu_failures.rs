@@ -1,7 +1,8 @@
 //! Failures of the CPU process group: monitored barriers naming the ranks
-//! that did not come, the flight recorder's states and JSON, and a rank
-//! process SIGKILLed inside a collective, over TCP and over shared memory
-//! (the test binary re-runs itself as that rank, sharing a FileStore).
+//! that did not come (over TCP and over shared memory), the flight
+//! recorder's states and JSON, and a rank process SIGKILLed inside a
+//! collective, over TCP and over shared memory (the test binary re-runs
+//! itself as that rank, sharing a FileStore).
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{groups, on_every_rank, options_over};
+use common::{groups, groups_over, on_every_rank, options_over};
 use tensorcomm::cpu::backend::ProcessGroupCpu;
 use tensorcomm::cpu::transport::{Route, TransportChoice};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
@@ -18,7 +19,14 @@ use tensorcomm::store::{FileStore, HashStore, Store};
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
-over_transports!(a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name);
+over_transports!(
+    monitored_barrier_releases_everyone_when_all_arrive,
+    monitored_barrier_names_every_absent_rank_with_wait_all,
+    monitored_barrier_names_the_first_absent_rank_without_wait_all,
+    monitored_barrier_fails_promptly_when_rank_0_is_gone,
+    monitored_barrier_without_rank_0_names_it_after_twice_the_timeout,
+    a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name,
+);
 
 fn failed(err: Error) -> (String, u64, Vec<usize>, Error) {
     match err {
@@ -33,9 +41,8 @@ fn failed(err: Error) -> (String, u64, Vec<usize>, Error) {
     }
 }
 
-#[test]
-fn monitored_barrier_releases_everyone_when_all_arrive() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn monitored_barrier_releases_everyone_when_all_arrive(choice: TransportChoice) {
+    let pgs = groups_over(3, &Arc::new(HashStore::new()), "pg", choice);
     for wait_all in [true, false] {
         let outcomes = on_every_rank(&pgs, |pg| {
             pg.monitored_barrier(Some(Duration::from_secs(30)), wait_all)
@@ -55,10 +62,10 @@ fn monitored_barrier_releases_everyone_when_all_arrive() {
     });
 }
 
-/// Ranks 1 and 3 of 4 never call the barrier; returns each caller's
-/// missing ranks (rank 0's and rank 2's).
-fn barrier_with_absentees(wait_all: bool) -> Vec<Option<Vec<usize>>> {
-    let pgs = groups(4, &Arc::new(HashStore::new()), "pg");
+/// Ranks 1 and 3 of 4 (over `choice`) never call the barrier; returns
+/// each caller's missing ranks (rank 0's and rank 2's).
+fn barrier_with_absentees(wait_all: bool, choice: TransportChoice) -> Vec<Option<Vec<usize>>> {
+    let pgs = groups_over(4, &Arc::new(HashStore::new()), "pg", choice);
     let started = Instant::now();
     let timeout = Duration::from_millis(300);
     let named = on_every_rank(&pgs, |pg| {
@@ -92,21 +99,18 @@ fn barrier_with_absentees(wait_all: bool) -> Vec<Option<Vec<usize>>> {
     named
 }
 
-#[test]
-fn monitored_barrier_names_every_absent_rank_with_wait_all() {
-    let named = barrier_with_absentees(true);
+fn monitored_barrier_names_every_absent_rank_with_wait_all(choice: TransportChoice) {
+    let named = barrier_with_absentees(true, choice);
     assert_eq!(named, [Some(vec![1, 3]), None, Some(vec![1, 3]), None]);
 }
 
-#[test]
-fn monitored_barrier_names_the_first_absent_rank_without_wait_all() {
-    let named = barrier_with_absentees(false);
+fn monitored_barrier_names_the_first_absent_rank_without_wait_all(choice: TransportChoice) {
+    let named = barrier_with_absentees(false, choice);
     assert_eq!(named, [Some(vec![1]), None, Some(vec![1]), None]);
 }
 
-#[test]
-fn monitored_barrier_fails_promptly_when_rank_0_is_gone() {
-    let mut pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn monitored_barrier_fails_promptly_when_rank_0_is_gone(choice: TransportChoice) {
+    let mut pgs = groups_over(2, &Arc::new(HashStore::new()), "pg", choice);
     drop(pgs.remove(0));
     let started = Instant::now();
     let err = pgs[0]
@@ -123,9 +127,8 @@ fn monitored_barrier_fails_promptly_when_rank_0_is_gone() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
-#[test]
-fn monitored_barrier_without_rank_0_names_it_after_twice_the_timeout() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn monitored_barrier_without_rank_0_names_it_after_twice_the_timeout(choice: TransportChoice) {
+    let pgs = groups_over(2, &Arc::new(HashStore::new()), "pg", choice);
     let timeout = Duration::from_millis(150);
     let started = Instant::now();
     let err = pgs[1]

@@ -1,17 +1,38 @@
 //! Point-to-point messages of the CPU process group between threads over
 //! loopback: tags, ordering, any-source receives, large messages both ways
 //! at once, interleaving with collectives, validation and size mismatches.
+//! Every test runs once per transport the group is built over (modules
+//! `tcp` and `shm`, routes checked), so the messages meet that transport's
+//! collectives, set-up and teardown.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{groups, on_every_rank};
+use common::{groups_over, on_every_rank};
+use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
+
+over_transports!(
+    messages_match_by_tag_keep_order_and_do_not_disturb_collectives,
+    recv_any_source_reports_each_sender,
+    large_messages_cross_in_both_directions_at_once,
+    channels_last_tensors_keep_their_layout,
+    bad_peers_and_tensors_are_refused_before_sending,
+    a_size_mismatch_fails_the_receiver_naming_both_sizes_and_the_group_goes_on,
+    receives_time_out_by_name_and_later_messages_still_arrive,
+    a_receive_from_a_dropped_peer_fails_at_once,
+);
+
+/// One group per rank over `choice`, routes checked.
+fn groups(world: usize, choice: TransportChoice) -> Vec<ProcessGroupCpu> {
+    groups_over(world, &Arc::new(HashStore::new()), "pg", choice)
+}
 
 fn bytes(seed: usize, n: usize) -> Vec<u8> {
     (0..n)
@@ -19,9 +40,8 @@ fn bytes(seed: usize, n: usize) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives(choice: TransportChoice) {
+    let pgs = groups(3, choice);
     on_every_rank(&pgs, |pg| match pg.rank() {
         0 => {
             // Three messages to rank 1: tag 1 twice, then tag 2.
@@ -69,9 +89,8 @@ fn messages_match_by_tag_keep_order_and_do_not_disturb_collectives() {
     });
 }
 
-#[test]
-fn recv_any_source_reports_each_sender() {
-    let pgs = groups(4, &Arc::new(HashStore::new()), "pg");
+fn recv_any_source_reports_each_sender(choice: TransportChoice) {
+    let pgs = groups(4, choice);
     on_every_rank(&pgs, |pg| {
         if pg.rank() != 0 {
             let t = Tensor::from_vec(vec![pg.rank() as i32 * 100; 3], &[3]).unwrap();
@@ -93,10 +112,9 @@ fn recv_any_source_reports_each_sender() {
     });
 }
 
-#[test]
-fn large_messages_cross_in_both_directions_at_once() {
+fn large_messages_cross_in_both_directions_at_once(choice: TransportChoice) {
     const N: usize = 3 << 20;
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+    let pgs = groups(2, choice);
     on_every_rank(&pgs, |pg| {
         let (me, peer) = (pg.rank(), 1 - pg.rank());
         let out = Tensor::from_vec(bytes(me, N), &[N]).unwrap();
@@ -110,9 +128,8 @@ fn large_messages_cross_in_both_directions_at_once() {
     });
 }
 
-#[test]
-fn channels_last_tensors_keep_their_layout() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn channels_last_tensors_keep_their_layout(choice: TransportChoice) {
+    let pgs = groups(2, choice);
     on_every_rank(&pgs, |pg| {
         let t = Tensor::zeros_channels_last(&[1, 2, 2, 3], DType::F64).unwrap();
         if pg.rank() == 0 {
@@ -127,9 +144,8 @@ fn channels_last_tensors_keep_their_layout() {
     });
 }
 
-#[test]
-fn bad_peers_and_tensors_are_refused_before_sending() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn bad_peers_and_tensors_are_refused_before_sending(choice: TransportChoice) {
+    let pgs = groups(2, choice);
     let t = Tensor::zeros(&[4], DType::F32).unwrap();
     for (result, op, found) in [
         (pgs[0].send(&t, 2, 0, None), "send", "found 2"),
@@ -172,9 +188,10 @@ fn bad_peers_and_tensors_are_refused_before_sending() {
     });
 }
 
-#[test]
-fn a_size_mismatch_fails_the_receiver_naming_both_sizes_and_the_group_goes_on() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn a_size_mismatch_fails_the_receiver_naming_both_sizes_and_the_group_goes_on(
+    choice: TransportChoice,
+) {
+    let pgs = groups(2, choice);
     on_every_rank(&pgs, |pg| {
         if pg.rank() == 0 {
             let big = Tensor::zeros(&[6], DType::I32).unwrap();
@@ -208,9 +225,8 @@ fn a_size_mismatch_fails_the_receiver_naming_both_sizes_and_the_group_goes_on() 
     });
 }
 
-#[test]
-fn receives_time_out_by_name_and_later_messages_still_arrive() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn receives_time_out_by_name_and_later_messages_still_arrive(choice: TransportChoice) {
+    let pgs = groups(3, choice);
     let t = Tensor::zeros(&[2], DType::U8).unwrap();
     let started = Instant::now();
     let short = Some(Duration::from_millis(200));
@@ -242,9 +258,8 @@ fn receives_time_out_by_name_and_later_messages_still_arrive() {
     assert_eq!(t.to_vec::<u8>().unwrap(), [4, 2]);
 }
 
-#[test]
-fn a_receive_from_a_dropped_peer_fails_at_once() {
-    let mut pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn a_receive_from_a_dropped_peer_fails_at_once(choice: TransportChoice) {
+    let mut pgs = groups(3, choice);
     let t = Tensor::zeros(&[2], DType::U8).unwrap();
     let pending = pgs[0].recv(&t, 2, 0, None).unwrap();
     let any = pgs[0].recv_any_source(&t, 1, None).unwrap();

@@ -1,20 +1,34 @@
 //! Sub-groups (`new_group`) of the CPU process group: their own ranks,
 //! sequence numbers and connections, running beside the parent; and the
-//! checks on the ranks given.
+//! checks on the ranks given. Every test runs once per transport (modules
+//! `tcp` and `shm`): the parent's routes and every sub-group's are checked,
+//! as a sub-group takes its parent's transport.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{groups, on_every_rank};
+use common::{assert_routes, groups_over, on_every_rank};
+use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
-#[test]
-fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
-    let pgs = groups(4, &Arc::new(HashStore::new()), "pg");
+over_transports!(
+    overlapping_subgroups_number_their_ranks_and_sequences_on_their_own,
+    subgroups_of_subgroups_work,
+    bad_rank_lists_are_refused_and_the_group_stays_usable,
+);
+
+/// One group per rank over `choice`, routes checked.
+fn groups(world: usize, choice: TransportChoice) -> Vec<ProcessGroupCpu> {
+    groups_over(world, &Arc::new(HashStore::new()), "pg", choice)
+}
+
+fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own(choice: TransportChoice) {
+    let pgs = groups(4, choice);
     on_every_rank(&pgs, |pg| {
         let rank = pg.rank();
         // The parent runs a collective first: sub-groups still start at 0.
@@ -32,6 +46,7 @@ fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
 
         if let Some(odd) = &odd {
             assert_eq!((odd.rank(), odd.size()), (rank / 2, 2));
+            assert_routes(odd, choice);
             let t = Tensor::from_vec(vec![rank as i64; 3], &[3]).unwrap();
             odd.all_reduce(&t, ReduceOp::Sum, None)
                 .unwrap()
@@ -79,13 +94,13 @@ fn overlapping_subgroups_number_their_ranks_and_sequences_on_their_own() {
     });
 }
 
-#[test]
-fn subgroups_of_subgroups_work() {
-    let pgs = groups(3, &Arc::new(HashStore::new()), "pg");
+fn subgroups_of_subgroups_work(choice: TransportChoice) {
+    let pgs = groups(3, choice);
     on_every_rank(&pgs, |pg| {
         let Some(pair) = pg.new_subgroup(&[1, 2]).unwrap() else {
             return;
         };
+        assert_routes(&pair, choice);
         let solo = pair.new_subgroup(&[1]).unwrap();
         assert_eq!(solo.is_some(), pg.rank() == 2);
         if let Some(solo) = solo {
@@ -106,9 +121,8 @@ fn subgroups_of_subgroups_work() {
     });
 }
 
-#[test]
-fn bad_rank_lists_are_refused_and_the_group_stays_usable() {
-    let pgs = groups(2, &Arc::new(HashStore::new()), "pg");
+fn bad_rank_lists_are_refused_and_the_group_stays_usable(choice: TransportChoice) {
+    let pgs = groups(2, choice);
     for (ranks, needle) in [
         (&[0, 1, 1][..], "found 1 more than once"),
         (&[0, 2][..], "0..2, found 2"),
@@ -125,6 +139,7 @@ fn bad_rank_lists_are_refused_and_the_group_stays_usable() {
     // No namespace was used up by the refusals: both ranks agree on the next.
     on_every_rank(&pgs, |pg| {
         let both = pg.new_subgroup(&[0, 1]).unwrap().unwrap();
+        assert_routes(&both, choice);
         let t = Tensor::zeros(&[2], DType::F64).unwrap();
         t.fill(pg.rank() as f64 + 0.5).unwrap();
         both.all_reduce(&t, ReduceOp::Sum, None)

@@ -46,23 +46,29 @@ pub fn groups_over(
     prefix: &str,
     choice: TransportChoice,
 ) -> Vec<ProcessGroupCpu> {
+    let pgs = build(world, store, prefix, options_over(choice));
+    for pg in &pgs {
+        assert_routes(pg, choice);
+    }
+    pgs
+}
+
+/// Checks that `pg` reaches every other rank of its group over `choice`
+/// (`Tcp` or `Shm`) and itself locally.
+pub fn assert_routes(pg: &ProcessGroupCpu, choice: TransportChoice) {
     let want = match choice {
         TransportChoice::Tcp => Route::Tcp,
         TransportChoice::Shm => Route::Shm,
-        other => panic!("groups_over takes Tcp or Shm, not {other:?}"),
+        other => panic!("assert_routes takes Tcp or Shm, not {other:?}"),
     };
-    let pgs = build(world, store, prefix, options_over(choice));
-    for pg in &pgs {
-        for peer in 0..world {
-            let expected = if peer == pg.rank() {
-                Route::Local
-            } else {
-                want
-            };
-            assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
-        }
+    for peer in 0..pg.size() {
+        let expected = if peer == pg.rank() {
+            Route::Local
+        } else {
+            want
+        };
+        assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
     }
-    pgs
 }
 
 fn build(
