@@ -38,7 +38,7 @@ use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
     all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes, shm_arena_threads,
-    SHM_ARENA_MIN_BYTES,
+    ArenaThreads, SHM_ARENA_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
@@ -525,9 +525,12 @@ impl ProcessGroup for ProcessGroupCpu {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
                     let threads = arena_threads(bytes.len(), t.world_size());
-                    let Arena { shm, helpers } = &**arena;
+                    let threads = ArenaThreads {
+                        helpers: &arena.helpers,
+                        count: threads,
+                    };
                     return all_reduce_shm_arena(
-                        t, shm, helpers, bytes, dtype, op, threads, deadline,
+                        t, &arena.shm, threads, bytes, dtype, op, deadline,
                     );
                 }
                 all_reduce(t, bytes, dtype, op, deadline)

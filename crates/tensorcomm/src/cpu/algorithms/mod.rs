@@ -82,7 +82,7 @@ pub use ring_all_gather::all_gather_ring;
 pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
 #[cfg(target_os = "linux")]
-pub use shm_arena::all_reduce_shm_arena;
+pub use shm_arena::{all_reduce_shm_arena, ArenaThreads};
 
 use super::reduce::ReduceOp;
 use super::transport::Transport;

@@ -238,21 +238,31 @@ fn run_phase(
     Ok(())
 }
 
+/// The threads one rank puts on an arena all-reduce: the calling thread
+/// and `count - 1` of `helpers`.
+#[derive(Clone, Copy, Debug)]
+pub struct ArenaThreads<'a> {
+    pub helpers: &'a HelperThreads,
+    /// The step size depends on it, so every rank passes the same count.
+    pub count: usize,
+}
+
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
-/// must be shared by exactly the ranks of `t`, with `threads` threads on
-/// this rank (the caller's and `threads - 1` of `helpers`; the step size
-/// depends on it, so every rank passes the same number). Every rank gets
+/// must be shared by exactly the ranks of `t`, with `threads` on this rank. Every rank gets
 /// bit-identical results (each element is reduced by one rank only).
 pub fn all_reduce_shm_arena(
     t: &dyn Transport,
     arena: &ShmArena,
-    helpers: &HelperThreads,
+    threads: ArenaThreads<'_>,
     buf: &mut [u8],
     dtype: DType,
     op: ReduceOp,
-    threads: usize,
     deadline: Instant,
 ) -> Result<()> {
+    let ArenaThreads {
+        helpers,
+        count: threads,
+    } = threads;
     let (rank, world) = (t.rank(), t.world_size());
     if arena.world_size() != world {
         return Err(Error::InvalidArgument(format!(
@@ -384,7 +394,11 @@ mod tests {
                 (arena, HelperThreads::new("test"))
             },
             |t, (arena, helpers), buf, dtype, op, deadline| {
-                all_reduce_shm_arena(t, arena, helpers, buf, dtype, op, threads, deadline)
+                let threads = ArenaThreads {
+                    helpers,
+                    count: threads,
+                };
+                all_reduce_shm_arena(t, arena, threads, buf, dtype, op, deadline)
             },
         );
     }
@@ -417,11 +431,13 @@ mod tests {
             Some(all_reduce_shm_arena(
                 t,
                 &arena,
-                &HelperThreads::new("test"),
+                ArenaThreads {
+                    helpers: &HelperThreads::new("test"),
+                    count: 3,
+                },
                 &mut buf,
                 DType::U8,
                 ReduceOp::Sum,
-                3,
                 deadline(),
             ))
         });
