@@ -21,19 +21,20 @@ fn options(timeout: Duration) -> TcpTransportOptions {
 
 /// Sets up a mesh of `world` transports, one per thread.
 fn mesh(world: usize) -> Vec<TcpTransport> {
+    mesh_with_lanes(world, |_| None)
+}
+
+/// [`mesh`] with each rank's own choice of connections per peer.
+fn mesh_with_lanes(world: usize, lanes: impl Fn(usize) -> Option<usize>) -> Vec<TcpTransport> {
     let store = Arc::new(HashStore::new());
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let store = store.clone();
-            thread::spawn(move || {
-                TcpTransport::connect(
-                    &*store,
-                    "mesh",
-                    rank,
-                    world,
-                    &options(Duration::from_secs(30)),
-                )
-            })
+            let options = TcpTransportOptions {
+                lanes: lanes(rank),
+                ..options(Duration::from_secs(30))
+            };
+            thread::spawn(move || TcpTransport::connect(&*store, "mesh", rank, world, &options))
         })
         .collect();
     handles
@@ -121,6 +122,131 @@ fn large_exchanges_in_a_pair_and_a_ring_do_not_deadlock() {
             });
         }
     });
+}
+
+#[test]
+fn striped_messages_of_every_size_arrive_exactly_and_in_order() {
+    // Three connections per pair: messages from 256 KiB up are cut into
+    // stripes moved in parallel; small and odd-sized ones between them
+    // must still come out in order on both ends.
+    let transports = mesh_with_lanes(3, |_| Some(3));
+    let sizes = [5, 262_144, 1_000_003, 17, 3 << 20, 262_143, 0, 600_001];
+    thread::scope(|s| {
+        for t in &transports {
+            s.spawn(move || {
+                assert_eq!(t.lanes(), 3);
+                let rank = t.rank();
+                let (to, from) = ((rank + 1) % 3, (rank + 2) % 3);
+                for (k, &len) in sizes.iter().enumerate() {
+                    // A ring of send_recv, then plain sends and receives.
+                    let mut got = vec![0u8; len];
+                    t.send_recv(to, &message(rank, to + k, len), from, &mut got, soon())
+                        .unwrap();
+                    assert!(got == message(from, rank + k, len), "send_recv of {len}");
+                    if rank == 0 {
+                        t.send(1, &message(0, k, len), soon()).unwrap();
+                    } else if rank == 1 {
+                        let mut got = vec![0u8; len];
+                        t.recv(0, &mut got, soon()).unwrap();
+                        assert!(got == message(0, k, len), "recv of {len}");
+                    }
+                }
+                // Different sizes each way in one call.
+                let (out, inp) = if rank == 0 {
+                    (2 << 20, 300_000)
+                } else {
+                    (300_000, 2 << 20)
+                };
+                if rank < 2 {
+                    let peer = 1 - rank;
+                    let mut got = vec![0u8; inp];
+                    t.send_recv(peer, &message(rank, 9, out), peer, &mut got, soon())
+                        .unwrap();
+                    assert!(got == message(peer, 9, inp), "uneven send_recv");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn striped_exchanges_from_two_threads_at_once_share_the_helpers_without_deadlock() {
+    // Rank 0 exchanges with ranks 1 and 2 from two threads at once: one
+    // call gets the helper threads, the other moves its stripes one after
+    // the other, against peers that move theirs in parallel.
+    let transports = mesh_with_lanes(3, |_| Some(4));
+    let len = 4 << 20;
+    thread::scope(|s| {
+        let t0 = &transports[0];
+        for peer in [1, 2] {
+            s.spawn(move || {
+                for round in 0..3 {
+                    let mut got = vec![0u8; len];
+                    t0.send_recv(peer, &message(0, peer + round, len), peer, &mut got, soon())
+                        .unwrap();
+                    assert!(got == message(peer, round, len), "rank 0 from {peer}");
+                }
+            });
+        }
+        for t in &transports[1..] {
+            s.spawn(move || {
+                for round in 0..3 {
+                    let mut got = vec![0u8; len];
+                    t.send_recv(0, &message(t.rank(), round, len), 0, &mut got, soon())
+                        .unwrap();
+                    assert!(got == message(0, t.rank() + round, len));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn rank_0_decides_the_connections_per_peer_and_bad_counts_are_refused() {
+    let transports = mesh_with_lanes(3, |rank| Some([2, 4, 1][rank]));
+    assert!(transports.iter().all(|t| t.lanes() == 2));
+    let store = HashStore::new();
+    let bad = TcpTransportOptions {
+        lanes: Some(0),
+        ..options(Duration::from_secs(5))
+    };
+    match TcpTransport::connect(&store, "bad", 0, 2, &bad) {
+        Err(Error::BadValue {
+            name,
+            expected,
+            found,
+        }) => {
+            assert!(name.contains("lanes"), "{name}");
+            assert!(expected.contains("from 1 to"), "{expected}");
+            assert_eq!(found, "0");
+        }
+        other => panic!("expected BadValue for 0 lanes, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_peer_leaving_mid_striped_transfer_fails_the_receiver_promptly_naming_it() {
+    let mut transports = mesh_with_lanes(2, |_| Some(3));
+    let gone = transports.remove(1);
+    let started = Instant::now();
+    let outcome = thread::scope(|s| {
+        s.spawn(move || {
+            // Half of a 2 MiB message, then the peer is gone.
+            gone.send(0, &message(1, 0, 1 << 20), soon()).unwrap();
+            drop(gone);
+        });
+        let mut buf = vec![0u8; 2 << 20];
+        transports[0].recv(1, &mut buf, soon())
+    });
+    match outcome {
+        Err(Error::PeerClosed {
+            peer: 1, during, ..
+        }) => {
+            assert!(during.contains("receiving (stripe"), "{during}")
+        }
+        other => panic!("expected PeerClosed naming rank 1, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[test]

@@ -74,6 +74,10 @@ pub struct CpuOptions {
     /// ([`TransportChoice::Env`]) whatever `TENSORCOMM_TRANSPORT` says
     /// (`auto`, `tcp` or `shm`), `auto` when it is unset.
     pub transport: TransportChoice,
+    /// TCP connections per pair of ranks for collectives (see
+    /// [`TcpTransportOptions::lanes`]); `None`: `TENSORCOMM_TCP_LANES`, or
+    /// chosen from the host's cores.
+    pub tcp_lanes: Option<usize>,
 }
 
 impl Default for CpuOptions {
@@ -82,6 +86,7 @@ impl Default for CpuOptions {
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             advertise_host: "127.0.0.1".into(),
             transport: TransportChoice::default(),
+            tcp_lanes: None,
         }
     }
 }
@@ -234,6 +239,7 @@ impl ProcessGroupCpu {
                 tcp: TcpTransportOptions {
                     advertise_host: options.advertise_host.clone(),
                     timeout: options.timeout,
+                    lanes: options.tcp_lanes,
                 },
                 shm_capacity: None,
                 host_identity: None,
@@ -247,6 +253,8 @@ impl ProcessGroupCpu {
             &TcpTransportOptions {
                 advertise_host: options.advertise_host.clone(),
                 timeout: options.timeout,
+                // A reader thread per peer waits on each connection: one.
+                lanes: Some(1),
             },
         )?;
         #[cfg(target_os = "linux")]

@@ -144,6 +144,32 @@ impl HelperThreads {
         lanes: usize,
         lane: impl Fn(usize) -> R + Sync,
     ) -> Vec<std::thread::Result<R>> {
+        let helpers = self.helpers.lock().unwrap_or_else(PoisonError::into_inner);
+        self.run_locked(helpers, lanes, lane)
+    }
+
+    /// [`run`](Self::run) if no other run is in progress, `None` (having
+    /// run nothing) if one is: for callers that have a slower way that
+    /// needs no helpers and must not wait for another caller's lanes.
+    pub fn try_run<R: Send>(
+        &self,
+        lanes: usize,
+        lane: impl Fn(usize) -> R + Sync,
+    ) -> Option<Vec<std::thread::Result<R>>> {
+        let helpers = match self.helpers.try_lock() {
+            Ok(helpers) => helpers,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(self.run_locked(helpers, lanes, lane))
+    }
+
+    fn run_locked<R: Send>(
+        &self,
+        mut helpers: std::sync::MutexGuard<'_, Vec<Helper>>,
+        lanes: usize,
+        lane: impl Fn(usize) -> R + Sync,
+    ) -> Vec<std::thread::Result<R>> {
         let results: Vec<Mutex<Option<std::thread::Result<R>>>> =
             (0..lanes).map(|_| Mutex::new(None)).collect();
         let body = |i: usize| {
@@ -151,7 +177,6 @@ impl HelperThreads {
             *results[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
         };
         if lanes > 1 {
-            let mut helpers = self.helpers.lock().unwrap_or_else(PoisonError::into_inner);
             self.start(&mut helpers, lanes - 1);
             let finished = Arc::new(AtomicUsize::new(0));
             let job: &(dyn Fn(usize) + Sync) = &body;
@@ -176,6 +201,7 @@ impl HelperThreads {
             while finished.load(Ordering::Acquire) < lanes - 1 {
                 pause(&mut spins);
             }
+            drop(helpers);
         } else if lanes == 1 {
             body(0);
         }
@@ -274,6 +300,27 @@ mod tests {
             .map(|r| r.unwrap())
             .collect();
         assert_eq!(again, [1, 2, 3]);
+    }
+
+    #[test]
+    fn try_run_declines_while_another_run_is_in_progress() {
+        let helpers = HelperThreads::new("test");
+        let inner = helpers.run(2, |i| {
+            if i == 0 {
+                // The outer run holds the helpers: the nested one declines.
+                helpers.try_run(2, |j| j).is_none()
+            } else {
+                false
+            }
+        });
+        assert!(inner[0].as_ref().unwrap());
+        let got: Vec<usize> = helpers
+            .try_run(2, |j| j * 2)
+            .expect("no run in progress")
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(got, [0, 2]);
     }
 
     #[test]

@@ -98,10 +98,13 @@ pub fn options() -> CpuOptions {
     }
 }
 
-/// [`options`] over `choice`.
+/// [`options`] over `choice`; over TCP with three connections per pair,
+/// so that messages from 256 KiB travel in parallel stripes (a 2-core
+/// machine would otherwise choose one connection and never stripe).
 pub fn options_over(choice: TransportChoice) -> CpuOptions {
     CpuOptions {
         transport: choice,
+        tcp_lanes: (choice == TransportChoice::Tcp).then_some(3),
         ..options()
     }
 }

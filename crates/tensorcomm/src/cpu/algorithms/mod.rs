@@ -122,19 +122,60 @@ pub const DIRECT_MAX_BYTES: usize = 64 << 10;
 /// more than 2 ranks without oversubscribing, so this is not measured.
 pub const DIRECT_MAX_WORLD: usize = 8;
 
-/// Messages of at least this many bytes use [`all_reduce_ring`] when the
-/// world is a power of two; below it (and above the direct threshold),
-/// [`all_reduce_halving_doubling`]. From the table at [`DIRECT_MAX_BYTES`]:
-/// with 2 ranks the two move the same bytes in the same steps, and
-/// halving-doubling was ahead or level up to 8 MiB on both transports,
-/// the ring ahead at 32 MiB over shared memory.
-pub const RING_MIN_BYTES: usize = 16 << 20;
+/// Messages of at least this many bytes over 2 ranks use
+/// [`all_reduce_ring`]; below it (and above the direct threshold),
+/// [`all_reduce_halving_doubling`]. See [`ring_min_bytes`] for the
+/// measurements behind this and the other worlds' thresholds.
+pub const RING_MIN_BYTES: usize = 4 << 20;
 
-/// [`RING_MIN_BYTES`] for worlds that are not a power of two, where
-/// halving-doubling first folds the extra ranks in (a whole extra message
-/// each way). Provisional (not measured here: needs 3+ ranks on enough
-/// cores).
+/// [`RING_MIN_BYTES`] for 4 ranks.
+pub const RING_MIN_BYTES_4_RANKS: usize = 8 << 20;
+
+/// [`RING_MIN_BYTES`] for 8 ranks or more.
+pub const RING_MIN_BYTES_FROM_8_RANKS: usize = 256 << 10;
+
+/// [`RING_MIN_BYTES`] for worlds of fewer than 8 ranks that are not a
+/// power of two, where halving-doubling first folds the extra ranks in (a
+/// whole extra message each way). Provisional (not measured).
 pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
+
+/// From how many bytes an all-reduce over `world_size` ranks takes the
+/// ring rather than halving-doubling.
+///
+/// Measured over TCP (one `tensorcomm bench` run per cell, forcing each
+/// algorithm with `TENSORCOMM_CPU_ALL_REDUCE`, f32 sum, 20 iterations, the
+/// default connections per pair) on the 32-core GPU host, µs
+/// halving-doubling / ring (bench/results/NOTES.md):
+///
+/// ```text
+/// bytes   2 ranks        4 ranks        8 ranks
+/// 256K     95 / 104      155 / 179      282 / 231
+/// 1M      256 / 260      414 / 607      794 / 692
+/// 2M      510 / 492      869 / 979     1437 / 1367
+/// 4M     1111 / 932     1465 / 1577    3010 / 2379
+/// 8M     2209 / 1803    3452 / 2836    6064 / 5011
+/// 32M    6241 / 5490   15463 / 10844  32993 / 15960
+/// ```
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::ring_min_bytes;
+/// assert_eq!(ring_min_bytes(2), 4 << 20);
+/// assert_eq!(ring_min_bytes(4), 8 << 20);
+/// assert_eq!(ring_min_bytes(3), 1 << 20);
+/// assert_eq!(ring_min_bytes(8), 256 << 10);
+/// assert_eq!(ring_min_bytes(16), 256 << 10);
+/// ```
+pub fn ring_min_bytes(world_size: usize) -> usize {
+    if world_size >= 8 {
+        RING_MIN_BYTES_FROM_8_RANKS
+    } else if !world_size.is_power_of_two() {
+        RING_MIN_BYTES_NON_POWER_OF_TWO
+    } else if world_size >= 4 {
+        RING_MIN_BYTES_4_RANKS
+    } else {
+        RING_MIN_BYTES
+    }
+}
 
 /// Messages above this many bytes use `all_reduce_shm_arena` (and
 /// `broadcast_shm_arena`) when the
@@ -244,25 +285,55 @@ pub enum AllReduceAlgorithm {
 /// assert_eq!(select_all_reduce(8, 4), AllReduceAlgorithm::Direct);
 /// assert_eq!(select_all_reduce(1 << 20, 4), AllReduceAlgorithm::HalvingDoubling);
 /// assert_eq!(select_all_reduce(1 << 20, 3), AllReduceAlgorithm::Ring);
+/// assert_eq!(select_all_reduce(1 << 20, 8), AllReduceAlgorithm::Ring);
 /// assert_eq!(select_all_reduce(64 << 20, 4), AllReduceAlgorithm::Ring);
 /// ```
 pub fn select_all_reduce(nbytes: usize, world_size: usize) -> AllReduceAlgorithm {
-    let ring_min = if world_size.is_power_of_two() {
-        RING_MIN_BYTES
-    } else {
-        RING_MIN_BYTES_NON_POWER_OF_TWO
-    };
     if nbytes <= DIRECT_MAX_BYTES && world_size <= DIRECT_MAX_WORLD {
         AllReduceAlgorithm::Direct
-    } else if nbytes >= ring_min {
+    } else if nbytes >= ring_min_bytes(world_size) {
         AllReduceAlgorithm::Ring
     } else {
         AllReduceAlgorithm::HalvingDoubling
     }
 }
 
+/// Names `TENSORCOMM_CPU_ALL_REDUCE` accepts: `direct`,
+/// `halving_doubling`, `ring`.
+impl std::str::FromStr for AllReduceAlgorithm {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "direct" => Ok(AllReduceAlgorithm::Direct),
+            "halving_doubling" => Ok(AllReduceAlgorithm::HalvingDoubling),
+            "ring" => Ok(AllReduceAlgorithm::Ring),
+            other => Err(crate::Error::BadValue {
+                name: ALL_REDUCE_ALGORITHM_ENV.into(),
+                expected: "direct, halving_doubling or ring".into(),
+                found: other.into(),
+            }),
+        }
+    }
+}
+
+/// The environment variable that forces one all-reduce algorithm over the
+/// transport (not the shared-memory arena), for tuning the thresholds
+/// above; every rank must see the same value.
+pub const ALL_REDUCE_ALGORITHM_ENV: &str = "TENSORCOMM_CPU_ALL_REDUCE";
+
+/// The algorithm `TENSORCOMM_CPU_ALL_REDUCE` forces, if set; an unknown
+/// name is reported once and ignored.
+fn forced_all_reduce() -> Option<AllReduceAlgorithm> {
+    static FORCED: std::sync::OnceLock<Option<AllReduceAlgorithm>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let raw = std::env::var(ALL_REDUCE_ALGORITHM_ENV).ok()?;
+        raw.parse().map_err(|e| tracing::warn!(%e, "ignored")).ok()
+    })
+}
+
 /// All-reduces `buf` (elements of `dtype`) in place with the algorithm
-/// [`select_all_reduce`] picks.
+/// [`select_all_reduce`] picks (or `TENSORCOMM_CPU_ALL_REDUCE` forces).
 pub fn all_reduce(
     t: &dyn Transport,
     buf: &mut [u8],
@@ -270,14 +341,9 @@ pub fn all_reduce(
     op: ReduceOp,
     deadline: Instant,
 ) -> Result<()> {
-    all_reduce_with(
-        select_all_reduce(buf.len(), t.world_size()),
-        t,
-        buf,
-        dtype,
-        op,
-        deadline,
-    )
+    let algorithm =
+        forced_all_reduce().unwrap_or_else(|| select_all_reduce(buf.len(), t.world_size()));
+    all_reduce_with(algorithm, t, buf, dtype, op, deadline)
 }
 
 /// All-reduces `buf` in place with the given algorithm.

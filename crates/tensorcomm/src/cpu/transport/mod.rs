@@ -48,7 +48,7 @@ use std::time::Instant;
 pub use choice::{TransportChoice, TRANSPORT_ENV};
 pub use host_identity::host_identity;
 pub use routed::{Route, RoutedTransport, RoutedTransportOptions};
-pub use tcp::{TcpTransport, TcpTransportOptions};
+pub use tcp::{auto_tcp_lanes, TcpTransport, TcpTransportOptions, MAX_TCP_LANES};
 
 use crate::Result;
 

@@ -58,6 +58,17 @@ pub(super) struct Context<'a> {
 }
 
 impl Context<'_> {
+    /// The same transfer's context for a part of it: `len` bytes, `what`.
+    pub(super) fn part<'b>(&self, what: &'b str, len: usize) -> Context<'b> {
+        Context {
+            peer: self.peer,
+            what,
+            len,
+            started: self.started,
+            deadline: self.deadline,
+        }
+    }
+
     fn during(&self, done: usize) -> String {
         format!("{} ({done} of {} bytes transferred)", self.what, self.len)
     }

@@ -1,18 +1,46 @@
 //! The TCP full-mesh transport.
 //!
-//! One connection per pair of ranks, Nagle off, set up through the store
-//! (see `setup.rs`). Each connection is split into a reading and a writing
-//! handle, each behind its own lock, so a rank can send to and receive from
-//! the same peer at once. Buffers are written and read in place: no copy
-//! is made of a message, whatever its size.
+//! One or more connections per pair of ranks ("lanes"), Nagle off, set
+//! up through the store (see `setup.rs`). Each connection is split into a
+//! reading and a writing handle, each behind its own lock, so a rank can
+//! send to and receive from the same peer at once. Buffers are written and
+//! read in place: no copy is made of a message, whatever its size. Large
+//! messages are cut into stripes, one per lane, moved in parallel by
+//! helper threads (see `striped.rs`).
 
 mod io;
 mod setup;
+mod striped;
 
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use io::{exchange_without_blocking, read_exact, write_all, Context, Half};
+use striped::stripe_count;
+
+use crate::cpu::HelperThreads;
+
+/// The most connections per pair of ranks.
+pub const MAX_TCP_LANES: usize = 8;
+
+/// Connections per pair of ranks when the options leave it open: enough
+/// that every rank's stripes in both directions get a core each, with
+/// `cores` cores for `world_size` ranks on this host, at most 4.
+///
+/// ```
+/// use tensorcomm::cpu::transport::auto_tcp_lanes;
+/// assert_eq!(auto_tcp_lanes(2, 32), 4);
+/// assert_eq!(auto_tcp_lanes(8, 32), 2);
+/// assert_eq!(auto_tcp_lanes(2, 2), 1);
+/// ```
+pub fn auto_tcp_lanes(world_size: usize, cores: usize) -> usize {
+    (cores / (2 * world_size.max(1))).clamp(1, 4)
+}
+
+fn host_cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
 
 /// How long `send_recv` keeps polling both sockets without progress
 /// before it falls back to blocking calls (and a helper thread for the
@@ -25,9 +53,7 @@ const EXCHANGE_PATIENCE: Duration = Duration::from_micros(200);
 /// host can have two cores (its own and one for its peer's traffic), zero
 /// otherwise: polling ranks that share cores slow each other down.
 fn exchange_patience(world_size: usize) -> Duration {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if cores >= 2 * world_size {
+    if host_cores() >= 2 * world_size {
         EXCHANGE_PATIENCE
     } else {
         Duration::ZERO
@@ -47,6 +73,10 @@ pub struct TcpTransportOptions {
     pub advertise_host: String,
     /// How long setup waits for the other ranks.
     pub timeout: Duration,
+    /// Connections per pair of ranks (1 to [`MAX_TCP_LANES`]); `None`:
+    /// `TENSORCOMM_TCP_LANES` where set, otherwise [`auto_tcp_lanes`].
+    /// Rank 0's choice is the group's.
+    pub lanes: Option<usize>,
 }
 
 impl Default for TcpTransportOptions {
@@ -54,16 +84,45 @@ impl Default for TcpTransportOptions {
         TcpTransportOptions {
             advertise_host: "127.0.0.1".into(),
             timeout: Duration::from_secs(300),
+            lanes: None,
         }
     }
 }
 
-/// The two directions of the connection to one peer.
-struct Peer {
+/// The two directions of one connection to a peer.
+struct Connection {
     reader: Mutex<Half>,
     writer: Mutex<Half>,
     /// A third handle, never locked, for [`Transport::abort`].
     control: std::net::TcpStream,
+}
+
+impl Connection {
+    fn new(peer: usize, stream: std::net::TcpStream) -> Result<Connection> {
+        let dup = |s: &std::net::TcpStream| {
+            s.try_clone()
+                .map_err(|e| Error::io(format!("duplicating the socket to rank {peer}"), e))
+        };
+        Ok(Connection {
+            reader: Mutex::new(Half::new(dup(&stream)?)),
+            control: dup(&stream)?,
+            writer: Mutex::new(Half::new(stream)),
+        })
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Half> {
+        lock(&self.reader)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Half> {
+        lock(&self.writer)
+    }
+}
+
+/// Every connection to one peer; a message shorter than
+/// `striped::STRIPED_MIN_BYTES` uses the first.
+struct Peer {
+    lanes: Vec<Connection>,
 }
 
 /// A full mesh of TCP connections between the ranks of a group.
@@ -92,6 +151,10 @@ pub struct TcpTransport {
     rank: usize,
     world_size: usize,
     peers: Vec<Option<Peer>>,
+    /// Connections per peer.
+    lanes: usize,
+    /// The threads that move the stripes of large messages.
+    helpers: HelperThreads,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -119,37 +182,42 @@ impl TcpTransport {
                 "TcpTransport::connect: expected a rank in 0..{world_size}, found {rank}"
             )));
         }
-        let streams = setup::build_mesh(
-            store,
-            key_prefix,
-            rank,
-            world_size,
-            &options.advertise_host,
-            options.timeout,
-        )?;
-        let mut peers = Vec::with_capacity(world_size);
-        for (peer, stream) in streams.into_iter().enumerate() {
-            let Some(stream) = stream else {
-                peers.push(None);
-                continue;
+        let lanes = agree_on_lanes(store, key_prefix, rank, world_size, options)?;
+        let mut peers: Vec<Option<Peer>> = (0..world_size)
+            .map(|p| (p != rank).then(|| Peer { lanes: Vec::new() }))
+            .collect();
+        for lane in 0..lanes {
+            // Lane 0 meets under the group's own prefix, as before lanes.
+            let prefix = match lane {
+                0 => key_prefix.to_string(),
+                n => format!("{key_prefix}/lane{n}"),
             };
-            let reader = stream
-                .try_clone()
-                .map_err(|e| Error::io(format!("duplicating the socket to rank {peer}"), e))?;
-            let control = stream
-                .try_clone()
-                .map_err(|e| Error::io(format!("duplicating the socket to rank {peer}"), e))?;
-            peers.push(Some(Peer {
-                control,
-                reader: Mutex::new(Half::new(reader)),
-                writer: Mutex::new(Half::new(stream)),
-            }));
+            let streams = setup::build_mesh(
+                store,
+                &prefix,
+                rank,
+                world_size,
+                &options.advertise_host,
+                options.timeout,
+            )?;
+            for (p, stream) in streams.into_iter().enumerate() {
+                if let (Some(stream), Some(peer)) = (stream, peers[p].as_mut()) {
+                    peer.lanes.push(Connection::new(p, stream)?);
+                }
+            }
         }
         Ok(TcpTransport {
             rank,
             world_size,
             peers,
+            lanes,
+            helpers: HelperThreads::new(&format!("tcp-rank{rank}")),
         })
+    }
+
+    /// Connections per peer (see [`TcpTransportOptions::lanes`]).
+    pub fn lanes(&self) -> usize {
+        self.lanes
     }
 
     fn peer(&self, peer: usize, op: &str) -> Result<&Peer> {
@@ -161,10 +229,124 @@ impl TcpTransport {
     }
 }
 
+/// The group's connections per pair: rank 0 decides (from `options`, the
+/// environment or the host) and publishes its choice under
+/// `{key_prefix}/lanes`; the others read it, so hosts with different core
+/// counts still agree.
+fn agree_on_lanes(
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+    world_size: usize,
+    options: &TcpTransportOptions,
+) -> Result<usize> {
+    const VAR: &str = "TENSORCOMM_TCP_LANES";
+    let key = format!("{key_prefix}/lanes");
+    let check = |n: usize, what: &str, found: String| {
+        if (1..=MAX_TCP_LANES).contains(&n) {
+            Ok(n)
+        } else {
+            Err(Error::BadValue {
+                name: what.to_string(),
+                expected: format!("a number of connections per peer from 1 to {MAX_TCP_LANES}"),
+                found,
+            })
+        }
+    };
+    if rank == 0 {
+        let lanes = match (options.lanes, std::env::var(VAR)) {
+            (Some(n), _) => check(n, "TcpTransportOptions::lanes", n.to_string())?,
+            (None, Ok(raw)) => {
+                let n = raw.trim().parse::<usize>().unwrap_or(0);
+                check(n, VAR, raw)?
+            }
+            (None, Err(_)) => auto_tcp_lanes(world_size, host_cores()),
+        };
+        store.set(&key, lanes.to_string().as_bytes())?;
+        Ok(lanes)
+    } else {
+        let raw = store.get_timeout(&key, options.timeout)?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let n = text.parse::<usize>().unwrap_or(0);
+        check(n, &key, text)
+    }
+}
+
 fn lock(half: &Mutex<Half>) -> MutexGuard<'_, Half> {
     // A panic mid-transfer leaves the stream's position unknown either way;
     // the next transfer's checks (lengths, fingerprints) catch it.
     half.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Moves `data` out on `out` and `buf.len()` bytes in on `inp` at once,
+/// over one connection each way: first both together on this thread
+/// without blocking, while data keeps moving (the common case: both peers
+/// are in the same step); if that stalls, the rest blocking, the send on
+/// a helper thread while this one reads, so two ranks sending to each
+/// other always progress.
+#[allow(clippy::too_many_arguments)]
+fn exchange(
+    helpers: &HelperThreads,
+    world_size: usize,
+    out: &Connection,
+    data: &[u8],
+    send_cx: &Context<'_>,
+    inp: &Connection,
+    buf: &mut [u8],
+    recv_cx: &Context<'_>,
+) -> Result<()> {
+    if data.is_empty() {
+        return read_exact(&mut inp.reader(), buf, recv_cx);
+    }
+    if buf.is_empty() {
+        return write_all(&mut out.writer(), data, send_cx);
+    }
+    let mut writer = out.writer();
+    let mut reader = inp.reader();
+    let (sent, received) = exchange_without_blocking(
+        &mut writer,
+        data,
+        send_cx,
+        &mut reader,
+        buf,
+        recv_cx,
+        exchange_patience(world_size),
+    )?;
+    let buf = &mut buf[received..];
+    if sent == data.len() {
+        return read_exact(&mut reader, buf, recv_cx);
+    }
+    let rest = &data[sent..];
+    let writer = Mutex::new(&mut *writer);
+    let reader = Mutex::new((&mut *reader, buf));
+    let lane = |i: usize| -> Result<()> {
+        if i == 0 {
+            let mut guard = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            let (reader, buf) = &mut *guard;
+            read_exact(reader, buf, recv_cx)
+        } else {
+            let mut writer = writer.lock().unwrap_or_else(PoisonError::into_inner);
+            write_all(&mut writer, rest, send_cx)
+        }
+    };
+    let outcomes = match helpers.try_run(2, lane) {
+        Some(outcomes) => outcomes,
+        // The helpers are moving another call's stripes: a thread of our own.
+        None => std::thread::scope(|s| {
+            let sender = s.spawn(|| lane(1));
+            let received = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane(0)));
+            vec![received, sender.join()]
+        }),
+    };
+    let mut result = Ok(());
+    for outcome in outcomes {
+        result = result.and(outcome.unwrap_or_else(|_| {
+            Err(Error::InvalidArgument(
+                "send_recv: a transfer thread panicked".into(),
+            ))
+        }));
+    }
+    result
 }
 
 impl Transport for TcpTransport {
@@ -185,7 +367,10 @@ impl Transport for TcpTransport {
             started: Instant::now(),
             deadline,
         };
-        write_all(&mut lock(&peer.writer), data, &cx)
+        match stripe_count(data.len(), self.lanes) {
+            1 => write_all(&mut peer.lanes[0].writer(), data, &cx),
+            n => striped::send(&self.helpers, &peer.lanes, data, n, &cx),
+        }
     }
 
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
@@ -197,7 +382,10 @@ impl Transport for TcpTransport {
             started: Instant::now(),
             deadline,
         };
-        read_exact(&mut lock(&peer.reader), buf, &cx)
+        match stripe_count(buf.len(), self.lanes) {
+            1 => read_exact(&mut peer.lanes[0].reader(), buf, &cx),
+            n => striped::recv(&self.helpers, &peer.lanes, buf, n, &cx),
+        }
     }
 
     fn send_recv(
@@ -225,47 +413,38 @@ impl Transport for TcpTransport {
             started,
             deadline,
         };
-        let mut writer = lock(&out.writer);
-        let mut reader = lock(&inp.reader);
-        // Both directions are first driven together on this thread
-        // without blocking, while data keeps moving (the common case: both
-        // peers are in the same step). If that stalls, what is left is
-        // moved blocking: the rest of the send by a helper thread while
-        // this one reads, so two ranks sending to each other always
-        // progress.
-        let (sent, received) = exchange_without_blocking(
-            &mut writer,
-            data,
-            &send_cx,
-            &mut reader,
-            buf,
-            &recv_cx,
-            exchange_patience(self.world_size),
-        )?;
-        let buf = &mut buf[received..];
-        if sent == data.len() {
-            return read_exact(&mut reader, buf, &recv_cx);
+        let send_count = stripe_count(data.len(), self.lanes);
+        let recv_count = stripe_count(buf.len(), self.lanes);
+        let world = self.world_size;
+        if send_count == 1 && recv_count == 1 {
+            let (o, i) = (&out.lanes[0], &inp.lanes[0]);
+            return exchange(&self.helpers, world, o, data, &send_cx, i, buf, &recv_cx);
         }
-        let rest = &data[sent..];
-        let writer = &mut *writer;
-        let send_cx = &send_cx;
-        let (sent, received) = std::thread::scope(|s| {
-            let sender = s.spawn(move || write_all(writer, rest, send_cx));
-            let received = read_exact(&mut reader, buf, &recv_cx);
-            let sent = sender.join().unwrap_or_else(|_| {
-                Err(Error::InvalidArgument(
-                    "send_recv: the sending thread panicked".into(),
-                ))
-            });
-            (sent, received)
-        });
-        received.and(sent)
+        striped::send_recv(
+            &self.helpers,
+            &out.lanes,
+            data,
+            send_count,
+            &send_cx,
+            &inp.lanes,
+            buf,
+            recv_count,
+            &recv_cx,
+            |i, data, buf, scx, rcx| {
+                // Helpers busy: stripe `i` each way, pairwise; the helpers
+                // may be free again for the blocking part.
+                let (o, n) = (&out.lanes[i], &inp.lanes[i]);
+                exchange(&self.helpers, world, o, data, scx, n, buf, rcx)
+            },
+        )
     }
 
     fn abort(&self) {
         for peer in self.peers.iter().flatten() {
-            // Already closed by the peer is fine: it is closed either way.
-            let _ = peer.control.shutdown(std::net::Shutdown::Both);
+            for lane in &peer.lanes {
+                // Already closed by the peer is fine: it is closed either way.
+                let _ = lane.control.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 }
