@@ -33,6 +33,7 @@ pub mod group;
 pub mod rendezvous;
 pub mod store;
 pub mod tensor;
+pub mod tuning;
 
 pub use error::{Error, Result};
 

@@ -438,7 +438,7 @@ fn permuted_tensors_travel_in_logical_order(choice: TransportChoice) {
 }
 
 fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {
-    // 600k f32 per block: more than one 512 KiB ring segment per chunk.
+    // 600k f32 per block: more than one 1 MiB ring segment per chunk.
     for world in [2, 3] {
         let pgs = groups(world, choice);
         on_every_rank(&pgs, |pg| {

@@ -212,17 +212,7 @@ fn parse_transport(s: &str) -> Result<TransportChoice, String> {
 
 /// Parses `8`, `64K`, `64M`, `1G` (binary multiples).
 fn parse_size(s: &str) -> Result<usize, String> {
-    let (digits, shift) = match s.trim().to_ascii_uppercase().chars().last() {
-        Some('K') => (&s[..s.len() - 1], 10),
-        Some('M') => (&s[..s.len() - 1], 20),
-        Some('G') => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(1usize << shift))
+    tensorcomm::tuning::parse_size(s)
         .ok_or_else(|| format!("expected a size such as 8, 64K, 64M or 1G, found {s:?}"))
 }
 

@@ -60,6 +60,8 @@ use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseSlo
 use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};
 use crate::store::{PrefixStore, Store};
 use crate::tensor::{DType, SparseTensor, Tensor};
+#[cfg(target_os = "linux")]
+use crate::tuning::env_count;
 use crate::{Error, Result};
 
 /// How a [`ProcessGroupCpu`] is set up.
@@ -435,18 +437,7 @@ fn arena_chunk_for(size: usize) -> Result<usize> {
     let Ok(raw) = std::env::var(VAR) else {
         return Ok(arena_chunk(size));
     };
-    let text = raw.trim();
-    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
-        Some(d) => (d, 1 << 10),
-        None => match text.strip_suffix(['M', 'm']) {
-            Some(d) => (d, 1 << 20),
-            None => (text, 1),
-        },
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
+    crate::tuning::parse_size(&raw)
         .filter(|n| (4 << 10..=64 << 20).contains(n))
         .ok_or_else(|| Error::BadValue {
             name: VAR.into(),
@@ -457,24 +448,13 @@ fn arena_chunk_for(size: usize) -> Result<usize> {
 
 /// Threads per rank for an arena all-reduce of `nbytes` over `world`
 /// ranks on this host (see [`shm_arena_threads`]), or the number in
-/// `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for tuning. Every
+/// `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for tuning (see
+/// [`crate::tuning`]). Every
 /// rank must see the same value (the launcher passes its environment on).
 #[cfg(target_os = "linux")]
 fn arena_threads(nbytes: usize, world: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        let raw = std::env::var("TENSORCOMM_SHM_ARENA_THREADS").ok()?;
-        match raw.trim().parse::<usize>() {
-            Ok(n @ 1..=64) => Some(n),
-            _ => {
-                tracing::warn!(
-                    value = %raw,
-                    "TENSORCOMM_SHM_ARENA_THREADS: expected a thread count from 1 to 64; ignored"
-                );
-                None
-            }
-        }
-    });
+    let forced = FORCED.get_or_init(|| env_count("TENSORCOMM_SHM_ARENA_THREADS", 1..=64));
     if let Some(n) = forced {
         return *n;
     }

@@ -129,7 +129,7 @@ pub const DIRECT_MAX_WORLD: usize = 8;
 pub const RING_MIN_BYTES: usize = 4 << 20;
 
 /// [`RING_MIN_BYTES`] for 4 ranks.
-pub const RING_MIN_BYTES_4_RANKS: usize = 8 << 20;
+pub const RING_MIN_BYTES_4_RANKS: usize = 4 << 20;
 
 /// [`RING_MIN_BYTES`] for 8 ranks or more.
 pub const RING_MIN_BYTES_FROM_8_RANKS: usize = 256 << 10;
@@ -157,10 +157,15 @@ pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 /// 32M    6241 / 5490   15463 / 10844  32993 / 15960
 /// ```
 ///
+/// That ring moved 512 KiB segments; with 1 MiB ones
+/// ([`RING_SEGMENT_BYTES`] now, bench/results/tcp-ring-segments-h200x2.txt)
+/// 4 ranks took 1146, 1244 and 2173 µs at 2, 4 and 8 MiB, so their ring
+/// starts at 4 MiB (halving-doubling's 869 µs still wins at 2 MiB).
+///
 /// ```
 /// use tensorcomm::cpu::algorithms::ring_min_bytes;
 /// assert_eq!(ring_min_bytes(2), 4 << 20);
-/// assert_eq!(ring_min_bytes(4), 8 << 20);
+/// assert_eq!(ring_min_bytes(4), 4 << 20);
 /// assert_eq!(ring_min_bytes(3), 1 << 20);
 /// assert_eq!(ring_min_bytes(8), 256 << 10);
 /// assert_eq!(ring_min_bytes(16), 256 << 10);
@@ -332,6 +337,18 @@ fn forced_all_reduce() -> Option<AllReduceAlgorithm> {
     })
 }
 
+/// The ring all-reduce's segment: [`RING_SEGMENT_BYTES`], or the bytes in
+/// `TENSORCOMM_RING_SEGMENT` (suffixes K and M, 4 KiB to 64 MiB) where
+/// set, for tuning (see [`crate::tuning`]); every rank must see the same
+/// value.
+fn ring_segment_bytes() -> usize {
+    static SEGMENT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SEGMENT.get_or_init(|| {
+        crate::tuning::env_size("TENSORCOMM_RING_SEGMENT", 4 << 10..=64 << 20)
+            .unwrap_or(RING_SEGMENT_BYTES)
+    })
+}
+
 /// All-reduces `buf` (elements of `dtype`) in place with the algorithm
 /// [`select_all_reduce`] picks (or `TENSORCOMM_CPU_ALL_REDUCE` forces).
 pub fn all_reduce(
@@ -361,7 +378,9 @@ pub fn all_reduce_with(
         AllReduceAlgorithm::HalvingDoubling => {
             all_reduce_halving_doubling(t, buf, dtype, op, deadline)
         }
-        AllReduceAlgorithm::Ring => all_reduce_ring(t, buf, dtype, op, deadline),
+        AllReduceAlgorithm::Ring => {
+            all_reduce_ring_segmented(t, buf, dtype, op, deadline, ring_segment_bytes())
+        }
     }
 }
 

@@ -25,9 +25,12 @@ use crate::cpu::transport::Transport;
 use crate::tensor::DType;
 use crate::Result;
 
-/// Largest segment the ring moves at once. Provisional: to be tuned with
-/// `tensorcomm bench`.
-pub const RING_SEGMENT_BYTES: usize = 512 << 10;
+/// Largest segment the ring all-reduce moves at once. Over TCP on the
+/// 32-core GPU host (bench/results/tcp-ring-segments-h200x2.txt), 8 ranks
+/// all-reduced 8 MiB in 5529, 3930, 3341 and 3395 µs with segments of
+/// 256 KiB, 512 KiB, 1 MiB and 2 MiB, and 16 MiB in 8918, 7342, 6266 and
+/// 7405 µs; 4 ranks 8 MiB in 5283 µs with 256 KiB and 2173 with 1 MiB.
+pub const RING_SEGMENT_BYTES: usize = 1 << 20;
 
 /// A buffer split into `world` chunks (chunk `c` is bytes
 /// `offsets[c]..offsets[c + 1]`), each moved in the same number of

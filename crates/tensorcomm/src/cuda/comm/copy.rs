@@ -73,7 +73,7 @@ impl Tuning {
             Some("kernel") => t.strategy = Strategy::Kernel,
             _ => {}
         }
-        let bytes = |name: &str| var(name).and_then(|v| parse_bytes(&v));
+        let bytes = |name: &str| var(name).and_then(|v| crate::tuning::parse_size(&v));
         if let Some(b) = bytes("TENSORCOMM_CUDA_CE_MIN") {
             t.ce_min_bytes = b;
         }
@@ -109,18 +109,6 @@ impl Tuning {
             .map(|at| (at, each.min(bytes - at)))
             .collect()
     }
-}
-
-/// `8`, `64K`, `16M`, `1G` (binary multiples).
-fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (digits, shift) = match s.chars().last()?.to_ascii_uppercase() {
-        'K' => (&s[..s.len() - 1], 10),
-        'M' => (&s[..s.len() - 1], 20),
-        'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// The process's tuning (environment read on first use).

@@ -254,13 +254,10 @@ fn agree_on_lanes(
         }
     };
     if rank == 0 {
-        let lanes = match (options.lanes, std::env::var(VAR)) {
-            (Some(n), _) => check(n, "TcpTransportOptions::lanes", n.to_string())?,
-            (None, Ok(raw)) => {
-                let n = raw.trim().parse::<usize>().unwrap_or(0);
-                check(n, VAR, raw)?
-            }
-            (None, Err(_)) => auto_tcp_lanes(world_size, host_cores()),
+        let lanes = match options.lanes {
+            Some(n) => check(n, "TcpTransportOptions::lanes", n.to_string())?,
+            None => crate::tuning::env_count(VAR, 1..=MAX_TCP_LANES)
+                .unwrap_or_else(|| auto_tcp_lanes(world_size, host_cores())),
         };
         store.set(&key, lanes.to_string().as_bytes())?;
         Ok(lanes)
