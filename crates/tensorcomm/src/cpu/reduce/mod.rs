@@ -104,6 +104,44 @@ fn unreachable_bitwise() {}
 pub fn reduce_into(op: ReduceOp, dtype: DType, acc: &mut [u8], other: &[u8]) -> Result<()> {
     op.check_dtype("reduce", dtype)?;
     check_lengths(dtype, acc.len(), Some(other.len()))?;
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() {
+        // SAFETY: the CPU has AVX2 (checked at run time just above).
+        unsafe { wide::combine_avx2(op, dtype, acc, other) };
+        return Ok(());
+    }
+    combine_any(op, dtype, acc, other);
+    Ok(())
+}
+
+/// The same kernels compiled for AVX2, picked at run time: the crate is
+/// built for baseline x86-64 (SSE2), so its loops otherwise use 128-bit
+/// vectors. Every element gets the same operation either way (element-wise
+/// IEEE arithmetic, no reassociation), so results are bit-identical.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::*;
+
+    /// Whether this CPU has AVX2 (detected once).
+    pub(super) fn available() -> bool {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
+    }
+
+    /// [`combine_any`] with AVX2 enabled.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn combine_avx2(op: ReduceOp, dtype: DType, acc: &mut [u8], other: &[u8]) {
+        combine_any(op, dtype, acc, other)
+    }
+}
+
+/// The element-wise combine of [`reduce_into`], after its checks; inlined
+/// into each instruction-set variant.
+#[inline(always)]
+fn combine_any(op: ReduceOp, dtype: DType, acc: &mut [u8], other: &[u8]) {
     match dtype {
         DType::F32 => float_combine!(f32, op, acc, other),
         DType::F64 => float_combine!(f64, op, acc, other),
@@ -124,7 +162,6 @@ pub fn reduce_into(op: ReduceOp, dtype: DType, acc: &mut [u8], other: &[u8]) -> 
             ReduceOp::Avg | ReduceOp::PremulSum(_) => {}
         },
     }
-    Ok(())
 }
 
 /// Applies the final step of `op` to a fully combined buffer of

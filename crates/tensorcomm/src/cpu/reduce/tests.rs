@@ -254,3 +254,71 @@ fn unsupported_ops_and_bad_lengths_are_refused() {
     assert!(err.to_string().contains("8 and 4"), "{err}");
     assert!(reduce_into(ReduceOp::Sum, DType::I64, &mut [0; 6], &[0; 6]).is_err());
 }
+
+#[test]
+fn the_avx2_kernels_match_the_baseline_ones_bit_for_bit() {
+    // On a CPU with AVX2 `reduce_into` takes the AVX2 build of the kernels
+    // and `combine_any` (called directly) the baseline one; special floats
+    // included, as min/max and NaN handling must not change with the
+    // instruction set. Without AVX2 both are the baseline build.
+    let mut rng = stream(7);
+    let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY, 1e-40];
+    let dtypes = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+    let ops = [
+        ReduceOp::Sum,
+        ReduceOp::Product,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Band,
+        ReduceOp::Bor,
+        ReduceOp::Bxor,
+    ];
+    for dtype in dtypes {
+        for op in ops {
+            if op.check_dtype("test", dtype).is_err() {
+                continue;
+            }
+            for len in [1usize, 63, 64, 65, 1000] {
+                let mut make = || -> Vec<u8> {
+                    let mut bytes: Vec<u8> = (0..len * dtype.size()).map(|_| rng() as u8).collect();
+                    if dtype.is_floating_point() {
+                        // Real values (random bytes are mostly NaN-free but
+                        // unstructured), with specials sprinkled in.
+                        for i in 0..len {
+                            let v = if rng().is_multiple_of(5) {
+                                specials[(rng() % 6) as usize]
+                            } else {
+                                (rng() % 2001) as f64 / 100.0 - 10.0
+                            };
+                            let at = i * dtype.size();
+                            let slot = &mut bytes[at..at + dtype.size()];
+                            match dtype {
+                                DType::F32 => slot.copy_from_slice(&(v as f32).to_ne_bytes()),
+                                DType::F64 => slot.copy_from_slice(&v.to_ne_bytes()),
+                                DType::F16 => slot.copy_from_slice(&f16::from_f64(v).to_ne_bytes()),
+                                _ => slot.copy_from_slice(&bf16::from_f64(v).to_ne_bytes()),
+                            }
+                        }
+                    }
+                    bytes
+                };
+                let (a, b) = (make(), make());
+                let mut fast = a.clone();
+                reduce_into(op, dtype, &mut fast, &b).unwrap();
+                let mut base = a.clone();
+                combine_any(op, dtype, &mut base, &b);
+                assert_eq!(fast, base, "{dtype} {op:?} len {len}");
+            }
+        }
+    }
+}
