@@ -34,7 +34,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::algorithms::{all_reduce, all_reduce_direct, broadcast_tree};
+use super::algorithms::{all_reduce, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
     all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes, shm_arena_threads,
@@ -687,8 +687,10 @@ impl ProcessGroup for ProcessGroupCpu {
             numel: 0,
             shape_hash: 0,
         };
+        // A one-byte all-reduce: every rank hears from every other, by
+        // whichever algorithm is fastest for one byte over this world.
         self.submit(fp, timeout, |t, deadline| {
-            all_reduce_direct(t, &mut [0u8], DType::U8, ReduceOp::Max, deadline)
+            all_reduce(t, &mut [0u8], DType::U8, ReduceOp::Max, deadline)
         })
     }
 

@@ -89,8 +89,7 @@ use super::transport::Transport;
 use crate::tensor::DType;
 use crate::Result;
 
-/// Messages up to this many bytes use [`all_reduce_direct`] (when the world
-/// is small enough, see [`DIRECT_MAX_WORLD`]).
+/// Messages up to this many bytes over 2 ranks use [`all_reduce_direct`].
 ///
 /// Measured on a 2-core VM (shared with other jobs, so noisy), 2 ranks as
 /// threads of one process, each algorithm forced through
@@ -106,46 +105,71 @@ use crate::Result;
 ///  32K               39     59     62             95      189    173
 ///  128K              114    108    92             236     248    337
 ///  512K              368    274    260            428     428    402
-///  2M                3070   2257   2621           1880    884    997
-///  8M                18025  10346  10839          10842   5460   6554
-///  32M               272326 45042  45745          149925  20254  16707
 /// ```
 ///
 /// Direct wins up to 32 KiB on both transports and loses from 128 KiB on
-/// TCP, so the crossover is set between them. Re-measure on a machine with
-/// more cores and ranks (the issue's 16-32 core hosts) before trusting it
-/// for larger worlds.
+/// TCP, so the crossover is set between them. On the 32-core GPU host
+/// (bench/results/algorithms-small-h200x2.txt) 2 ranks over TCP took 19.7
+/// µs direct and 23.7 halving-doubling at 8 KiB.
 pub const DIRECT_MAX_BYTES: usize = 64 << 10;
 
-/// Largest world for which [`all_reduce_direct`] is chosen (its traffic and
-/// memory grow with the world size). Provisional: the 2-core VM cannot run
-/// more than 2 ranks without oversubscribing, so this is not measured.
-pub const DIRECT_MAX_WORLD: usize = 8;
+/// Messages up to this many bytes over 3 to [`DIRECT_MAX_WORLD`] ranks use
+/// [`all_reduce_direct`]. On the GPU host
+/// (bench/results/algorithms-small-h200x2.txt), µs direct / best other at
+/// 2 KiB and 8 KiB over TCP: 3 ranks 22.7 / 40.9 and 39.2 / 44.7, 4 ranks
+/// 32.3 / 35.4 and 59.6 / 41.0, 6 ranks 51.9 / 79.0 and 104.8 / 80.4; over
+/// shared memory 3 ranks 9.2 / 10.6 and 15.3 / 15.1, 4 ranks 11.9 / 12.2 and
+/// 21.8 / 16.1, 6 ranks 17.9 / 14.9 and 35.3 / 23.1.
+pub const DIRECT_MAX_BYTES_FROM_3_RANKS: usize = 2 << 10;
 
-/// Messages of at least this many bytes over 2 ranks use
+/// Largest world for which [`all_reduce_direct`] is chosen (its traffic and
+/// memory grow with the world size). On the GPU host 8 ranks were faster
+/// with halving-doubling at every size from 32 bytes, over TCP (52.5 µs
+/// against 57.4 at 32 B, 65.8 against 136.9 at 8 KiB) and shared memory
+/// (12.2 against 14.8 at 32 B); 7 ranks were not measured.
+pub const DIRECT_MAX_WORLD: usize = 6;
+
+/// Up to how many bytes an all-reduce over `world_size` ranks takes
+/// [`all_reduce_direct`] (0: never).
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::direct_max_bytes;
+/// assert_eq!(direct_max_bytes(2), 64 << 10);
+/// assert_eq!(direct_max_bytes(4), 2 << 10);
+/// assert_eq!(direct_max_bytes(8), 0);
+/// ```
+pub fn direct_max_bytes(world_size: usize) -> usize {
+    match world_size {
+        0..=2 => DIRECT_MAX_BYTES,
+        w if w <= DIRECT_MAX_WORLD => DIRECT_MAX_BYTES_FROM_3_RANKS,
+        _ => 0,
+    }
+}
+
+/// Messages of at least this many bytes over 2 or 4 ranks use
 /// [`all_reduce_ring`]; below it (and above the direct threshold),
 /// [`all_reduce_halving_doubling`]. See [`ring_min_bytes`] for the
 /// measurements behind this and the other worlds' thresholds.
 pub const RING_MIN_BYTES: usize = 4 << 20;
 
-/// [`RING_MIN_BYTES`] for 4 ranks.
-pub const RING_MIN_BYTES_4_RANKS: usize = 4 << 20;
-
-/// [`RING_MIN_BYTES`] for 8 ranks or more.
+/// [`RING_MIN_BYTES`] for 8 to 15 ranks.
 pub const RING_MIN_BYTES_FROM_8_RANKS: usize = 256 << 10;
 
-/// [`RING_MIN_BYTES`] for worlds of fewer than 8 ranks that are not a
-/// power of two, where halving-doubling first folds the extra ranks in (a
-/// whole extra message each way). Provisional (not measured).
-pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
+/// [`RING_MIN_BYTES`] for 5 to 7 ranks, where halving-doubling first folds
+/// the ranks beyond a power of two in (a whole extra message each way).
+pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 128 << 10;
+
+/// [`RING_MIN_BYTES`] for 16 ranks or more.
+pub const RING_MIN_BYTES_FROM_16_RANKS: usize = 4 << 20;
 
 /// From how many bytes an all-reduce over `world_size` ranks takes the
-/// ring rather than halving-doubling.
+/// ring rather than halving-doubling (below it and above
+/// [`direct_max_bytes`]).
 ///
 /// Measured over TCP (one `tensorcomm bench` run per cell, forcing each
 /// algorithm with `TENSORCOMM_CPU_ALL_REDUCE`, f32 sum, 20 iterations, the
 /// default connections per pair) on the 32-core GPU host, µs
-/// halving-doubling / ring (bench/results/NOTES.md):
+/// halving-doubling / ring (bench/results/tcp-algorithms-h200x2.txt):
 ///
 /// ```text
 /// bytes   2 ranks        4 ranks        8 ranks
@@ -161,24 +185,28 @@ pub const RING_MIN_BYTES_NON_POWER_OF_TWO: usize = 1 << 20;
 /// ([`RING_SEGMENT_BYTES`] now, bench/results/tcp-ring-segments-h200x2.txt)
 /// 4 ranks took 1146, 1244 and 2173 µs at 2, 4 and 8 MiB, so their ring
 /// starts at 4 MiB (halving-doubling's 869 µs still wins at 2 MiB).
+/// Other worlds (bench/results/algorithms-other-worlds-h200x2.txt, TCP,
+/// halving-doubling / ring): 3 ranks 44.7 / 44.7 at 8 KiB, 60.0 / 46.9 at
+/// 32 KiB, 124.6 / 72.5 at 128 KiB, so the ring from where direct stops;
+/// 6 ranks 107.5 / 125.7 at 32 KiB and 190.0 / 164.4 at 128 KiB; 16 ranks
+/// 501 / 522 at 512 KiB and 1729 / 1994 at 2 MiB (larger not measured).
 ///
 /// ```
 /// use tensorcomm::cpu::algorithms::ring_min_bytes;
 /// assert_eq!(ring_min_bytes(2), 4 << 20);
+/// assert_eq!(ring_min_bytes(3), 0);
 /// assert_eq!(ring_min_bytes(4), 4 << 20);
-/// assert_eq!(ring_min_bytes(3), 1 << 20);
+/// assert_eq!(ring_min_bytes(6), 128 << 10);
 /// assert_eq!(ring_min_bytes(8), 256 << 10);
-/// assert_eq!(ring_min_bytes(16), 256 << 10);
+/// assert_eq!(ring_min_bytes(16), 4 << 20);
 /// ```
 pub fn ring_min_bytes(world_size: usize) -> usize {
-    if world_size >= 8 {
-        RING_MIN_BYTES_FROM_8_RANKS
-    } else if !world_size.is_power_of_two() {
-        RING_MIN_BYTES_NON_POWER_OF_TWO
-    } else if world_size >= 4 {
-        RING_MIN_BYTES_4_RANKS
-    } else {
-        RING_MIN_BYTES
+    match world_size {
+        0..=2 | 4 => RING_MIN_BYTES,
+        3 => 0,
+        5..=7 => RING_MIN_BYTES_NON_POWER_OF_TWO,
+        8..=15 => RING_MIN_BYTES_FROM_8_RANKS,
+        _ => RING_MIN_BYTES_FROM_16_RANKS,
     }
 }
 
@@ -288,13 +316,14 @@ pub enum AllReduceAlgorithm {
 /// ```
 /// use tensorcomm::cpu::algorithms::{select_all_reduce, AllReduceAlgorithm};
 /// assert_eq!(select_all_reduce(8, 4), AllReduceAlgorithm::Direct);
+/// assert_eq!(select_all_reduce(8, 8), AllReduceAlgorithm::HalvingDoubling);
 /// assert_eq!(select_all_reduce(1 << 20, 4), AllReduceAlgorithm::HalvingDoubling);
 /// assert_eq!(select_all_reduce(1 << 20, 3), AllReduceAlgorithm::Ring);
 /// assert_eq!(select_all_reduce(1 << 20, 8), AllReduceAlgorithm::Ring);
 /// assert_eq!(select_all_reduce(64 << 20, 4), AllReduceAlgorithm::Ring);
 /// ```
 pub fn select_all_reduce(nbytes: usize, world_size: usize) -> AllReduceAlgorithm {
-    if nbytes <= DIRECT_MAX_BYTES && world_size <= DIRECT_MAX_WORLD {
+    if nbytes <= direct_max_bytes(world_size) {
         AllReduceAlgorithm::Direct
     } else if nbytes >= ring_min_bytes(world_size) {
         AllReduceAlgorithm::Ring
