@@ -341,6 +341,10 @@ impl Transport for Fingerprinted<'_> {
         self.inner.abort();
     }
 
+    fn check_alive(&self, peer: usize) -> Result<()> {
+        self.inner.check_alive(peer)
+    }
+
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
         if self.first_recv(from) {
             self.check_header(from, deadline)?;

@@ -5,7 +5,8 @@
 //! per rank, no byte streams; the half a chunk goes to was last read two
 //! chunks earlier, which every rank finished before the previous barrier
 //! (the same argument as the arena all-reduce, with which it shares the
-//! arena's half counter).
+//! arena's half counter). After an all-reduce, which leaves without a
+//! closing barrier, it passes one before its first copy in.
 
 use std::time::Instant;
 
@@ -32,6 +33,11 @@ pub fn broadcast_shm_arena(
     }
     if world == 1 {
         return Ok(());
+    }
+    if arena.take_unfenced() {
+        // The all-reduce before left without a barrier: others may still
+        // read this rank's slot.
+        barrier(t, deadline)?;
     }
     for piece in buf.chunks_mut(arena.chunk()) {
         let parity = arena.next_parity();

@@ -250,46 +250,58 @@ pub const SHM_ARENA_MAX_THREADS: usize = 8;
 pub const SHM_ARENA_MIN_BYTES_PER_THREAD: usize = 64 << 10;
 
 /// When the threads of every rank together would take every core of the
-/// host, each gets at least this many bytes, or each rank runs half as
-/// many.
+/// host, each rank runs half as many below this many bytes per thread...
 pub const SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD: usize = 512 << 10;
+
+/// ...and three quarters as many below this many bytes per thread.
+pub const SHM_ARENA_FULL_HOST_ALL_THREADS_MIN_BYTES_PER_THREAD: usize = 4 << 20;
 
 /// Threads per rank for an arena all-reduce of `nbytes` over `world_size`
 /// ranks on a host of `cores` cores: as many as give every rank cores of
-/// its own (at most [`SHM_ARENA_MAX_THREADS`]), halved below
-/// [`SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD`] per thread when that takes
-/// every core, and at most one per [`SHM_ARENA_MIN_BYTES_PER_THREAD`].
+/// its own (`own`, at most [`SHM_ARENA_MAX_THREADS`]); when that takes
+/// every core, half of `own` below `own` x
+/// [`SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD`] and three quarters below
+/// `own` x [`SHM_ARENA_FULL_HOST_ALL_THREADS_MIN_BYTES_PER_THREAD`]; never
+/// more than one per [`SHM_ARENA_MIN_BYTES_PER_THREAD`].
 ///
-/// Measured on the 32-core GPU host with the threads kept alive between
-/// calls ([`HelperThreads`](crate::cpu::HelperThreads)), f32 sum, forcing
-/// 1, 2, 4 and 8 threads (bench/results/gloo-h200x2.txt): 2 ranks were
-/// fastest with 8 threads from 512 KiB (2 MiB: 66.5 µs, 120.4 with 4);
-/// 4 ranks with 4 threads up to 4 MiB and 8 from 8 MiB (32 MiB: 2488 µs
-/// with 8, 3460 with 4); 8 ranks with 2 threads up to 1 MiB and 4 from
-/// 2 MiB (2 MiB: 330 µs with 4, 527 with 2; 8 threads, 64 on 32 cores,
-/// lost everywhere). One rule covers these but for 4 ranks at 4 MiB,
-/// where it picks 8 threads (575 µs) and 4 measured faster (411 µs).
+/// Measured on the 32-core GPU host, f32 sum, forcing the count
+/// (bench/results/arena-threads-h200x2.txt, µs, two runs each): 2 ranks
+/// were fastest with 8 threads from 512 KiB (2 MiB: 66.5 µs, 120.4 with
+/// 4, an earlier build); 4 ranks with 4 threads up to 2 MiB, 6 from 4 to
+/// 16 MiB (8 MiB: 594 / 632 against 948 / 775 with 8 and 917 / 849 with
+/// 4) and 8 at 32 MiB (2204 / 2194 against 2496 / 2504 with 6); 8 ranks
+/// with 2 or 3 up to 2 MiB, 3 at 4 and 8 MiB (8 MiB: 1558 / 1380 against
+/// 1868 / 1511 with 4), 3 and 4 alike at 16 MiB, and 4 at 32 MiB (5730 /
+/// 5003 against 6318 / 6708 with 3). The host's other tenants make single
+/// runs vary by 20% or more.
 ///
 /// ```
 /// use tensorcomm::cpu::algorithms::shm_arena_threads;
 /// assert_eq!(shm_arena_threads(256 << 10, 2, 32), 4);
 /// assert_eq!(shm_arena_threads(2 << 20, 2, 32), 8);
 /// assert_eq!(shm_arena_threads(2 << 20, 4, 32), 4);
-/// assert_eq!(shm_arena_threads(8 << 20, 4, 32), 8);
+/// assert_eq!(shm_arena_threads(8 << 20, 4, 32), 6);
+/// assert_eq!(shm_arena_threads(32 << 20, 4, 32), 8);
 /// assert_eq!(shm_arena_threads(1 << 20, 8, 32), 2);
-/// assert_eq!(shm_arena_threads(2 << 20, 8, 32), 4);
+/// assert_eq!(shm_arena_threads(8 << 20, 8, 32), 3);
+/// assert_eq!(shm_arena_threads(16 << 20, 8, 32), 4);
 /// assert_eq!(shm_arena_threads(64 << 20, 4, 2), 1);
 /// ```
 pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usize {
     let world = world_size.max(1);
     let own = (cores / world).clamp(1, SHM_ARENA_MAX_THREADS);
-    let fills_host = world * own >= cores;
-    let threads = if fills_host && nbytes < own * SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD {
-        (own / 2).max(1)
+    let threads = if world * own < cores {
+        own
+    } else if nbytes < own * SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD {
+        own / 2
+    } else if nbytes < own * SHM_ARENA_FULL_HOST_ALL_THREADS_MIN_BYTES_PER_THREAD {
+        own * 3 / 4
     } else {
         own
     };
-    threads.min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
+    threads
+        .max(1)
+        .min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
 }
 
 /// An arena all-reduce moves the message in steps of at most this many

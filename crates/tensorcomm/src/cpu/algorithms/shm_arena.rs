@@ -15,55 +15,57 @@
 //! - copy out: every rank copies each other rank's reduced share out of
 //!   that rank's slot (all-gather).
 //!
-//! The steps are pipelined: phase `j` copies step `j` in, reduces step
-//! `j - 1` and copies step `j - 2` out, and a barrier separates phases, so
-//! `S` steps take `S + 1` barriers (two per step without the pipeline).
-//! Two halves are enough, because every step of a call lays its shares
-//! out in the same bytes of the slot half (the steps are made as equal as
-//! whole elements allow; the last one's shares are the first one's, cut
-//! at its length). In half `j % 2` of its slot, a rank writes the other
-//! ranks' shares in phase `j` (copy in of step `j`), which they last read
-//! in phase `j - 1` (their reduce of step `j - 2`) and which are not its
-//! own share, read in phase `j` (their copy out of step `j - 2`); it
-//! writes its own share in phase `j + 1` (reduce of step `j`), which they
-//! last read in phase `j` (that copy out). A barrier lies between each
-//! such read and write. The last copy out of a call follows its last
-//! barrier, as before; the next call starts on the other half and copies
-//! into this one only after its first barrier, so the argument carries
-//! across calls.
-//!
 //! Per rank and byte of message, with `N` ranks: `3 - 1/N` bytes read and
 //! `2` written (the copy in, reduction and copy out of the whole message
 //! would be `3` and `2 + 1/N`).
 //!
-//! The barriers are dissemination barriers of 1-byte messages over the
-//! group's transport, so the collective's fingerprint rides on them and a
-//! dead peer fails them by name, as in every other algorithm.
+//! # Lanes and counters instead of barriers
 //!
-//! Pipelining, predicted and measured: on the GPU host (32 cores) the
-//! unpipelined algorithm took 260-380 µs per step at 2-8 ranks, where the
-//! bytes alone should take well under 100 µs per step at one thread's
-//! copy bandwidth, so each of the two barriers (a gate of up to 8 threads,
-//! then `log2 N` rounds of transport messages, gated by the slowest thread
-//! of the slowest rank) looked like it cost tens of µs; halving their
-//! number was predicted to cut 10-25% at 4 and 8 ranks. Outcome (same
-//! host, bench/results/NOTES.md): 32 MiB 12%, 23% and 11% faster at 2, 4
-//! and 8 ranks; 8 MiB 14% and 6% faster at 4 and 8 ranks; one-step
-//! messages (2 MiB) unchanged within the run-to-run noise (~14%).
+//! Each rank splits every share of every step into `threads` parts, and
+//! its thread ("lane") `i` does everything for part `i` of every share:
+//! copies it in, reduces it (for its own share), copies it out. So lane `i`
+//! of one rank only ever meets lane `i` of the others, and they order
+//! their work through the arena's progress counters ([`Progress`]) rather
+//! than barriers: before each action a lane waits, in shared memory, for
+//! exactly the lanes whose work it needs, and after it publishes its own.
+//! For step `k` (global step `g`), in half `k % 2`, lane `i` of rank `r`:
+//! - copies in its parts of the others' shares, once every other rank's
+//!   lane `i` has reduced step `k - 2` (which read those bytes last);
+//! - reduces its part of share `r`, once every other rank's lane `i` has
+//!   copied step `k` in, and has copied step `k - 2` out (which read the
+//!   bytes of share `r` it then overwrites with the result);
+//! - copies out its parts of the others' reduced shares, once each has
+//!   reduced step `k`.
 //!
-//! A single core cannot saturate memory bandwidth, so with `threads > 1`
-//! each rank splits every step's bytes between itself and `threads - 1`
-//! [`HelperThreads`] (kept alive between calls): the calling thread
-//! gathers them at a local gate after each phase, runs the barrier, and
-//! releases them.
+//! A lane's order is copy in `k`, reduce `k - 1`, copy out `k - 2`, so
+//! each wait is for work the others did a round earlier: a rank slowed for
+//! a moment (the host's other tenants, a descheduled thread) delays only
+//! the lanes that need it, when they need it. Lanes own the same bytes of
+//! every step (the last, shorter step cuts each part at its length), so
+//! the per-lane ordering covers every byte of a call. Across calls, which
+//! may split the work differently, every call starts with one barrier
+//! over the group's transport: it carries the collective's fingerprint,
+//! and nobody passes it before every rank has finished the previous call.
+//! A call ends without a barrier (nobody reads a rank's buffer, only its
+//! slot), so it marks the arena unfenced for a broadcast that follows.
+//!
+//! While it waits, a lane asks the transport every few milliseconds
+//! whether the peer it waits for is alive, so a dead peer fails the call
+//! by name; the call's deadline bounds the wait.
+//!
+//! Measured before this design (bench/results/NOTES.md): with one barrier
+//! per pipelined step, 8 ranks of 4 threads on the 32-core GPU host spent
+//! about as long in barriers and at the gate between their threads as
+//! copying and reducing (32 MiB: 10.2 ms per call, 4.9 ms of it work per
+//! lane, 4.4 ms in the leader's 33 barriers).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
 use crate::cpu::reduce::{finish, ReduceOp};
-use crate::cpu::transport::shm::ShmArena;
+use crate::cpu::transport::shm::{Milestone, Progress, ShmArena, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;
 use crate::cpu::HelperThreads;
 use crate::tensor::DType;
@@ -83,78 +85,6 @@ pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
     Ok(())
 }
 
-/// Where the threads of one rank meet between steps: each worker counts
-/// itself in `arrived`, then waits for `released` to reach the step's
-/// number; the leader waits for all arrivals, runs the group barrier and
-/// releases the step (or sets `failed`, which also releases everyone).
-struct Gate {
-    workers: usize,
-    arrived: AtomicUsize,
-    released: AtomicUsize,
-    failed: AtomicBool,
-}
-
-/// Spins briefly, then yields: waits here are a few microseconds when the
-/// threads have cores of their own, and must not starve them when not.
-fn pause(spins: &mut u32) {
-    if *spins < 200 {
-        std::hint::spin_loop();
-        *spins += 1;
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-impl Gate {
-    /// A worker's side of step `step` (1-based); false if the leader failed.
-    fn worker_pass(&self, step: usize) -> bool {
-        self.arrived.fetch_add(1, Ordering::AcqRel);
-        let mut spins = 0;
-        while self.released.load(Ordering::Acquire) < step {
-            if self.failed.load(Ordering::Acquire) {
-                return false;
-            }
-            pause(&mut spins);
-        }
-        !self.failed.load(Ordering::Acquire)
-    }
-
-    /// The leader's side of step `step`: waits for the workers, then runs
-    /// `between` (the group barrier) before releasing them.
-    fn leader_pass(&self, step: usize, between: impl FnOnce() -> Result<()>) -> Result<()> {
-        let mut spins = 0;
-        while self.arrived.load(Ordering::Acquire) < self.workers * step {
-            if self.failed.load(Ordering::Acquire) {
-                // A worker failed and returns its own error when joined.
-                return Ok(());
-            }
-            pause(&mut spins);
-        }
-        match between() {
-            Ok(()) => {
-                self.released.store(step, Ordering::Release);
-                Ok(())
-            }
-            Err(e) => {
-                self.failed.store(true, Ordering::Release);
-                Err(e)
-            }
-        }
-    }
-}
-
-/// Sets the gate's failure flag if dropped while its thread panics, so no
-/// lane waits for one that will never arrive.
-struct ReleaseOnPanic<'a>(&'a Gate);
-
-impl Drop for ReleaseOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.failed.store(true, Ordering::Release);
-        }
-    }
-}
-
 /// Part `i` of `parts` of `range`, split at whole `elem`-byte elements.
 fn part(
     range: &std::ops::Range<usize>,
@@ -166,76 +96,133 @@ fn part(
     range.start + offsets[i]..range.start + offsets[i + 1]
 }
 
-/// What one thread of a rank does for one chunk, between the gates.
+/// What one lane of a rank does for one step.
 ///
-/// Thread `me` of `threads` owns part `me` of every rank's share of the
-/// chunk (`parts[r]`, bytes of the rank's own buffer), so the thread that
-/// reduces a part of this rank's share also holds this rank's input for
-/// it and reduces straight into it.
+/// Lane `i` of `threads` owns part `i` of every rank's share of the step
+/// (`parts[r]`, bytes of the rank's own buffer), so the lane that reduces
+/// a part of this rank's share also holds this rank's input for it and
+/// reduces straight into it.
 struct ChunkWork<'a> {
-    arena: &'a ShmArena,
-    parity: usize,
-    /// For each rank `r`: the chunk's byte offset of this thread's part of
+    /// The global step number (its parity is the slot half).
+    step: u64,
+    /// For each rank `r`: the step's byte offset of this lane's part of
     /// `r`'s share, and those bytes of this rank's buffer.
     parts: Vec<(usize, &'a mut [u8])>,
 }
 
-impl ChunkWork<'_> {
-    /// Stages this thread's parts of the other ranks' shares in this
-    /// rank's slot (its own share is read straight from its buffer).
-    fn copy_in(&self, rank: usize) {
-        for (r, (offset, bytes)) in self.parts.iter().enumerate() {
-            if r != rank {
-                self.arena.copy_in(self.parity, *offset, bytes);
-            }
-        }
-    }
-
-    /// Reduces this thread's part of this rank's share: this rank's input
-    /// in its buffer, combined with the other ranks' slots in rank order,
-    /// then published in this rank's slot for the others to copy out.
-    fn reduce(&mut self, rank: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-        let (offset, acc) = &mut self.parts[rank];
-        let range = *offset..*offset + acc.len();
-        self.arena
-            .reduce_share_into(self.parity, range, acc, dtype, op)?;
-        self.arena.copy_in(self.parity, *offset, acc);
-        Ok(())
-    }
-
-    /// Copies this thread's parts of the other ranks' reduced shares out
-    /// of their slots.
-    fn copy_out(&mut self, rank: usize) {
-        for (r, (offset, bytes)) in self.parts.iter_mut().enumerate() {
-            if r != rank {
-                let range = *offset..*offset + bytes.len();
-                self.arena.copy_out(r, self.parity, range, bytes);
-            }
-        }
-    }
+/// One lane of one rank in one call: its steps, and how it waits.
+struct Lane<'a, 'b> {
+    t: &'b dyn Transport,
+    arena: &'b ShmArena,
+    lane: usize,
+    steps: Vec<ChunkWork<'a>>,
+    deadline: Instant,
+    /// Set by a lane of this rank that failed: the others stop waiting.
+    failed: &'b AtomicBool,
 }
 
-/// Phase `phase` of one thread's steps (`lane`, in order): reduces step
-/// `phase - 1`, copies step `phase - 2` out and step `phase` in, each
-/// where it exists. Between two phases every rank passes a barrier, so
-/// everything a phase reads was written before the previous barrier.
-fn run_phase(
-    lane: &mut [ChunkWork<'_>],
-    phase: usize,
-    rank: usize,
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
-    if let Some(work) = phase.checked_sub(1).and_then(|k| lane.get_mut(k)) {
-        work.reduce(rank, dtype, op)?;
+impl Lane<'_, '_> {
+    fn parity(step: u64) -> usize {
+        (step % 2) as usize
     }
-    if let Some(work) = phase.checked_sub(2).and_then(|k| lane.get_mut(k)) {
-        work.copy_out(rank);
+
+    /// Waits until every other rank's lane has done `kind` for `step`;
+    /// false if another lane of this rank failed meanwhile.
+    fn wait_all(&self, kind: Progress, step: u64) -> Result<bool> {
+        let (rank, world) = (self.t.rank(), self.t.world_size());
+        for q in (0..world).filter(|&q| q != rank) {
+            let milestone = Milestone {
+                rank: q,
+                lane: self.lane,
+                kind,
+                step,
+            };
+            let reached = self.arena.wait_progress(
+                milestone,
+                self.deadline,
+                &|| self.failed.load(Ordering::Acquire),
+                &|| self.t.check_alive(q),
+            )?;
+            if !reached {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
-    if let Some(work) = lane.get(phase) {
-        work.copy_in(rank);
+
+    /// Stages step `k`'s parts of the other ranks' shares in this rank's
+    /// slot (its own share is read straight from its buffer).
+    fn copy_in(&self, k: usize) -> Result<bool> {
+        let work = &self.steps[k];
+        if k >= 2 && !self.wait_all(Progress::Reduced, self.steps[k - 2].step)? {
+            return Ok(false);
+        }
+        let rank = self.t.rank();
+        for (r, (offset, bytes)) in work.parts.iter().enumerate() {
+            if r != rank {
+                self.arena.copy_in(Self::parity(work.step), *offset, bytes);
+            }
+        }
+        self.arena.publish(self.lane, Progress::CopiedIn, work.step);
+        Ok(true)
     }
-    Ok(())
+
+    /// Reduces step `k`'s part of this rank's share: its input in its
+    /// buffer, combined with the other ranks' slots in rank order, then
+    /// published in this rank's slot for the others to copy out.
+    fn reduce(&mut self, k: usize, dtype: DType, op: ReduceOp) -> Result<bool> {
+        let step = self.steps[k].step;
+        if !self.wait_all(Progress::CopiedIn, step)? {
+            return Ok(false);
+        }
+        if k >= 2 && !self.wait_all(Progress::CopiedOut, self.steps[k - 2].step)? {
+            return Ok(false);
+        }
+        let rank = self.t.rank();
+        let parity = Self::parity(step);
+        let (offset, acc) = &mut self.steps[k].parts[rank];
+        let range = *offset..*offset + acc.len();
+        self.arena
+            .reduce_share_into(parity, range, acc, dtype, op)?;
+        self.arena.copy_in(parity, *offset, acc);
+        self.arena.publish(self.lane, Progress::Reduced, step);
+        Ok(true)
+    }
+
+    /// Copies step `k`'s parts of the other ranks' reduced shares out of
+    /// their slots, each once its owner has published it.
+    fn copy_out(&mut self, k: usize) -> Result<bool> {
+        let step = self.steps[k].step;
+        if !self.wait_all(Progress::Reduced, step)? {
+            return Ok(false);
+        }
+        let rank = self.t.rank();
+        let parity = Self::parity(step);
+        for (r, (offset, bytes)) in self.steps[k].parts.iter_mut().enumerate() {
+            if r != rank {
+                let range = *offset..*offset + bytes.len();
+                self.arena.copy_out(r, parity, range, bytes);
+            }
+        }
+        self.arena.publish(self.lane, Progress::CopiedOut, step);
+        Ok(true)
+    }
+
+    /// Every step of the call: round `j` copies step `j` in, reduces step
+    /// `j - 1` and copies step `j - 2` out, each where it exists.
+    fn run(&mut self, dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = self.steps.len();
+        for j in 0..n + 2 {
+            let going = (j >= n || self.copy_in(j)?)
+                && (j == 0 || j > n || self.reduce(j - 1, dtype, op)?)
+                && (j < 2 || self.copy_out(j - 2)?);
+            if !going {
+                // Another lane of this rank failed and reports why.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The threads one rank puts on an arena all-reduce: the calling thread
@@ -248,8 +235,9 @@ pub struct ArenaThreads<'a> {
 }
 
 /// All-reduces `buf` (elements of `dtype`) in place through `arena`, which
-/// must be shared by exactly the ranks of `t`, with `threads` on this rank. Every rank gets
-/// bit-identical results (each element is reduced by one rank only).
+/// must be shared by exactly the ranks of `t`, with `threads` on this rank
+/// (at most [`ARENA_MAX_LANES`]). Every rank gets bit-identical results
+/// (each element is reduced by one rank only).
 pub fn all_reduce_shm_arena(
     t: &dyn Transport,
     arena: &ShmArena,
@@ -263,7 +251,7 @@ pub fn all_reduce_shm_arena(
         helpers,
         count: threads,
     } = threads;
-    let (rank, world) = (t.rank(), t.world_size());
+    let world = t.world_size();
     if arena.world_size() != world {
         return Err(Error::InvalidArgument(format!(
             "all_reduce_shm_arena: expected an arena shared by the transport's {world} ranks, found one for {}",
@@ -279,37 +267,36 @@ pub fn all_reduce_shm_arena(
                 arena.chunk()
             )));
         }
-        let threads = threads.clamp(1, 64);
+        let threads = threads.clamp(1, ARENA_MAX_LANES);
         // Steps of up to SHM_ARENA_STEP_BYTES_PER_THREAD per thread (at
-        // least SHM_ARENA_MIN_STEP_BYTES): fewer barriers when many threads
-        // share a step, never more than a slot half holds.
+        // least SHM_ARENA_MIN_STEP_BYTES), never more than a slot half.
         let step = (threads * SHM_ARENA_STEP_BYTES_PER_THREAD).max(SHM_ARENA_MIN_STEP_BYTES);
         let step = chunk.min(step / elem * elem);
         // Steps as equal as whole elements allow (the last may be up to one
         // element per step shorter), every step's shares laid out where the
-        // first step's are: the pipeline relies on each rank's share of
-        // every step lying in the same bytes of its slot half.
+        // first step's are, and every lane's parts where the first step's
+        // are (cut at a shorter step's end): a lane's waits cover exactly
+        // the bytes it touches.
         let steps = buf.len().div_ceil(step);
         let step = ((buf.len() / elem).div_ceil(steps) * elem).max(elem);
         let layout = block_offsets(step, elem, world);
-        // Each thread's parts of every chunk, decided up front so that the
-        // threads own disjoint parts of `buf`: thread `i` gets part `i` of
-        // every rank's share (in buffer order: share by share, part by part).
-        let mut per_thread: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+        let mut per_lane: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+        // Every rank starts here (and has finished the previous call).
+        barrier(t, deadline)?;
         for piece in buf.chunks_mut(step) {
-            let parity = arena.next_parity();
-            let shares: Vec<usize> = layout.iter().map(|&o| o.min(piece.len())).collect();
-            for work in per_thread.iter_mut() {
+            let global = arena.next_step();
+            for work in per_lane.iter_mut() {
                 work.push(ChunkWork {
-                    arena,
-                    parity,
+                    step: global,
                     parts: Vec::with_capacity(world),
                 });
             }
+            let len = piece.len();
             let mut rest = piece;
-            for share in shares.windows(2) {
-                for (i, work) in per_thread.iter_mut().enumerate() {
-                    let mine = part(&(share[0]..share[1]), elem, threads, i);
+            for share in layout.windows(2) {
+                for (i, work) in per_lane.iter_mut().enumerate() {
+                    let full = part(&(share[0]..share[1]), elem, threads, i);
+                    let mine = full.start.min(len)..full.end.min(len);
                     let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
                     rest = tail;
                     if let Some(w) = work.last_mut() {
@@ -318,44 +305,36 @@ pub fn all_reduce_shm_arena(
                 }
             }
         }
-        let gate = Gate {
-            workers: threads - 1,
-            arrived: AtomicUsize::new(0),
-            released: AtomicUsize::new(0),
-            failed: AtomicBool::new(false),
-        };
-        // The steps run as a pipeline, one barrier per phase: phase `j`
-        // reduces step `j - 1`, copies step `j - 2` out and step `j` in.
-        let phases = per_thread.first().map_or(0, Vec::len) + 1;
-        let lanes: Vec<Mutex<Vec<ChunkWork<'_>>>> =
-            per_thread.into_iter().map(Mutex::new).collect();
+        let failed = AtomicBool::new(false);
+        let lanes: Vec<Mutex<Lane<'_, '_>>> = per_lane
+            .into_iter()
+            .enumerate()
+            .map(|(lane, steps)| {
+                Mutex::new(Lane {
+                    t,
+                    arena,
+                    lane,
+                    steps,
+                    deadline,
+                    failed: &failed,
+                })
+            })
+            .collect();
         let outcomes = helpers.run(threads, |i| -> Result<()> {
-            let gate = &gate;
-            // A lane that panics must not leave the others at the gate.
-            let _release = ReleaseOnPanic(gate);
             let mut lane = lanes[i].lock().unwrap_or_else(PoisonError::into_inner);
-            if i > 0 {
-                for phase in 0..phases {
-                    if let Err(e) = run_phase(&mut lane, phase, rank, dtype, op) {
-                        gate.failed.store(true, Ordering::Release);
-                        return Err(e);
-                    }
-                    if !gate.worker_pass(phase + 1) {
-                        return Ok(());
-                    }
-                }
-                return run_phase(&mut lane, phases, rank, dtype, op);
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run(dtype, op)))
+                    .unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument(
+                            "all_reduce_shm_arena: a lane panicked".into(),
+                        ))
+                    });
+            if outcome.is_err() {
+                failed.store(true, Ordering::Release);
             }
-            for phase in 0..phases {
-                let done = run_phase(&mut lane, phase, rank, dtype, op);
-                gate.leader_pass(phase + 1, || done.and_then(|()| barrier(t, deadline)))?;
-                if gate.failed.load(Ordering::Acquire) {
-                    // A helper failed: its own error is returned below.
-                    return Ok(());
-                }
-            }
-            run_phase(&mut lane, phases, rank, dtype, op)
+            outcome
         });
+        arena.mark_unfenced();
         let mut outcome = Ok(());
         for lane in outcomes {
             let lane = lane.unwrap_or_else(|_| {
@@ -453,6 +432,156 @@ mod tests {
                 }
                 other => panic!("rank {rank}: expected a closed peer, found {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_rank_that_dies_after_the_first_barrier_is_named_by_the_waiting_lanes() {
+        use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+        let started = Instant::now();
+        let results = run_ranks_with_store(3, |t, store| {
+            let arena = ShmArena::connect(store, "dies", t.rank(), 3, 64, Duration::from_secs(30))
+                .expect("arena setup");
+            if t.rank() == 2 {
+                // Enters the call (its opening barrier), then is gone: its
+                // transport closes with its links, its counters never move.
+                barrier(t, deadline()).expect("opening barrier");
+                return None;
+            }
+            let mut buf = vec![1u8; 1000];
+            let threads = ArenaThreads {
+                helpers: &HelperThreads::new("test"),
+                count: 2,
+            };
+            Some(all_reduce_shm_arena(
+                t,
+                &arena,
+                threads,
+                &mut buf,
+                DType::U8,
+                ReduceOp::Sum,
+                deadline(),
+            ))
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        for (rank, outcome) in results.into_iter().take(2).enumerate() {
+            match outcome {
+                Some(Err(Error::PeerClosed {
+                    peer: 2, during, ..
+                })) => {
+                    assert!(during.contains("shared memory"), "rank {rank}: {during}")
+                }
+                other => panic!("rank {rank}: expected rank 2 named as gone, found {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_by_name_at_the_deadline() {
+        use crate::cpu::algorithms::testing::run_ranks_with_store;
+        let results = run_ranks_with_store(2, |t, store| {
+            let arena =
+                ShmArena::connect(store, "silent", t.rank(), 2, 64, Duration::from_secs(30))
+                    .expect("arena setup");
+            let soon = Instant::now() + Duration::from_millis(300);
+            if t.rank() == 1 {
+                // Enters the call, then stays alive but never works.
+                barrier(t, soon).expect("opening barrier");
+                std::thread::sleep(Duration::from_millis(600));
+                return None;
+            }
+            let mut buf = vec![1u8; 100];
+            let threads = ArenaThreads {
+                helpers: &HelperThreads::new("test"),
+                count: 1,
+            };
+            Some(all_reduce_shm_arena(
+                t,
+                &arena,
+                threads,
+                &mut buf,
+                DType::U8,
+                ReduceOp::Sum,
+                soon,
+            ))
+        });
+        match &results[0] {
+            Some(Err(Error::PeerTimeout {
+                peer: 1, during, ..
+            })) => {
+                assert!(during.contains("waiting in shared memory"), "{during}")
+            }
+            other => panic!("expected a timeout naming rank 1, found {other:?}"),
+        }
+    }
+
+    #[test]
+    fn calls_with_different_thread_counts_and_broadcasts_between_them_stay_exact() {
+        use crate::cpu::algorithms::broadcast_shm_arena;
+        use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+        // One arena, back-to-back calls that split the bytes between 1 to
+        // 4 lanes and lengths of 1 to 4 steps of a 48-byte chunk, with a
+        // broadcast (which follows an all-reduce without its barrier)
+        // after every other one: every call must see only its own bytes.
+        let world = 3;
+        let plan: Vec<(usize, usize)> = (0..24).map(|k| (1 + k % 4, 1 + (k * 7) % 37)).collect();
+        let results = run_ranks_with_store(world, |t, store| {
+            let arena =
+                ShmArena::connect(store, "mixed", t.rank(), world, 48, Duration::from_secs(30))
+                    .expect("arena setup");
+            let helpers = HelperThreads::new("test");
+            let mut out = Vec::new();
+            for (k, &(lanes, n)) in plan.iter().enumerate() {
+                let mut buf: Vec<u8> = (0..n * 4).map(|i| (i + t.rank() * 3 + k) as u8).collect();
+                let threads = ArenaThreads {
+                    helpers: &helpers,
+                    count: lanes,
+                };
+                all_reduce_shm_arena(
+                    t,
+                    &arena,
+                    threads,
+                    &mut buf,
+                    DType::U8,
+                    ReduceOp::Sum,
+                    deadline(),
+                )
+                .expect("all_reduce");
+                out.push(buf);
+                if k % 2 == 0 {
+                    let root = k % world;
+                    let mut b: Vec<u8> = if t.rank() == root {
+                        (0..n * 5).map(|i| (i * 11 + k) as u8).collect()
+                    } else {
+                        vec![0; n * 5]
+                    };
+                    broadcast_shm_arena(t, &arena, &mut b, root, deadline()).expect("broadcast");
+                    out.push(b);
+                }
+            }
+            out
+        });
+        let mut expected = Vec::new();
+        for (k, &(_, n)) in plan.iter().enumerate() {
+            expected.push(
+                (0..n * 4)
+                    .map(|i| {
+                        (0..world)
+                            .map(|r| (i + r * 3 + k) as u8)
+                            .fold(0u8, u8::wrapping_add)
+                    })
+                    .collect::<Vec<u8>>(),
+            );
+            if k % 2 == 0 {
+                expected.push((0..n * 5).map(|i| (i * 11 + k) as u8).collect());
+            }
+        }
+        for (rank, got) in results.iter().enumerate() {
+            assert_eq!(got, &expected, "rank {rank}");
         }
     }
 

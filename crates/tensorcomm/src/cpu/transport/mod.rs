@@ -60,7 +60,9 @@ use crate::Result;
 /// [`Error::PeerIo`](crate::Error::PeerIo)). Messages between a pair of
 /// ranks arrive in the order they were sent. A transport may be shared by
 /// threads, but the algorithms of one group use it from one thread at a
-/// time; concurrent sends to the same peer are serialised.
+/// time; concurrent sends to the same peer are serialised. Each message is
+/// received by one call of the length it was sent with (the TCP transport
+/// cuts large messages into stripes by their length).
 pub trait Transport: Send + Sync {
     /// This process's rank in the group.
     fn rank(&self) -> usize;
@@ -87,6 +89,13 @@ pub trait Transport: Send + Sync {
         buf: &mut [u8],
         deadline: Instant,
     ) -> Result<()>;
+
+    /// Fails with [`Error::PeerClosed`](crate::Error::PeerClosed) if `peer`
+    /// is known to be gone (it closed or aborted its end, or its process
+    /// exited); `Ok` while it looks alive or when this transport cannot
+    /// tell without moving data. For algorithms that wait on shared memory
+    /// instead of messages; may cost a system call.
+    fn check_alive(&self, peer: usize) -> Result<()>;
 
     /// Closes every connection at once, so that peers blocked on this rank
     /// fail promptly (a collective that failed here must not leave the

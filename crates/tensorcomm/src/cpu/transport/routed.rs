@@ -275,6 +275,10 @@ impl Transport for RoutedTransport {
         received.and(sent)
     }
 
+    fn check_alive(&self, peer: usize) -> Result<()> {
+        self.transport(peer, "check_alive")?.check_alive(peer)
+    }
+
     fn abort(&self) {
         if let Some(shm) = &self.shm {
             shm.abort();

@@ -2,14 +2,18 @@
 //! one host, in which collectives move data without going through the
 //! per-pair byte rings.
 //!
-//! The segment holds `world_size` slots of `2 * chunk` bytes: each rank's
-//! slot, split into two halves (parity 0 and 1) so that one chunk of a
-//! message can be copied in while the previous one is still being read.
-//! The arena has no synchronisation of its own: the algorithm using it
-//! (see `cpu::algorithms::all_reduce_shm_arena`) orders every write before
-//! every read of the same bytes with barriers over the group's transport,
-//! which also carries the collective's fingerprint and reports a dead
-//! peer by name.
+//! The segment starts with progress counters: for every rank and each of
+//! up to [`ARENA_MAX_LANES`] lanes (threads) of it, how many steps it has
+//! copied in, reduced and copied out ([`Progress`]), each on a cache line
+//! of its own. Then come `world_size` slots of `2 * chunk` bytes: each
+//! rank's slot, split into two halves (parity 0 and 1) so that one chunk
+//! of a message can be copied in while the previous one is still being
+//! read. The algorithms using the arena (see
+//! `cpu::algorithms::all_reduce_shm_arena`) order every write before
+//! every read of the same bytes, by waiting on those counters
+//! ([`ShmArena::wait_progress`]) or with barriers over the group's
+//! transport, which also carries the collective's fingerprint and reports
+//! a dead peer by name.
 //!
 //! Rank 0 creates the segment and publishes its name under
 //! `{key_prefix}/arena`; the others map it and set
@@ -17,10 +21,11 @@
 //! rank has mapped it, so nothing is left in `/dev/shm` afterwards.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::segment::{self, Segment};
+use super::wait::Backoff;
 use crate::cpu::reduce::{reduce_into, ReduceOp};
 use crate::store::Store;
 use crate::tensor::DType;
@@ -28,6 +33,52 @@ use crate::{Error, Result};
 
 /// A good chunk size: 1 MiB per slot half.
 pub const DEFAULT_ARENA_CHUNK: usize = 1 << 20;
+
+/// Lanes (threads per rank) the arena keeps progress counters for.
+pub const ARENA_MAX_LANES: usize = 64;
+
+/// What a lane of a rank reports having done, step by step, in the
+/// arena's counters: each holds one more than the last global step done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Staged its parts of the other ranks' shares in its slot.
+    CopiedIn = 0,
+    /// Reduced its part of its own share and published it in its slot.
+    Reduced = 1,
+    /// Copied its parts of the other ranks' reduced shares out.
+    CopiedOut = 2,
+}
+
+impl Progress {
+    fn verb(self) -> &'static str {
+        match self {
+            Progress::CopiedIn => "copy in",
+            Progress::Reduced => "reduce",
+            Progress::CopiedOut => "copy out",
+        }
+    }
+}
+
+/// A point in another rank's progress to wait for: lane `lane` of `rank`
+/// having done `kind` for global step `step`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Milestone {
+    pub rank: usize,
+    pub lane: usize,
+    pub kind: Progress,
+    pub step: u64,
+}
+
+/// Bytes of one counter's cache line.
+const LINE: usize = 64;
+
+/// Bytes of the counters at the start of a `world_size`-rank arena.
+fn control_len(world_size: usize) -> usize {
+    world_size * ARENA_MAX_LANES * 3 * LINE
+}
+
+/// How often a wait on a peer's counter asks whether the peer is alive.
+const ALIVE_EVERY: Duration = Duration::from_millis(2);
 
 /// A group's shared data area on one host (see the module docs).
 ///
@@ -58,6 +109,9 @@ pub struct ShmArena {
     /// across collectives keeps a collective's first chunk off the half a
     /// slower rank may still be reading from the previous one.
     steps: AtomicUsize,
+    /// Set by an algorithm that leaves without a closing barrier, taken by
+    /// one that relies on one (see [`ShmArena::take_unfenced`]).
+    unfenced: AtomicBool,
     segment: Segment,
 }
 
@@ -98,7 +152,8 @@ impl ShmArena {
         let len = world_size
             .checked_mul(2)
             .and_then(|n| n.checked_mul(chunk))
-            .filter(|&n| n > 0 && rank < world_size && n <= isize::MAX as usize)
+            .and_then(|n| n.checked_add(control_len(world_size)))
+            .filter(|&n| chunk > 0 && rank < world_size && n <= isize::MAX as usize)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "ShmArena::connect expected rank < world size and a non-empty arena, found rank {rank}, world size {world_size}, chunk {chunk}"
@@ -146,7 +201,9 @@ impl ShmArena {
                 return Err(Error::ShmBadHeader {
                     segment: name,
                     field: "arena size".to_string(),
-                    expected: format!("{len} bytes ({world_size} ranks x 2 x {chunk})"),
+                    expected: format!(
+                        "{len} bytes ({world_size} ranks x 2 x {chunk} and counters)"
+                    ),
                     found: format!("{} bytes", segment.len()),
                 });
             }
@@ -158,8 +215,98 @@ impl ShmArena {
             world_size,
             chunk,
             steps: AtomicUsize::new(0),
+            unfenced: AtomicBool::new(false),
             segment,
         })
+    }
+
+    /// The global number of the next step staged through the arena (its
+    /// half is the number's parity); every rank runs the same steps in the
+    /// same order, so the numbers agree.
+    pub fn next_step(&self) -> u64 {
+        self.steps.fetch_add(1, Ordering::Relaxed) as u64
+    }
+
+    /// Records that the last algorithm left without a closing barrier:
+    /// other ranks may still read this rank's slot.
+    pub fn mark_unfenced(&self) {
+        self.unfenced.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the last algorithm left without a closing barrier (and
+    /// clears it): the next one must pass a barrier before it writes.
+    pub fn take_unfenced(&self) -> bool {
+        self.unfenced.swap(false, Ordering::Relaxed)
+    }
+
+    /// The counter of `kind` for lane `lane` of `rank`.
+    fn progress(&self, rank: usize, lane: usize, kind: Progress) -> &AtomicU64 {
+        assert!(
+            rank < self.world_size && lane < ARENA_MAX_LANES,
+            "arena counter out of bounds: rank {rank} lane {lane}"
+        );
+        let at = ((rank * ARENA_MAX_LANES + lane) * 3 + kind as usize) * LINE;
+        // SAFETY: `at` lies in the counter region at the start of the
+        // mapping (checked above), 64-byte aligned within a page-aligned
+        // mapping that lives as long as self; only atomics touch it.
+        unsafe { &*self.segment.base().as_ptr().add(at).cast::<AtomicU64>() }
+    }
+
+    /// Publishes that lane `lane` of this rank has done `kind` for every
+    /// step up to global step `step`.
+    pub fn publish(&self, lane: usize, kind: Progress, step: u64) {
+        self.progress(self.rank, lane, kind)
+            .store(step + 1, Ordering::Release);
+    }
+
+    /// Waits until another rank has reached `milestone`: `Ok(true)` then;
+    /// `Ok(false)` if `stopped()` said to give up (asked now and then);
+    /// `Err` if `alive()` (asked every few milliseconds) fails or
+    /// `deadline` passes first, naming that rank.
+    pub fn wait_progress(
+        &self,
+        milestone: Milestone,
+        deadline: Instant,
+        stopped: &dyn Fn() -> bool,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<bool> {
+        let Milestone {
+            rank,
+            lane,
+            kind,
+            step,
+        } = milestone;
+        let counter = self.progress(rank, lane, kind);
+        if counter.load(Ordering::Acquire) > step {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let mut backoff = Backoff::new();
+        let mut asked = started;
+        loop {
+            if counter.load(Ordering::Acquire) > step {
+                return Ok(true);
+            }
+            if stopped() {
+                return Ok(false);
+            }
+            let now = Instant::now();
+            if now - asked >= ALIVE_EVERY {
+                alive()?;
+                asked = now;
+            }
+            if now >= deadline {
+                return Err(Error::PeerTimeout {
+                    peer: rank,
+                    during: format!(
+                        "waiting in shared memory for it to {} step {step} (lane {lane})",
+                        kind.verb()
+                    ),
+                    timeout: now - started,
+                });
+            }
+            backoff.snooze();
+        }
     }
 
     /// Bytes per slot half: the most one step of an algorithm can stage.
@@ -170,7 +317,7 @@ impl ShmArena {
     /// The half (0 or 1) the next chunk staged through the arena uses;
     /// alternates from one call to the next.
     pub fn next_parity(&self) -> usize {
-        self.steps.fetch_add(1, Ordering::Relaxed) % 2
+        (self.next_step() % 2) as usize
     }
 
     /// The number of ranks sharing the arena.
@@ -189,7 +336,7 @@ impl ShmArena {
             "arena access out of bounds: rank {rank} parity {parity} range {range:?} chunk {}",
             self.chunk
         );
-        (rank * 2 + parity) * self.chunk + range.start
+        control_len(self.world_size) + (rank * 2 + parity) * self.chunk + range.start
     }
 
     /// Copies `data` to byte `offset` of this rank's half `parity`.

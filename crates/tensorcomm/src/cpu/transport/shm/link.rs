@@ -554,6 +554,15 @@ impl ShmLink {
         self.peer_gone(true).is_none()
     }
 
+    /// [`peer_alive`](Self::peer_alive) as an error naming the peer and why
+    /// it is gone, for a caller that was `during` something.
+    pub fn check_alive(&self, during: &str) -> Result<()> {
+        match self.peer_gone(true) {
+            None => Ok(()),
+            Some(reason) => Err(self.died(during.to_string(), reason)),
+        }
+    }
+
     /// Closes this end as dropping the link does, but through a shared
     /// reference: the peer's blocked and later calls fail at once with
     /// [`Error::PeerClosed`], and so do this side's later calls. Bytes

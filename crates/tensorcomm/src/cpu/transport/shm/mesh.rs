@@ -174,6 +174,11 @@ impl Transport for ShmTransport {
         self.link(to, "send")?.send(data, deadline)
     }
 
+    fn check_alive(&self, peer: usize) -> Result<()> {
+        self.link(peer, "check_alive")?
+            .check_alive("waiting on it in shared memory")
+    }
+
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
         self.link(from, "recv")?.recv(buf, deadline)
     }

@@ -38,7 +38,7 @@ mod ring;
 mod segment;
 mod wait;
 
-pub use arena::{arena_chunk, ShmArena, DEFAULT_ARENA_CHUNK};
+pub use arena::{arena_chunk, Milestone, Progress, ShmArena, ARENA_MAX_LANES, DEFAULT_ARENA_CHUNK};
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
 

@@ -436,6 +436,50 @@ impl Transport for TcpTransport {
         )
     }
 
+    /// Peeks at the first connection without blocking: end of stream or a
+    /// reset means the peer closed it (or died); pending data or nothing
+    /// to read means it is there.
+    fn check_alive(&self, peer: usize) -> Result<()> {
+        let p = self.peer(peer, "check_alive")?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            let fd = p.lanes[0].control.as_raw_fd();
+            let mut byte = 0u8;
+            // SAFETY: a one-byte peek into a local; MSG_PEEK consumes
+            // nothing and MSG_DONTWAIT never blocks.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            let closed = match n {
+                0 => Some("it closed its TCP connection".to_string()),
+                n if n > 0 => None,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    match e.kind() {
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => None,
+                        kind => Some(format!("its TCP connection broke ({kind})")),
+                    }
+                }
+            };
+            if let Some(reason) = closed {
+                return Err(Error::PeerClosed {
+                    peer,
+                    during: "waiting on it in shared memory".into(),
+                    reason,
+                });
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = p;
+        Ok(())
+    }
+
     fn abort(&self) {
         for peer in self.peers.iter().flatten() {
             for lane in &peer.lanes {
