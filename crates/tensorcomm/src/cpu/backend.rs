@@ -446,6 +446,17 @@ fn arena_chunk_for(size: usize) -> Result<usize> {
         })
 }
 
+/// Above how many bytes an all-reduce takes the arena: from
+/// [`shm_arena_all_reduce_min_bytes`], or `TENSORCOMM_SHM_ARENA_MIN` (a
+/// size) where set, for tuning; every rank must see the same value.
+#[cfg(target_os = "linux")]
+fn arena_all_reduce_min_bytes(world: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    FORCED
+        .get_or_init(|| crate::tuning::env_size("TENSORCOMM_SHM_ARENA_MIN", 0..=usize::MAX))
+        .unwrap_or_else(|| shm_arena_all_reduce_min_bytes(world))
+}
+
 /// Threads per rank for an arena all-reduce of `nbytes` over `world`
 /// ranks on this host (see [`shm_arena_threads`]), or the number in
 /// `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for tuning (see
@@ -458,7 +469,7 @@ fn arena_threads(nbytes: usize, world: usize) -> usize {
     if let Some(n) = forced {
         return *n;
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = super::host_cores();
     shm_arena_threads(nbytes, world, cores)
 }
 
@@ -504,8 +515,7 @@ impl ProcessGroup for ProcessGroupCpu {
         let tensor = tensor.clone();
         #[cfg(target_os = "linux")]
         let arena = self.arena.clone().filter(|a| {
-            tensor.numel() * tensor.dtype().size()
-                > shm_arena_all_reduce_min_bytes(a.shm.world_size())
+            tensor.numel() * tensor.dtype().size() > arena_all_reduce_min_bytes(a.shm.world_size())
         });
         self.submit(fp, timeout, move |t, deadline| {
             let dtype = tensor.dtype();

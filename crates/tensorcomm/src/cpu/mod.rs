@@ -25,3 +25,15 @@ mod p2p;
 mod sparse_all_reduce;
 
 pub use helper_threads::HelperThreads;
+
+/// The cores this process may use, read once: asking the system costs
+/// tens of microseconds (it reads the cgroup's CPU quota), too much to
+/// repeat for every collective.
+///
+/// ```
+/// assert!(tensorcomm::cpu::host_cores() >= 1);
+/// ```
+pub fn host_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}

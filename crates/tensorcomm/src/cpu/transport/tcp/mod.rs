@@ -12,13 +12,13 @@ mod io;
 mod setup;
 mod striped;
 
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use io::{exchange_without_blocking, read_exact, write_all, Context, Half};
 use striped::stripe_count;
 
-use crate::cpu::HelperThreads;
+use crate::cpu::{host_cores, HelperThreads};
 
 /// The most connections per pair of ranks.
 pub const MAX_TCP_LANES: usize = 8;
@@ -35,11 +35,6 @@ pub const MAX_TCP_LANES: usize = 8;
 /// ```
 pub fn auto_tcp_lanes(world_size: usize, cores: usize) -> usize {
     (cores / (2 * world_size.max(1))).clamp(1, 4)
-}
-
-fn host_cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// How long `send_recv` keeps polling both sockets without progress
