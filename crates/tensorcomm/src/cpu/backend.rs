@@ -38,7 +38,7 @@ use super::algorithms::{all_reduce, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
     all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes, shm_arena_threads,
-    ArenaThreads, SHM_ARENA_MIN_BYTES,
+    ArenaThreads, SHM_ARENA_BROADCAST_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
@@ -550,7 +550,7 @@ impl ProcessGroup for ProcessGroupCpu {
         let arena = self
             .arena
             .clone()
-            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_MIN_BYTES);
+            .filter(|_| tensor.numel() * tensor.dtype().size() > SHM_ARENA_BROADCAST_MIN_BYTES);
         self.submit(fp, timeout, move |t, deadline| {
             tensor.with_bytes_mut(|bytes| {
                 #[cfg(target_os = "linux")]

@@ -16,9 +16,10 @@
 //! - [`all_to_all_pairwise`]: one pairwise exchange per step, blocks of any
 //!   size per peer.
 //! - `all_reduce_shm_arena` (Linux): for groups all on one host, reduces
-//!   straight out of a shared-memory arena, the transport only carrying
-//!   barriers; chosen above [`shm_arena_all_reduce_min_bytes`]
-//!   ([`SHM_ARENA_MIN_BYTES`] for broadcast). `broadcast_shm_arena`
+//!   straight out of a shared-memory arena, its threads ordering their
+//!   steps through counters in the arena and the transport carrying one
+//!   opening barrier; chosen above [`shm_arena_all_reduce_min_bytes`]
+//!   ([`SHM_ARENA_BROADCAST_MIN_BYTES`] for broadcast). `broadcast_shm_arena`
 //!   likewise for broadcast.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
@@ -210,33 +211,44 @@ pub fn ring_min_bytes(world_size: usize) -> usize {
     }
 }
 
-/// Messages above this many bytes use `all_reduce_shm_arena` (and
-/// `broadcast_shm_arena`) when the
+/// Broadcasts above this many bytes use `broadcast_shm_arena` when the
 /// group has a shared-memory arena (every rank on one host, shared memory
-/// not turned off); below it the transport-based algorithms above.
-pub const SHM_ARENA_MIN_BYTES: usize = DIRECT_MAX_BYTES;
+/// not turned off); below it [`broadcast_tree`] over the transport.
+pub const SHM_ARENA_BROADCAST_MIN_BYTES: usize = 64 << 10;
 
-/// [`SHM_ARENA_MIN_BYTES`] for all-reduces over 4 or more ranks. Measured
-/// on the 32-core GPU host (bench/results/gloo-h200x2.txt, commit
-/// ef30300): the arena all-reduced 128 KiB in 51 µs (4 ranks) and 55 µs
-/// (8 ranks) while [`all_reduce_direct`] took 53 µs and 125 µs for 32 KiB;
-/// the arena's time only grows with the size, so it wins from 32 KiB at
-/// these worlds. (At 8 KiB direct took 23 and 47 µs: not known to lose.)
-pub const SHM_ARENA_MIN_BYTES_FROM_4_RANKS: usize = 16 << 10;
+/// All-reduces over 2 or 3 ranks above this many bytes use
+/// `all_reduce_shm_arena` when the group has a shared-memory arena; below
+/// it the transport-based algorithms above. See
+/// [`shm_arena_all_reduce_min_bytes`] for the measurements.
+pub const SHM_ARENA_MIN_BYTES: usize = 4 << 10;
+
+/// [`SHM_ARENA_MIN_BYTES`] for 4 to 7 ranks.
+pub const SHM_ARENA_MIN_BYTES_FROM_4_RANKS: usize = 2 << 10;
+
+/// [`SHM_ARENA_MIN_BYTES`] for 8 ranks or more.
+pub const SHM_ARENA_MIN_BYTES_FROM_8_RANKS: usize = 1 << 10;
 
 /// Above how many bytes an all-reduce over `world_size` ranks sharing an
 /// arena uses `all_reduce_shm_arena`.
 ///
+/// Measured on the 32-core GPU host (bench/results/arena-threshold-h200x2.txt,
+/// two runs, `TENSORCOMM_SHM_ARENA_MIN` forcing the arena or the transport
+/// algorithms, µs arena / transport): 2 ranks 6.9-8.0 / 6.9 at 2 KiB,
+/// 9.1-10.0 / 10.5-11.4 at 8 KiB, 15.0-15.4 / 24.0-26.9 at 32 KiB; 4 ranks
+/// 9.9-10.7 / 11.4-13.1 at 2 KiB, 10.9-11.2 / 12.5-13.2 at 4 KiB; 8 ranks
+/// 13.4-14.5 / 16.3-16.9 at 1 KiB and ahead at every larger size.
+///
 /// ```
 /// use tensorcomm::cpu::algorithms::shm_arena_all_reduce_min_bytes;
-/// assert_eq!(shm_arena_all_reduce_min_bytes(2), 64 << 10);
-/// assert_eq!(shm_arena_all_reduce_min_bytes(8), 16 << 10);
+/// assert_eq!(shm_arena_all_reduce_min_bytes(2), 4 << 10);
+/// assert_eq!(shm_arena_all_reduce_min_bytes(4), 2 << 10);
+/// assert_eq!(shm_arena_all_reduce_min_bytes(8), 1 << 10);
 /// ```
 pub fn shm_arena_all_reduce_min_bytes(world_size: usize) -> usize {
-    if world_size >= 4 {
-        SHM_ARENA_MIN_BYTES_FROM_4_RANKS
-    } else {
-        SHM_ARENA_MIN_BYTES
+    match world_size {
+        0..=3 => SHM_ARENA_MIN_BYTES,
+        4..=7 => SHM_ARENA_MIN_BYTES_FROM_4_RANKS,
+        _ => SHM_ARENA_MIN_BYTES_FROM_8_RANKS,
     }
 }
 
