@@ -4,7 +4,8 @@
 # `tensorcomm bench --backend cuda-comm` (default copy choice, then each
 # method forced), then a summary.
 # Usage: bash .gpu/gpu-run.sh [bundle dir, default: this script's folder]
-# TENSORCOMM_SWEEP=1 adds the copy-tuning sweeps (threshold, streams).
+# TENSORCOMM_SWEEP=1 adds the copy-tuning sweeps (threshold, streams);
+# TENSORCOMM_GLOO=1 the CPU backend's comparison against PyTorch's Gloo.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir="${1:-$(cd "$(dirname "$0")" && pwd)}"
@@ -50,6 +51,12 @@ if [ "${TENSORCOMM_SWEEP:-0}" = 1 ]; then
       TENSORCOMM_CUDA_CE_MIN=$min tc --op broadcast_coalesced
     done
   } 2>&1 | tee "$out/sweep.txt"
+fi
+if [ "${TENSORCOMM_GLOO:-0}" = 1 ]; then
+  # The CPU backend against PyTorch's Gloo (bench/results/gloo-h200x2.txt).
+  (cd "$dir" && python3 compare_gloo.py --tensorcomm ./tensorcomm --ops all_reduce,broadcast \
+    --ranks 2,4,8 -b 8 -e 64M -f 4 --iters 50 --warmup 5 --transports shm,tcp \
+    --json-out "$out/compare.jsonl") 2>&1 | tee "$out/compare.txt"
 fi
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
