@@ -199,6 +199,9 @@ pub struct ProcessGroupCpu {
 struct Arena {
     shm: ShmArena,
     helpers: HelperThreads,
+    /// The fewest cores any rank of the group may use: every rank picks
+    /// its thread count from it, so all pick the same.
+    cores: usize,
 }
 
 /// Where a group's sub-groups meet: the parent's store and key prefix,
@@ -272,6 +275,7 @@ impl ProcessGroupCpu {
                     options.timeout,
                 )?,
                 helpers: HelperThreads::new(&format!("arena-rank{rank}")),
+                cores: fewest_cores(&*store, key_prefix, rank, size, options.timeout)?,
             }))
         } else {
             None
@@ -457,19 +461,45 @@ fn arena_all_reduce_min_bytes(world: usize) -> usize {
         .unwrap_or_else(|| shm_arena_all_reduce_min_bytes(world))
 }
 
-/// Threads per rank for an arena all-reduce of `nbytes` over `world`
-/// ranks on this host (see [`shm_arena_threads`]), or the number in
-/// `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for tuning (see
-/// [`crate::tuning`]). Every
-/// rank must see the same value (the launcher passes its environment on).
+/// The fewest cores any of the `size` ranks may use ([`super::host_cores`],
+/// which a container's CPU quota can make differ between ranks of one
+/// host), exchanged through the store under `{key_prefix}/arena/cores`.
 #[cfg(target_os = "linux")]
-fn arena_threads(nbytes: usize, world: usize) -> usize {
+fn fewest_cores(
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+) -> Result<usize> {
+    let key = |r: usize| format!("{key_prefix}/arena/cores/{r}");
+    store.set(&key(rank), super::host_cores().to_string().as_bytes())?;
+    let mut fewest = super::host_cores();
+    for r in (0..size).filter(|&r| r != rank) {
+        let raw = store.get_timeout(&key(r), timeout)?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let cores = text.parse::<usize>().map_err(|_| Error::BadValue {
+            name: key(r),
+            expected: "a number of cores".into(),
+            found: text.clone(),
+        })?;
+        fewest = fewest.min(cores.max(1));
+    }
+    Ok(fewest)
+}
+
+/// Threads per rank for an arena all-reduce of `nbytes` over `world`
+/// ranks whose fewest cores are `cores` (see [`shm_arena_threads`]), or
+/// the number in `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for
+/// tuning (see [`crate::tuning`]). Every rank must see the same value
+/// (the launcher passes its environment on); the all-reduce checks it.
+#[cfg(target_os = "linux")]
+fn arena_threads(nbytes: usize, world: usize, cores: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| env_count("TENSORCOMM_SHM_ARENA_THREADS", 1..=64));
     if let Some(n) = forced {
         return *n;
     }
-    let cores = super::host_cores();
     shm_arena_threads(nbytes, world, cores)
 }
 
@@ -522,7 +552,7 @@ impl ProcessGroup for ProcessGroupCpu {
             tensor.with_bytes_mut(|bytes| {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
-                    let threads = arena_threads(bytes.len(), t.world_size());
+                    let threads = arena_threads(bytes.len(), t.world_size(), arena.cores);
                     let threads = ArenaThreads {
                         helpers: &arena.helpers,
                         count: threads,

@@ -108,12 +108,22 @@ fn helper_loop(mailbox: Arc<Mailbox>) {
             continue;
         }
         ran += 1;
-        let job = *mailbox.job.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken, not copied: no reference to a finished run's lane stays
+        // behind in the mailbox.
+        let job = mailbox
+            .job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         let finished = mailbox
             .finished
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+            .take();
+        debug_assert!(
+            job.is_some() && finished.is_some(),
+            "a lane posted without its job"
+        );
         if let (Some((job, lane)), Some(finished)) = (job, finished) {
             // A panic is caught by the job wrapper `run` builds; nothing
             // else can unwind here.
@@ -138,7 +148,9 @@ impl HelperThreads {
     /// calling thread and the others on helpers, and returns each lane's
     /// result (`Err` with the payload for a lane that panicked) once all
     /// have finished. Lanes may wait for each other: each has a thread of
-    /// its own. Concurrent runs on one `HelperThreads` take turns.
+    /// its own. Concurrent runs on one `HelperThreads` take turns; a lane
+    /// must not call `run` on the same `HelperThreads` (it would wait for
+    /// itself), only [`try_run`](Self::try_run), which declines.
     pub fn run<R: Send>(
         &self,
         lanes: usize,

@@ -85,15 +85,35 @@ pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
     Ok(())
 }
 
-/// Part `i` of `parts` of `range`, split at whole `elem`-byte elements.
-fn part(
-    range: &std::ops::Range<usize>,
-    elem: usize,
-    parts: usize,
-    i: usize,
-) -> std::ops::Range<usize> {
-    let offsets = block_offsets(range.len(), elem, parts);
-    range.start + offsets[i]..range.start + offsets[i + 1]
+/// [`barrier`] that also checks that every rank passes the same `value`:
+/// each round's byte carries it, and a rank that hears another fails with
+/// [`Error::CollectiveMismatch`] naming the peer and both values (`what`
+/// describes one). Round 0 links every rank to the one before it, so if
+/// any two ranks differ, some rank notices.
+fn barrier_agreeing(
+    t: &dyn Transport,
+    value: u8,
+    what: &dyn Fn(u8) -> String,
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    let mut distance = 1;
+    while distance < world {
+        let to = (rank + distance) % world;
+        let from = (rank + world - distance) % world;
+        let mut theirs = [0u8];
+        t.send_recv(to, &[value], from, &mut theirs, deadline)?;
+        if theirs[0] != value {
+            return Err(Error::CollectiveMismatch {
+                rank,
+                peer: from,
+                mine: what(value),
+                theirs: what(theirs[0]),
+            });
+        }
+        distance *= 2;
+    }
+    Ok(())
 }
 
 /// What one lane of a rank does for one step.
@@ -116,6 +136,8 @@ struct Lane<'a, 'b> {
     arena: &'b ShmArena,
     lane: usize,
     steps: Vec<ChunkWork<'a>>,
+    /// When the call started, and when it must end.
+    started: Instant,
     deadline: Instant,
     /// Set by a lane of this rank that failed: the others stop waiting.
     failed: &'b AtomicBool,
@@ -137,11 +159,18 @@ impl Lane<'_, '_> {
                 kind,
                 step,
             };
+            // Asks after every peer, not only `q`: if `q` waits for a dead
+            // rank, the dead one is named.
+            let alive = || {
+                (0..world)
+                    .filter(|&p| p != rank)
+                    .try_for_each(|p| self.t.check_alive(p))
+            };
             let reached = self.arena.wait_progress(
                 milestone,
-                self.deadline,
+                (self.started, self.deadline),
                 &|| self.failed.load(Ordering::Acquire),
-                &|| self.t.check_alive(q),
+                &alive,
             )?;
             if !reached {
                 return Ok(false);
@@ -251,6 +280,7 @@ pub fn all_reduce_shm_arena(
         helpers,
         count: threads,
     } = threads;
+    let started = Instant::now();
     let world = t.world_size();
     if arena.world_size() != world {
         return Err(Error::InvalidArgument(format!(
@@ -267,7 +297,7 @@ pub fn all_reduce_shm_arena(
                 arena.chunk()
             )));
         }
-        let threads = threads.clamp(1, ARENA_MAX_LANES);
+        let threads = threads.clamp(1, ARENA_MAX_LANES.min(u8::MAX as usize));
         // Steps of up to SHM_ARENA_STEP_BYTES_PER_THREAD per thread (at
         // least SHM_ARENA_MIN_STEP_BYTES), never more than a slot half.
         let step = (threads * SHM_ARENA_STEP_BYTES_PER_THREAD).max(SHM_ARENA_MIN_STEP_BYTES);
@@ -280,9 +310,23 @@ pub fn all_reduce_shm_arena(
         let steps = buf.len().div_ceil(step);
         let step = ((buf.len() / elem).div_ceil(steps) * elem).max(elem);
         let layout = block_offsets(step, elem, world);
+        // Lane `i`'s part of share `q` of a full step: the same bytes in
+        // every step (cut at a shorter step's end).
+        let lane_parts: Vec<Vec<std::ops::Range<usize>>> = layout
+            .windows(2)
+            .map(|share| {
+                let cuts = block_offsets(share[1] - share[0], elem, threads);
+                cuts.windows(2)
+                    .map(|c| share[0] + c[0]..share[0] + c[1])
+                    .collect()
+            })
+            .collect();
         let mut per_lane: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
-        // Every rank starts here (and has finished the previous call).
-        barrier(t, deadline)?;
+        // Every rank starts here (and has finished the previous call), with
+        // the same number of lanes: the layout above depends on it.
+        let what =
+            |n: u8| format!("all_reduce through the shared-memory arena with {n} threads per rank");
+        barrier_agreeing(t, threads as u8, &what, deadline)?;
         for piece in buf.chunks_mut(step) {
             let global = arena.next_step();
             for work in per_lane.iter_mut() {
@@ -293,9 +337,8 @@ pub fn all_reduce_shm_arena(
             }
             let len = piece.len();
             let mut rest = piece;
-            for share in layout.windows(2) {
-                for (i, work) in per_lane.iter_mut().enumerate() {
-                    let full = part(&(share[0]..share[1]), elem, threads, i);
+            for parts in &lane_parts {
+                for (work, full) in per_lane.iter_mut().zip(parts) {
                     let mine = full.start.min(len)..full.end.min(len);
                     let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(mine.len());
                     rest = tail;
@@ -315,6 +358,7 @@ pub fn all_reduce_shm_arena(
                     arena,
                     lane,
                     steps,
+                    started,
                     deadline,
                     failed: &failed,
                 })
@@ -445,7 +489,7 @@ mod tests {
             if t.rank() == 2 {
                 // Enters the call (its opening barrier), then is gone: its
                 // transport closes with its links, its counters never move.
-                barrier(t, deadline()).expect("opening barrier");
+                barrier_agreeing(t, 2, &|n| n.to_string(), deadline()).expect("opening barrier");
                 return None;
             }
             let mut buf = vec![1u8; 1000];
@@ -490,7 +534,7 @@ mod tests {
             let soon = Instant::now() + Duration::from_millis(300);
             if t.rank() == 1 {
                 // Enters the call, then stays alive but never works.
-                barrier(t, soon).expect("opening barrier");
+                barrier_agreeing(t, 1, &|n| n.to_string(), soon).expect("opening barrier");
                 std::thread::sleep(Duration::from_millis(600));
                 return None;
             }
@@ -511,11 +555,55 @@ mod tests {
         });
         match &results[0] {
             Some(Err(Error::PeerTimeout {
-                peer: 1, during, ..
+                peer: 1,
+                during,
+                timeout,
             })) => {
-                assert!(during.contains("waiting in shared memory"), "{during}")
+                assert!(during.contains("waiting in shared memory"), "{during}");
+                // The call's timeout, not just the last wait's.
+                assert!(*timeout >= Duration::from_millis(250), "{timeout:?}");
             }
             other => panic!("expected a timeout naming rank 1, found {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ranks_with_different_thread_counts_are_refused_by_name() {
+        use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+        let results = run_ranks_with_store(2, |t, store| {
+            let arena =
+                ShmArena::connect(store, "counts", t.rank(), 2, 64, Duration::from_secs(30))
+                    .expect("arena setup");
+            let mut buf = vec![1u8; 200];
+            let threads = ArenaThreads {
+                helpers: &HelperThreads::new("test"),
+                count: 1 + 3 * t.rank(),
+            };
+            all_reduce_shm_arena(
+                t,
+                &arena,
+                threads,
+                &mut buf,
+                DType::U8,
+                ReduceOp::Sum,
+                deadline(),
+            )
+        });
+        for (rank, outcome) in results.into_iter().enumerate() {
+            match outcome {
+                Err(Error::CollectiveMismatch {
+                    peer, mine, theirs, ..
+                }) => {
+                    assert_eq!(peer, 1 - rank);
+                    let (a, b) = if rank == 0 {
+                        ("with 1 threads", "with 4 threads")
+                    } else {
+                        ("with 4 threads", "with 1 threads")
+                    };
+                    assert!(mine.contains(a) && theirs.contains(b), "{mine} / {theirs}");
+                }
+                other => panic!("rank {rank}: expected a mismatch, found {other:?}"),
+            }
         }
     }
 

@@ -104,10 +104,9 @@ pub struct ShmArena {
     rank: usize,
     world_size: usize,
     chunk: usize,
-    /// Chunks staged so far: chunk `k` uses half `k % 2`. Every rank runs
-    /// the same chunks in the same order, so the counts agree; carrying it
-    /// across collectives keeps a collective's first chunk off the half a
-    /// slower rank may still be reading from the previous one.
+    /// Steps staged so far: global step `g` uses half `g % 2`. Every rank
+    /// runs the same steps in the same order, so the numbers agree, and
+    /// progress counters hold them (one more than the last step done).
     steps: AtomicUsize,
     /// Set by an algorithm that leaves without a closing barrier, taken by
     /// one that relies on one (see [`ShmArena::take_unfenced`]).
@@ -254,19 +253,20 @@ impl ShmArena {
 
     /// Publishes that lane `lane` of this rank has done `kind` for every
     /// step up to global step `step`.
-    pub fn publish(&self, lane: usize, kind: Progress, step: u64) {
+    pub(crate) fn publish(&self, lane: usize, kind: Progress, step: u64) {
         self.progress(self.rank, lane, kind)
             .store(step + 1, Ordering::Release);
     }
 
     /// Waits until another rank has reached `milestone`: `Ok(true)` then;
     /// `Ok(false)` if `stopped()` said to give up (asked now and then);
-    /// `Err` if `alive()` (asked every few milliseconds) fails or
-    /// `deadline` passes first, naming that rank.
-    pub fn wait_progress(
+    /// `Err` if `alive()` (asked every few milliseconds) fails or the
+    /// deadline of the call `(started, deadline)` passes first, naming
+    /// that rank and the call's timeout.
+    pub(crate) fn wait_progress(
         &self,
         milestone: Milestone,
-        deadline: Instant,
+        (call_started, deadline): (Instant, Instant),
         stopped: &dyn Fn() -> bool,
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<bool> {
@@ -292,7 +292,19 @@ impl ShmArena {
             }
             let now = Instant::now();
             if now - asked >= ALIVE_EVERY {
-                alive()?;
+                // A dead peer is reported as met during this wait.
+                alive().map_err(|e| match e {
+                    Error::PeerClosed { peer, reason, .. } => Error::PeerClosed {
+                        peer,
+                        during: format!(
+                            "rank {} waited in shared memory for lane {lane} of rank {rank} to {} step {step}",
+                            self.rank,
+                            kind.verb()
+                        ),
+                        reason,
+                    },
+                    other => other,
+                })?;
                 asked = now;
             }
             if now >= deadline {
@@ -302,7 +314,7 @@ impl ShmArena {
                         "waiting in shared memory for it to {} step {step} (lane {lane})",
                         kind.verb()
                     ),
-                    timeout: now - started,
+                    timeout: deadline.saturating_duration_since(call_started),
                 });
             }
             backoff.snooze();
@@ -314,8 +326,8 @@ impl ShmArena {
         self.chunk
     }
 
-    /// The half (0 or 1) the next chunk staged through the arena uses;
-    /// alternates from one call to the next.
+    /// The half (0 or 1) the next chunk staged through the arena uses
+    /// (the parity of [`next_step`](Self::next_step)).
     pub fn next_parity(&self) -> usize {
         (self.next_step() % 2) as usize
     }
@@ -343,7 +355,7 @@ impl ShmArena {
     ///
     /// The caller's protocol must make sure no other rank reads those
     /// bytes meanwhile.
-    pub fn copy_in(&self, parity: usize, offset: usize, data: &[u8]) {
+    pub(crate) fn copy_in(&self, parity: usize, offset: usize, data: &[u8]) {
         let at = self.offset(self.rank, parity, &(offset..offset + data.len()));
         // SAFETY: `offset` checked that the destination lies inside the
         // mapping, which lives as long as self; `data` is ordinary memory
@@ -362,7 +374,7 @@ impl ShmArena {
     ///
     /// The caller's protocol must make sure no rank writes those bytes
     /// meanwhile.
-    pub fn copy_out(&self, rank: usize, parity: usize, range: Range<usize>, out: &mut [u8]) {
+    pub(crate) fn copy_out(&self, rank: usize, parity: usize, range: Range<usize>, out: &mut [u8]) {
         assert_eq!(out.len(), range.len(), "copy_out length");
         let at = self.offset(rank, parity, &range);
         // SAFETY: as in `copy_in`, with the source inside the mapping.
@@ -381,7 +393,7 @@ impl ShmArena {
     ///
     /// The caller's protocol must make sure nobody writes `range` of the
     /// other ranks' halves meanwhile.
-    pub fn reduce_share_into(
+    pub(crate) fn reduce_share_into(
         &self,
         parity: usize,
         range: Range<usize>,

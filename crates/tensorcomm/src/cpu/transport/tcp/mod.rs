@@ -248,9 +248,14 @@ fn agree_on_lanes(
             })
         }
     };
+    // A bad explicit count fails on every rank that has it, at once,
+    // rather than leaving the others to wait for rank 0's choice.
+    if let Some(n) = options.lanes {
+        check(n, "TcpTransportOptions::lanes", n.to_string())?;
+    }
     if rank == 0 {
         let lanes = match options.lanes {
-            Some(n) => check(n, "TcpTransportOptions::lanes", n.to_string())?,
+            Some(n) => n,
             None => crate::tuning::env_count(VAR, 1..=MAX_TCP_LANES)
                 .unwrap_or_else(|| auto_tcp_lanes(world_size, host_cores())),
         };
@@ -275,7 +280,10 @@ fn lock(half: &Mutex<Half>) -> MutexGuard<'_, Half> {
 /// without blocking, while data keeps moving (the common case: both peers
 /// are in the same step); if that stalls, the rest blocking, the send on
 /// a helper thread while this one reads, so two ranks sending to each
-/// other always progress.
+/// other always progress. The non-blocking part switches both sockets
+/// (shared by their reading and writing handles) to non-blocking mode for
+/// its duration, so nothing else may use these connections meanwhile: the
+/// algorithms of a group use the transport from one thread at a time.
 #[allow(clippy::too_many_arguments)]
 fn exchange(
     helpers: &HelperThreads,
@@ -465,7 +473,7 @@ impl Transport for TcpTransport {
             if let Some(reason) = closed {
                 return Err(Error::PeerClosed {
                     peer,
-                    during: "waiting on it in shared memory".into(),
+                    during: "checking that it is alive".into(),
                     reason,
                 });
             }
