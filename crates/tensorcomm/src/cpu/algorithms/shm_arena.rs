@@ -159,11 +159,12 @@ impl Lane<'_, '_> {
                 kind,
                 step,
             };
-            // Asks after every peer, not only `q`: if `q` waits for a dead
-            // rank, the dead one is named.
+            // Asks after `q` first, then every other peer: if `q` itself
+            // waits for a dead rank, that one is named.
             let alive = || {
+                self.t.check_alive(q)?;
                 (0..world)
-                    .filter(|&p| p != rank)
+                    .filter(|&p| p != rank && p != q)
                     .try_for_each(|p| self.t.check_alive(p))
             };
             let reached = self.arena.wait_progress(
