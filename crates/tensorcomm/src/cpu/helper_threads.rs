@@ -28,15 +28,17 @@ const SPIN_AFTER_RUN: Duration = Duration::from_micros(100);
 /// The lane a helper runs next, with its lifetime erased (see `run`).
 type Job = &'static (dyn Fn(usize) + Sync);
 
+/// A lane posted to a helper: the job, the lane's number, and the counter
+/// of the run's finished lanes it reports to.
+type Post = (Job, usize, Arc<AtomicUsize>);
+
 /// What the caller and one helper share.
 struct Mailbox {
     /// The number of lanes posted to this helper so far; a helper runs a
     /// lane when this passes the count it has run.
     posted: AtomicU64,
-    /// The lane posted: written before `posted` is raised, read after.
-    job: Mutex<Option<(Job, usize)>>,
-    /// Counts finished lanes of the current run, shared by its helpers.
-    finished: Mutex<Option<Arc<AtomicUsize>>>,
+    /// The lane posted: written before `posted` is raised, taken after.
+    post: Mutex<Option<Post>>,
     shutdown: AtomicBool,
 }
 
@@ -110,21 +112,13 @@ fn helper_loop(mailbox: Arc<Mailbox>) {
         ran += 1;
         // Taken, not copied: no reference to a finished run's lane stays
         // behind in the mailbox.
-        let job = mailbox
-            .job
+        let post = mailbox
+            .post
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let finished = mailbox
-            .finished
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        debug_assert!(
-            job.is_some() && finished.is_some(),
-            "a lane posted without its job"
-        );
-        if let (Some((job, lane)), Some(finished)) = (job, finished) {
+        debug_assert!(post.is_some(), "a lane posted without its job");
+        if let Some((job, lane, finished)) = post {
             // A panic is caught by the job wrapper `run` builds; nothing
             // else can unwind here.
             job(lane);
@@ -200,11 +194,8 @@ impl HelperThreads {
             let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job) };
             for (i, helper) in helpers.iter().take(lanes - 1).enumerate() {
                 let mailbox = &helper.mailbox;
-                *mailbox.job.lock().unwrap_or_else(PoisonError::into_inner) = Some((job, i + 1));
-                *mailbox
-                    .finished
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(finished.clone());
+                *mailbox.post.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some((job, i + 1, finished.clone()));
                 mailbox.posted.fetch_add(1, Ordering::AcqRel);
                 helper.thread.unpark();
             }
@@ -232,8 +223,7 @@ impl HelperThreads {
         while helpers.len() < count {
             let mailbox = Arc::new(Mailbox {
                 posted: AtomicU64::new(0),
-                job: Mutex::new(None),
-                finished: Mutex::new(None),
+                post: Mutex::new(None),
                 shutdown: AtomicBool::new(false),
             });
             let theirs = mailbox.clone();
@@ -253,6 +243,23 @@ impl HelperThreads {
             }
         }
     }
+}
+
+/// The first error among the outcomes of a run of fallible lanes, a lane
+/// that panicked counting as an error of `op` ("{op}: a lane panicked").
+pub(crate) fn first_error(
+    outcomes: Vec<std::thread::Result<crate::Result<()>>>,
+    op: &str,
+) -> crate::Result<()> {
+    let mut result = Ok(());
+    for outcome in outcomes {
+        result = result.and(outcome.unwrap_or_else(|_| {
+            Err(crate::Error::InvalidArgument(format!(
+                "{op}: a lane panicked"
+            )))
+        }));
+    }
+    result
 }
 
 impl Drop for HelperThreads {

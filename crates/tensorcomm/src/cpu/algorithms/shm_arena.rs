@@ -64,6 +64,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
+use crate::cpu::helper_threads::first_error;
 use crate::cpu::reduce::{finish, ReduceOp};
 use crate::cpu::transport::shm::{Milestone, Progress, ShmArena, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;
@@ -74,15 +75,7 @@ use crate::{Error, Result};
 /// Waits until every rank of `t` has reached this call: `ceil(log2 N)`
 /// rounds, in round `i` signalling rank `+2^i` and waiting on rank `-2^i`.
 pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
-    let (rank, world) = (t.rank(), t.world_size());
-    let mut distance = 1;
-    while distance < world {
-        let to = (rank + distance) % world;
-        let from = (rank + world - distance) % world;
-        t.send_recv(to, &[1], from, &mut [0u8], deadline)?;
-        distance *= 2;
-    }
-    Ok(())
+    barrier_agreeing(t, 1, &|_| "a barrier".to_string(), deadline)
 }
 
 /// [`barrier`] that also checks that every rank passes the same `value`:
@@ -255,6 +248,16 @@ impl Lane<'_, '_> {
     }
 }
 
+/// Raises a rank's `failed` flag when dropped: held by a lane until it
+/// has succeeded, so an error or a panic stops the rank's other lanes.
+struct StopOthers<'a>(&'a AtomicBool);
+
+impl Drop for StopOthers<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// The threads one rank puts on an arena all-reduce: the calling thread
 /// and `count - 1` of `helpers`.
 #[derive(Clone, Copy, Debug)]
@@ -298,7 +301,8 @@ pub fn all_reduce_shm_arena(
                 arena.chunk()
             )));
         }
-        let threads = threads.clamp(1, ARENA_MAX_LANES.min(u8::MAX as usize));
+        // At most 64: the opening barrier carries the count in one byte.
+        let threads = threads.clamp(1, ARENA_MAX_LANES);
         // Steps of up to SHM_ARENA_STEP_BYTES_PER_THREAD per thread (at
         // least SHM_ARENA_MIN_STEP_BYTES), never more than a slot half.
         let step = (threads * SHM_ARENA_STEP_BYTES_PER_THREAD).max(SHM_ARENA_MIN_STEP_BYTES);
@@ -366,30 +370,17 @@ pub fn all_reduce_shm_arena(
             })
             .collect();
         let outcomes = helpers.run(threads, |i| -> Result<()> {
+            // Failing or panicking, a lane stops the others of this rank.
+            let stop = StopOthers(&failed);
             let mut lane = lanes[i].lock().unwrap_or_else(PoisonError::into_inner);
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lane.run(dtype, op)))
-                    .unwrap_or_else(|_| {
-                        Err(Error::InvalidArgument(
-                            "all_reduce_shm_arena: a lane panicked".into(),
-                        ))
-                    });
-            if outcome.is_err() {
-                failed.store(true, Ordering::Release);
+            let outcome = lane.run(dtype, op);
+            if outcome.is_ok() {
+                std::mem::forget(stop);
             }
             outcome
         });
         arena.mark_unfenced();
-        let mut outcome = Ok(());
-        for lane in outcomes {
-            let lane = lane.unwrap_or_else(|_| {
-                Err(Error::InvalidArgument(
-                    "all_reduce_shm_arena: a lane panicked".into(),
-                ))
-            });
-            outcome = outcome.and(lane);
-        }
-        outcome?;
+        first_error(outcomes, "all_reduce_shm_arena")?;
     }
     finish(op, dtype, buf, world)
 }
@@ -400,6 +391,30 @@ mod tests {
 
     use super::*;
     use crate::cpu::algorithms::testing::check_all_reduce_with;
+
+    /// Sums `len` bytes of ones over `arena` with `lanes` fresh helper
+    /// threads: the call the failure tests make.
+    fn sum_ones(
+        t: &dyn Transport,
+        arena: &ShmArena,
+        len: usize,
+        lanes: usize,
+        deadline: Instant,
+    ) -> Result<()> {
+        let threads = ArenaThreads {
+            helpers: &HelperThreads::new("test"),
+            count: lanes,
+        };
+        all_reduce_shm_arena(
+            t,
+            arena,
+            threads,
+            &mut vec![1u8; len],
+            DType::U8,
+            ReduceOp::Sum,
+            deadline,
+        )
+    }
 
     fn check(worlds: &[usize], lengths: &[usize], chunk: usize, threads: usize) {
         check_all_reduce_with(
@@ -451,19 +466,7 @@ mod tests {
             if t.rank() == 2 {
                 return None; // leaves: its transport closes
             }
-            let mut buf = vec![1u8; 1000];
-            Some(all_reduce_shm_arena(
-                t,
-                &arena,
-                ArenaThreads {
-                    helpers: &HelperThreads::new("test"),
-                    count: 3,
-                },
-                &mut buf,
-                DType::U8,
-                ReduceOp::Sum,
-                deadline(),
-            ))
+            Some(sum_ones(t, &arena, 1000, 3, deadline()))
         });
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -493,20 +496,7 @@ mod tests {
                 barrier_agreeing(t, 2, &|n| n.to_string(), deadline()).expect("opening barrier");
                 return None;
             }
-            let mut buf = vec![1u8; 1000];
-            let threads = ArenaThreads {
-                helpers: &HelperThreads::new("test"),
-                count: 2,
-            };
-            Some(all_reduce_shm_arena(
-                t,
-                &arena,
-                threads,
-                &mut buf,
-                DType::U8,
-                ReduceOp::Sum,
-                deadline(),
-            ))
+            Some(sum_ones(t, &arena, 1000, 2, deadline()))
         });
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -539,20 +529,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(600));
                 return None;
             }
-            let mut buf = vec![1u8; 100];
-            let threads = ArenaThreads {
-                helpers: &HelperThreads::new("test"),
-                count: 1,
-            };
-            Some(all_reduce_shm_arena(
-                t,
-                &arena,
-                threads,
-                &mut buf,
-                DType::U8,
-                ReduceOp::Sum,
-                soon,
-            ))
+            Some(sum_ones(t, &arena, 100, 1, soon))
         });
         match &results[0] {
             Some(Err(Error::PeerTimeout {
@@ -575,20 +552,7 @@ mod tests {
             let arena =
                 ShmArena::connect(store, "counts", t.rank(), 2, 64, Duration::from_secs(30))
                     .expect("arena setup");
-            let mut buf = vec![1u8; 200];
-            let threads = ArenaThreads {
-                helpers: &HelperThreads::new("test"),
-                count: 1 + 3 * t.rank(),
-            };
-            all_reduce_shm_arena(
-                t,
-                &arena,
-                threads,
-                &mut buf,
-                DType::U8,
-                ReduceOp::Sum,
-                deadline(),
-            )
+            sum_ones(t, &arena, 200, 1 + 3 * t.rank(), deadline())
         });
         for (rank, outcome) in results.into_iter().enumerate() {
             match outcome {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use io::{exchange_without_blocking, read_exact, write_all, Context, Half};
 use striped::stripe_count;
 
+use crate::cpu::helper_threads::first_error;
 use crate::cpu::{host_cores, HelperThreads};
 
 /// The most connections per pair of ranks.
@@ -338,15 +339,7 @@ fn exchange(
             vec![received, sender.join()]
         }),
     };
-    let mut result = Ok(());
-    for outcome in outcomes {
-        result = result.and(outcome.unwrap_or_else(|_| {
-            Err(Error::InvalidArgument(
-                "send_recv: a transfer thread panicked".into(),
-            ))
-        }));
-    }
-    result
+    first_error(outcomes, "send_recv")
 }
 
 impl Transport for TcpTransport {

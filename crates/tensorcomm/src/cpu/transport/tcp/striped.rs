@@ -16,8 +16,9 @@ use std::ops::Range;
 
 use super::io::{read_exact, write_all, Context};
 use super::Connection;
+use crate::cpu::helper_threads::first_error;
 use crate::cpu::HelperThreads;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Messages shorter than this travel whole on the first connection.
 pub(super) const STRIPED_MIN_BYTES: usize = 256 << 10;
@@ -44,20 +45,6 @@ pub(super) fn stripe(len: usize, count: usize, i: usize) -> Range<usize> {
 /// One stripe's transfer, for error messages: "sending (stripe 2 of 4)".
 fn what(base: &str, i: usize, count: usize) -> String {
     format!("{base} (stripe {} of {count})", i + 1)
-}
-
-/// The first error of the lanes' outcomes, a panic counting as one.
-fn first_error(outcomes: Vec<std::thread::Result<Result<()>>>, op: &str) -> Result<()> {
-    let mut result = Ok(());
-    for outcome in outcomes {
-        let outcome = outcome.unwrap_or_else(|_| {
-            Err(Error::InvalidArgument(format!(
-                "{op}: a transfer thread panicked"
-            )))
-        });
-        result = result.and(outcome);
-    }
-    result
 }
 
 /// Writes `data` to `peer` in `count` stripes, one per connection.
