@@ -15,16 +15,17 @@
 //! transport, which also carries the collective's fingerprint and reports
 //! a dead peer by name.
 //!
-//! Rank 0 creates the segment and publishes its name under
-//! `{key_prefix}/arena`; the others map it and set
-//! `{key_prefix}/arena/mapped/{rank}`; rank 0 unlinks the name once every
-//! rank has mapped it, so nothing is left in `/dev/shm` afterwards.
+//! The segment is set up under `{key_prefix}/arena` by
+//! `group_segment::connect_group_segment`: rank 0 creates it, the others
+//! map it, and its name is unlinked once every rank has, so nothing is
+//! left in `/dev/shm` afterwards.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::segment::{self, Segment};
+use super::group_segment::{connect_group_segment, Purpose};
+use super::segment::Segment;
 use super::wait::Backoff;
 use crate::cpu::reduce::{reduce_into, ReduceOp};
 use crate::store::Store;
@@ -124,17 +125,6 @@ impl std::fmt::Debug for ShmArena {
     }
 }
 
-fn arena_name() -> String {
-    use std::sync::atomic::AtomicU64;
-    use std::time::{SystemTime, UNIX_EPOCH};
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("/tcarena.{}.{seq}.{nanos:08x}", std::process::id())
-}
-
 impl ShmArena {
     /// Sets up the arena of rank `rank` of `world_size` ranks, all on this
     /// host, with slot halves of `chunk` bytes. Every rank calls it with
@@ -158,57 +148,15 @@ impl ShmArena {
                     "ShmArena::connect expected rank < world size and a non-empty arena, found rank {rank}, world size {world_size}, chunk {chunk}"
                 ))
             })?;
-        let key = format!("{key_prefix}/arena");
-        let mapped_key = |r: usize| format!("{key}/mapped/{r}");
-        let segment = if rank == 0 {
-            let (name, segment) = loop {
-                let name = arena_name();
-                match Segment::create(&name, len) {
-                    Ok(segment) => break (name, segment),
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => {
-                        let what = format!("creating shared-memory arena {name} of {len} bytes");
-                        return Err(Error::io(what, e));
-                    }
-                }
-            };
-            let waited = (|| {
-                store.set(&key, name.as_bytes())?;
-                let keys: Vec<String> = (1..world_size).map(mapped_key).collect();
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                store.wait_timeout(&keys, timeout)?;
-                store.delete_key(&key)?;
-                for k in keys {
-                    store.delete_key(k)?;
-                }
-                Ok(())
-            })();
-            let unlinked = segment::unlink(&name);
-            waited?;
-            unlinked.map_err(|e| Error::io(format!("unlinking shared-memory arena {name}"), e))?;
-            segment
-        } else {
-            let raw = store.get_timeout(&key, timeout)?;
-            let name = String::from_utf8(raw).map_err(|e| Error::BadValue {
-                name: key.clone(),
-                expected: "a shared-memory segment name".to_string(),
-                found: String::from_utf8_lossy(e.as_bytes()).into_owned(),
-            })?;
-            let segment = Segment::open(&name)
-                .map_err(|e| Error::io(format!("opening shared-memory arena {name}"), e))?;
-            if segment.len() != len {
-                return Err(Error::ShmBadHeader {
-                    segment: name,
-                    field: "arena size".to_string(),
-                    expected: format!(
-                        "{len} bytes ({world_size} ranks x 2 x {chunk} and counters)"
-                    ),
-                    found: format!("{} bytes", segment.len()),
-                });
-            }
-            store.set(&mapped_key(rank), b"1")?;
-            segment
+        let purpose = Purpose {
+            tag: "arena",
+            what: "shared-memory arena",
+            asked: chunk,
+            asked_means: &|n| format!("slot halves of {n} bytes"),
         };
+        let key = format!("{key_prefix}/arena");
+        let segment =
+            connect_group_segment(store, &key, (rank, world_size), len, &purpose, timeout)?;
         Ok(ShmArena {
             rank,
             world_size,
@@ -465,17 +413,26 @@ mod tests {
     }
 
     #[test]
-    fn a_mismatched_chunk_size_is_named() {
+    fn a_mismatched_chunk_size_is_named_on_both_ranks() {
         let store = Arc::new(HashStore::new());
-        let err = std::thread::scope(|s| {
+        let (a, b) = std::thread::scope(|s| {
             let a = {
                 let store = store.clone();
-                s.spawn(move || ShmArena::connect(&*store, "m", 0, 2, 64, Duration::from_secs(1)))
+                s.spawn(move || ShmArena::connect(&*store, "m", 0, 2, 64, Duration::from_secs(10)))
             };
             let b = ShmArena::connect(&*store, "m", 1, 2, 128, Duration::from_secs(10));
-            let _ = a.join().unwrap();
-            b.unwrap_err()
+            (a.join().unwrap(), b)
         });
-        assert!(err.to_string().contains("arena size"), "{err}");
+        for (rank, outcome, chunk) in [(0, a, 64), (1, b, 128)] {
+            match outcome {
+                Err(Error::CollectiveMismatch { mine, theirs, .. }) => assert!(
+                    mine.contains(&format!("slot halves of {chunk} bytes"))
+                        && theirs.contains(&format!("slot halves of {} bytes", 192 - chunk)),
+                    "rank {rank}: {mine} / {theirs}"
+                ),
+                other => panic!("rank {rank}: expected a size mismatch, found {other:?}"),
+            }
+        }
+        assert_eq!(store.num_keys().unwrap(), 0);
     }
 }

@@ -56,8 +56,18 @@ impl Segment {
         let sized = libc::off_t::try_from(len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))
             // SAFETY: ftruncate on a descriptor we own.
-            .and_then(|len| check(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }));
-        match sized.and_then(|_| Segment::map(fd, len)) {
+            .and_then(|len| check(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }).map(|_| len));
+        // Reserves the pages now: on a full `/dev/shm` this fails with
+        // ENOSPC, where a sparse segment would fail later with SIGBUS on
+        // first touch. Filesystems without fallocate keep the sparse one.
+        let reserved = sized.and_then(|len| {
+            // SAFETY: posix_fallocate on a descriptor we own.
+            match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len) } {
+                0 | libc::EOPNOTSUPP | libc::EINVAL => Ok(()),
+                errno => Err(io::Error::from_raw_os_error(errno)),
+            }
+        });
+        match reserved.and_then(|_| Segment::map(fd, len)) {
             Ok(seg) => Ok(seg),
             Err(e) => {
                 let _ = unlink(name);
