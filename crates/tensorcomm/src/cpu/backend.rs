@@ -37,15 +37,16 @@ use std::time::{Duration, Instant};
 use super::algorithms::{all_reduce, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
-    all_reduce_shm_arena, broadcast_shm_arena, shm_arena_all_reduce_min_bytes, shm_arena_threads,
-    ArenaThreads, SHM_ARENA_BROADCAST_MIN_BYTES,
+    all_reduce_shm_arena, all_reduce_shm_symmetric, broadcast_shm_arena,
+    shm_arena_all_reduce_min_bytes, shm_arena_threads, shm_symmetric_threads, ArenaThreads,
+    SymmetricBytes, SHM_ARENA_BROADCAST_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
 #[cfg(target_os = "linux")]
-use super::transport::shm::{arena_chunk, ShmArena};
+use super::transport::shm::{arena_chunk, ShmArena, SymmetricRegistry};
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };
@@ -199,6 +200,8 @@ pub struct ProcessGroupCpu {
 struct Arena {
     shm: ShmArena,
     helpers: HelperThreads,
+    /// The group's symmetric allocations (`symmetric_zeros`).
+    symmetric: SymmetricRegistry,
     /// The fewest cores any rank of the group may use: every rank picks
     /// its thread count from it, so all pick the same.
     cores: usize,
@@ -275,6 +278,7 @@ impl ProcessGroupCpu {
                     options.timeout,
                 )?,
                 helpers: HelperThreads::new(&format!("arena-rank{rank}")),
+                symmetric: SymmetricRegistry::default(),
                 cores: fewest_cores(&*store, key_prefix, rank, size, options.timeout)?,
             }))
         } else {
@@ -489,18 +493,23 @@ fn fewest_cores(
 }
 
 /// Threads per rank for an arena all-reduce of `nbytes` over `world`
-/// ranks whose fewest cores are `cores` (see [`shm_arena_threads`]), or
+/// ranks whose fewest cores are `cores` (see [`shm_arena_threads`], and
+/// [`shm_symmetric_threads`] for a tensor in symmetric memory), or
 /// the number in `TENSORCOMM_SHM_ARENA_THREADS` (1 to 64) where set, for
 /// tuning (see [`crate::tuning`]). Every rank must see the same value
 /// (the launcher passes its environment on); the all-reduce checks it.
 #[cfg(target_os = "linux")]
-fn arena_threads(nbytes: usize, world: usize, cores: usize) -> usize {
+fn arena_threads(nbytes: usize, world: usize, cores: usize, symmetric: bool) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| env_count("TENSORCOMM_SHM_ARENA_THREADS", 1..=64));
     if let Some(n) = forced {
         return *n;
     }
-    shm_arena_threads(nbytes, world, cores)
+    if symmetric {
+        shm_symmetric_threads(nbytes, world, cores)
+    } else {
+        shm_arena_threads(nbytes, world, cores)
+    }
 }
 
 fn tensor_fingerprint(
@@ -552,11 +561,26 @@ impl ProcessGroup for ProcessGroupCpu {
             tensor.with_bytes_mut(|bytes| {
                 #[cfg(target_os = "linux")]
                 if let Some(arena) = &arena {
-                    let threads = arena_threads(bytes.len(), t.world_size(), arena.cores);
+                    let symmetric = arena.symmetric.find(bytes);
+                    let count = arena_threads(
+                        bytes.len(),
+                        t.world_size(),
+                        arena.cores,
+                        symmetric.is_some(),
+                    );
                     let threads = ArenaThreads {
                         helpers: &arena.helpers,
-                        count: threads,
+                        count,
                     };
+                    if let Some((memory, _)) = symmetric {
+                        let tensor = SymmetricBytes {
+                            memory: &memory,
+                            bytes,
+                        };
+                        return all_reduce_shm_symmetric(
+                            t, &arena.shm, tensor, threads, dtype, op, deadline,
+                        );
+                    }
                     return all_reduce_shm_arena(
                         t, &arena.shm, threads, bytes, dtype, op, deadline,
                     );
@@ -564,6 +588,29 @@ impl ProcessGroup for ProcessGroupCpu {
                 all_reduce(t, bytes, dtype, op, deadline)
             })?
         })
+    }
+
+    fn symmetric_zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'static>> {
+        #[cfg(target_os = "linux")]
+        if let Some(arena) = &self.arena {
+            let nbytes = shape
+                .iter()
+                .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "symmetric_zeros: shape {shape:?} of {dtype} has more bytes than memory can address"
+                    ))
+                })?;
+            let buffer = arena.symmetric.allocate(
+                &*self.origin.store,
+                &self.origin.key_prefix,
+                (self.rank(), self.size()),
+                nbytes,
+                self.timeout,
+            )?;
+            return Tensor::from_host_buffer(buffer, dtype, shape);
+        }
+        Tensor::zeros(shape, dtype)
     }
 
     fn broadcast(

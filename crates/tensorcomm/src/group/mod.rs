@@ -59,7 +59,7 @@ pub use sparse_work::SparseWork;
 
 use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use crate::rendezvous::{self, InitMethod, StoreAddress};
-use crate::tensor::{SparseTensor, Tensor};
+use crate::tensor::{DType, SparseTensor, Tensor};
 use crate::{Error, Result};
 
 /// How long a collective may take unless the call says otherwise (c10d's
@@ -353,6 +353,51 @@ pub trait ProcessGroup: Send + Sync {
         op: ReduceOp,
         timeout: Option<Duration>,
     ) -> Result<SparseWork>;
+
+    /// A zero-filled host tensor of `shape` and `dtype` that the other
+    /// ranks can read where they can reach this rank's memory, so that
+    /// collectives on it need not stage it (PyTorch's symmetric memory, on
+    /// the host). Every rank calls it, in the same order, with the same
+    /// shape and dtype; a rank asking another size fails with
+    /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch), as
+    /// does rank 0.
+    ///
+    /// On the CPU backend, when every rank of the group is on one host and
+    /// they use shared memory, the tensor lives in one shared-memory
+    /// segment of the group, and an `all_reduce` of it (or of a view at
+    /// the same offset on every rank) reduces straight out of the other
+    /// ranks' copies. Every rank must then pass the same allocation and
+    /// offset, or none (a rank passing another fails the call with
+    /// `CollectiveMismatch`). Elsewhere (across hosts, TCP forced, other
+    /// backends: this default) it is an ordinary tensor, and nothing is
+    /// exchanged.
+    ///
+    /// ```
+    /// use std::{sync::Arc, thread};
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::group::{ProcessGroup, ReduceOp};
+    /// use tensorcomm::store::HashStore;
+    /// use tensorcomm::tensor::DType;
+    ///
+    /// let store = Arc::new(HashStore::new());
+    /// let ranks: Vec<_> = (0..2).map(|rank| {
+    ///     let store = store.clone();
+    ///     thread::spawn(move || -> tensorcomm::Result<Vec<f32>> {
+    ///         let pg = ProcessGroupCpu::new(store, "sym", rank, 2, &CpuOptions::default())?;
+    ///         let grads = pg.symmetric_zeros(&[4096], DType::F32)?;
+    ///         grads.fill(rank as f32 + 1.0)?;
+    ///         pg.all_reduce(&grads, ReduceOp::Sum, None)?.wait()?;
+    ///         grads.to_vec::<f32>()
+    ///     })
+    /// }).collect();
+    /// for r in ranks {
+    ///     assert!(r.join().unwrap()?.iter().all(|&x| x == 3.0));
+    /// }
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    fn symmetric_zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'static>> {
+        Tensor::zeros(shape, dtype)
+    }
 
     /// The flight recorder's last collectives of this group, as JSON (see
     /// [`DEFAULT_FLIGHT_RECORDER_SIZE`] and the environment variables beside

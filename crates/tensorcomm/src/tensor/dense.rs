@@ -94,6 +94,20 @@ impl<'a> Tensor<'a> {
         Self::with_storage(Storage::from_vec(data), T::DTYPE, Layout::contiguous(shape))
     }
 
+    /// A contiguous tensor of `shape` over host memory another layer of the
+    /// crate manages (`buffer` must hold exactly its bytes).
+    pub(crate) fn from_host_buffer(
+        buffer: Box<dyn super::HostBuffer>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Tensor<'static>> {
+        Tensor::with_storage(
+            Storage::from_host_buffer(buffer),
+            dtype,
+            Layout::contiguous(shape),
+        )
+    }
+
     /// A tensor owning `data` laid out as `layout` (for example
     /// channels-last data). No copy.
     ///

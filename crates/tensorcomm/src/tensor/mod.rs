@@ -50,3 +50,4 @@ pub use sparse::SparseTensor;
 
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::preserved_layout_of;
+pub(crate) use storage::HostBuffer;

@@ -184,14 +184,14 @@ impl<'a> Tensor<'a> {
 
 /// Recovers the `Vec<T>` behind an owned buffer.
 fn downcast_vec<T: 'static>(buffer: Box<dyn HostBuffer>, dtype: DType) -> Result<Vec<T>> {
-    let held = buffer.element_type();
+    let held = buffer.holds();
     buffer
         .into_any()
         .downcast::<Vec<T>>()
         .map(|vec| *vec)
         .map_err(|_| {
             Error::InvalidArgument(format!(
-                "the storage of this {dtype} tensor holds a Vec<{held}>, expected a Vec<{}>",
+                "the storage of this {dtype} tensor holds {held}, expected a Vec<{}>",
                 std::any::type_name::<T>()
             ))
         })

@@ -27,16 +27,20 @@ fn not_host(ordinal: usize) -> crate::Error {
 }
 
 /// Host memory a storage owns: a `Vec<T>` of plain-old-data elements seen
-/// as bytes.
+/// as bytes, or memory another layer manages (such as a group's symmetric
+/// shared memory), whose owner implements this trait.
 pub(crate) trait HostBuffer: Send + Sync {
     /// The elements as bytes.
+    ///
+    /// Implementations outside this module must return the same bytes on
+    /// every call (views keep byte offsets into them).
     fn bytes(&self) -> &[u8];
     /// The elements as writable bytes.
     fn bytes_mut(&mut self) -> &mut [u8];
     /// The buffer as `Any`, so the original `Vec<T>` can be recovered.
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
-    /// Name of the element type, for error messages.
-    fn element_type(&self) -> &'static str;
+    /// What the buffer is, for error messages: `Vec<f32>`.
+    fn holds(&self) -> String;
 }
 
 impl<T: bytemuck::Pod + Send + Sync> HostBuffer for Vec<T> {
@@ -52,8 +56,8 @@ impl<T: bytemuck::Pod + Send + Sync> HostBuffer for Vec<T> {
         self
     }
 
-    fn element_type(&self) -> &'static str {
-        std::any::type_name::<T>()
+    fn holds(&self) -> String {
+        format!("Vec<{}>", std::any::type_name::<T>())
     }
 }
 
@@ -84,6 +88,13 @@ impl<'a> Storage<'a> {
     pub(crate) fn from_vec<T: bytemuck::Pod + Send + Sync>(data: Vec<T>) -> Self {
         Storage {
             memory: Memory::HostOwned(Box::new(data)),
+        }
+    }
+
+    /// Storage owning `buffer` (no copy).
+    pub(crate) fn from_host_buffer(buffer: Box<dyn HostBuffer>) -> Self {
+        Storage {
+            memory: Memory::HostOwned(buffer),
         }
     }
 
@@ -200,7 +211,7 @@ mod tests {
         assert_eq!(storage.device(), Device::Cpu);
         match storage.into_memory() {
             Memory::HostOwned(buffer) => {
-                assert_eq!(buffer.element_type(), "f32");
+                assert_eq!(buffer.holds(), "Vec<f32>");
                 let back = buffer.into_any().downcast::<Vec<f32>>().unwrap();
                 assert_eq!(back.as_ptr() as *const u8, ptr);
             }

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use super::shm_arena::barrier;
+use super::arena_lanes::barrier;
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};

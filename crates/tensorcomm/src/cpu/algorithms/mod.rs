@@ -52,6 +52,8 @@
 
 mod all_to_all_pairwise;
 #[cfg(target_os = "linux")]
+mod arena_lanes;
+#[cfg(target_os = "linux")]
 mod broadcast_shm_arena;
 mod broadcast_tree;
 mod direct;
@@ -64,6 +66,8 @@ mod ring_reduce_scatter;
 mod scatter_direct;
 #[cfg(target_os = "linux")]
 mod shm_arena;
+#[cfg(target_os = "linux")]
+mod shm_symmetric;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -84,6 +88,8 @@ pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
 #[cfg(target_os = "linux")]
 pub use shm_arena::{all_reduce_shm_arena, ArenaThreads};
+#[cfg(target_os = "linux")]
+pub use shm_symmetric::{all_reduce_shm_symmetric, SymmetricBytes};
 
 use super::reduce::ReduceOp;
 use super::transport::Transport;
@@ -314,6 +320,36 @@ pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usiz
     threads
         .max(1)
         .min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
+}
+
+/// Threads per rank for an all-reduce of `nbytes` in symmetric memory
+/// (`all_reduce_shm_symmetric`): [`shm_arena_threads`], but when the
+/// ranks' threads would take every core, never more than three quarters
+/// of `own`: with less traffic per byte than the staged arena, the big
+/// messages that take all of `own` there do best with fewer here.
+///
+/// Measured on the 32-core GPU host, f32 sum, 8 ranks, forcing the count
+/// (bench/results/symmetric-threads-h200x2.txt, µs, two runs): 3 threads
+/// were fastest or within the noise from 2 to 32 MiB (8 MiB: 994 / 1101
+/// against 1274 / 1446 with 4 and 1406 / 1450 with 2; 16 MiB: 2313 / 2128
+/// against 2882 / 2460 with 4; 32 MiB: 4500 / 4832 against 5132 / 5265
+/// with 4 and 4016 / 5033 with 8).
+///
+/// ```
+/// use tensorcomm::cpu::algorithms::shm_symmetric_threads;
+/// assert_eq!(shm_symmetric_threads(32 << 20, 8, 32), 3);
+/// assert_eq!(shm_symmetric_threads(1 << 20, 8, 32), 2);
+/// assert_eq!(shm_symmetric_threads(32 << 20, 2, 32), 8);
+/// ```
+pub fn shm_symmetric_threads(nbytes: usize, world_size: usize, cores: usize) -> usize {
+    let world = world_size.max(1);
+    let own = (cores / world).clamp(1, SHM_ARENA_MAX_THREADS);
+    let threads = shm_arena_threads(nbytes, world_size, cores);
+    if world * own < cores {
+        threads
+    } else {
+        threads.min((own * 3 / 4).max(1))
+    }
 }
 
 /// An arena all-reduce moves the message in steps of at most this many

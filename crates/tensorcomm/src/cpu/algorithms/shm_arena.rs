@@ -59,55 +59,17 @@
 //! copying and reducing (32 MiB: 10.2 ms per call, 4.9 ms of it work per
 //! lane, 4.4 ms in the leader's 33 barriers).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use super::arena_lanes::{run_lanes, ArenaCall, LaneWaiter};
 use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
-use crate::cpu::helper_threads::first_error;
 use crate::cpu::reduce::{finish, ReduceOp};
-use crate::cpu::transport::shm::{Milestone, Progress, ShmArena, ARENA_MAX_LANES};
+use crate::cpu::transport::shm::{Progress, ShmArena, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;
 use crate::cpu::HelperThreads;
 use crate::tensor::DType;
 use crate::{Error, Result};
-
-/// Waits until every rank of `t` has reached this call: `ceil(log2 N)`
-/// rounds, in round `i` signalling rank `+2^i` and waiting on rank `-2^i`.
-pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
-    barrier_agreeing(t, 1, &|_| "a barrier".to_string(), deadline)
-}
-
-/// [`barrier`] that also checks that every rank passes the same `value`:
-/// each round's byte carries it, and a rank that hears another fails with
-/// [`Error::CollectiveMismatch`] naming the peer and both values (`what`
-/// describes one). Round 0 links every rank to the one before it, so if
-/// any two ranks differ, some rank notices.
-fn barrier_agreeing(
-    t: &dyn Transport,
-    value: u8,
-    what: &dyn Fn(u8) -> String,
-    deadline: Instant,
-) -> Result<()> {
-    let (rank, world) = (t.rank(), t.world_size());
-    let mut distance = 1;
-    while distance < world {
-        let to = (rank + distance) % world;
-        let from = (rank + world - distance) % world;
-        let mut theirs = [0u8];
-        t.send_recv(to, &[value], from, &mut theirs, deadline)?;
-        if theirs[0] != value {
-            return Err(Error::CollectiveMismatch {
-                rank,
-                peer: from,
-                mine: what(value),
-                theirs: what(theirs[0]),
-            });
-        }
-        distance *= 2;
-    }
-    Ok(())
-}
 
 /// What one lane of a rank does for one step.
 ///
@@ -127,13 +89,8 @@ struct ChunkWork<'a> {
 struct Lane<'a, 'b> {
     t: &'b dyn Transport,
     arena: &'b ShmArena,
-    lane: usize,
     steps: Vec<ChunkWork<'a>>,
-    /// When the call started, and when it must end.
-    started: Instant,
-    deadline: Instant,
-    /// Set by a lane of this rank that failed: the others stop waiting.
-    failed: &'b AtomicBool,
+    waiter: LaneWaiter<'b>,
 }
 
 impl Lane<'_, '_> {
@@ -141,36 +98,8 @@ impl Lane<'_, '_> {
         (step % 2) as usize
     }
 
-    /// Waits until every other rank's lane has done `kind` for `step`;
-    /// false if another lane of this rank failed meanwhile.
     fn wait_all(&self, kind: Progress, step: u64) -> Result<bool> {
-        let (rank, world) = (self.t.rank(), self.t.world_size());
-        for q in (0..world).filter(|&q| q != rank) {
-            let milestone = Milestone {
-                rank: q,
-                lane: self.lane,
-                kind,
-                step,
-            };
-            // Asks after `q` first, then every other peer: if `q` itself
-            // waits for a dead rank, that one is named.
-            let alive = || {
-                self.t.check_alive(q)?;
-                (0..world)
-                    .filter(|&p| p != rank && p != q)
-                    .try_for_each(|p| self.t.check_alive(p))
-            };
-            let reached = self.arena.wait_progress(
-                milestone,
-                (self.started, self.deadline),
-                &|| self.failed.load(Ordering::Acquire),
-                &alive,
-            )?;
-            if !reached {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        self.waiter.wait_all(kind, step)
     }
 
     /// Stages step `k`'s parts of the other ranks' shares in this rank's
@@ -186,7 +115,7 @@ impl Lane<'_, '_> {
                 self.arena.copy_in(Self::parity(work.step), *offset, bytes);
             }
         }
-        self.arena.publish(self.lane, Progress::CopiedIn, work.step);
+        self.waiter.publish(Progress::CopiedIn, work.step);
         Ok(true)
     }
 
@@ -208,7 +137,7 @@ impl Lane<'_, '_> {
         self.arena
             .reduce_share_into(parity, range, acc, dtype, op)?;
         self.arena.copy_in(parity, *offset, acc);
-        self.arena.publish(self.lane, Progress::Reduced, step);
+        self.waiter.publish(Progress::Reduced, step);
         Ok(true)
     }
 
@@ -227,7 +156,7 @@ impl Lane<'_, '_> {
                 self.arena.copy_out(r, parity, range, bytes);
             }
         }
-        self.arena.publish(self.lane, Progress::CopiedOut, step);
+        self.waiter.publish(Progress::CopiedOut, step);
         Ok(true)
     }
 
@@ -245,16 +174,6 @@ impl Lane<'_, '_> {
             }
         }
         Ok(())
-    }
-}
-
-/// Raises a rank's `failed` flag when dropped: held by a lane until it
-/// has succeeded, so an error or a panic stops the rank's other lanes.
-struct StopOthers<'a>(&'a AtomicBool);
-
-impl Drop for StopOthers<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -329,9 +248,11 @@ pub fn all_reduce_shm_arena(
         let mut per_lane: Vec<Vec<ChunkWork<'_>>> = (0..threads).map(|_| Vec::new()).collect();
         // Every rank starts here (and has finished the previous call), with
         // the same number of lanes: the layout above depends on it.
-        let what =
-            |n: u8| format!("all_reduce through the shared-memory arena with {n} threads per rank");
-        barrier_agreeing(t, threads as u8, &what, deadline)?;
+        let call = ArenaCall {
+            threads: threads as u8,
+            symmetric: None,
+        };
+        call.open(t, deadline)?;
         for piece in buf.chunks_mut(step) {
             let global = arena.next_step();
             for work in per_lane.iter_mut() {
@@ -354,33 +275,32 @@ pub fn all_reduce_shm_arena(
             }
         }
         let failed = AtomicBool::new(false);
-        let lanes: Vec<Mutex<Lane<'_, '_>>> = per_lane
+        let lanes: Vec<Lane<'_, '_>> = per_lane
             .into_iter()
             .enumerate()
-            .map(|(lane, steps)| {
-                Mutex::new(Lane {
+            .map(|(lane, steps)| Lane {
+                t,
+                arena,
+                steps,
+                waiter: LaneWaiter {
                     t,
                     arena,
                     lane,
-                    steps,
                     started,
                     deadline,
                     failed: &failed,
-                })
+                },
             })
             .collect();
-        let outcomes = helpers.run(threads, |i| -> Result<()> {
-            // Failing or panicking, a lane stops the others of this rank.
-            let stop = StopOthers(&failed);
-            let mut lane = lanes[i].lock().unwrap_or_else(PoisonError::into_inner);
-            let outcome = lane.run(dtype, op);
-            if outcome.is_ok() {
-                std::mem::forget(stop);
-            }
-            outcome
-        });
+        let outcome = run_lanes(
+            helpers,
+            lanes,
+            &failed,
+            |lane| lane.run(dtype, op),
+            "all_reduce_shm_arena",
+        );
         arena.mark_unfenced();
-        first_error(outcomes, "all_reduce_shm_arena")?;
+        outcome?;
     }
     finish(op, dtype, buf, world)
 }
@@ -493,7 +413,11 @@ mod tests {
             if t.rank() == 2 {
                 // Enters the call (its opening barrier), then is gone: its
                 // transport closes with its links, its counters never move.
-                barrier_agreeing(t, 2, &|n| n.to_string(), deadline()).expect("opening barrier");
+                let call = ArenaCall {
+                    threads: 2,
+                    symmetric: None,
+                };
+                call.open(t, deadline()).expect("opening barrier");
                 return None;
             }
             Some(sum_ones(t, &arena, 1000, 2, deadline()))
@@ -525,7 +449,11 @@ mod tests {
             let soon = Instant::now() + Duration::from_millis(300);
             if t.rank() == 1 {
                 // Enters the call, then stays alive but never works.
-                barrier_agreeing(t, 1, &|n| n.to_string(), soon).expect("opening barrier");
+                let call = ArenaCall {
+                    threads: 1,
+                    symmetric: None,
+                };
+                call.open(t, soon).expect("opening barrier");
                 std::thread::sleep(Duration::from_millis(600));
                 return None;
             }

@@ -31,16 +31,19 @@
 #![cfg(target_os = "linux")]
 
 mod arena;
+mod group_segment;
 mod layout;
 mod link;
 mod mesh;
 mod ring;
 mod segment;
+mod symmetric;
 mod wait;
 
 pub use arena::{arena_chunk, Milestone, Progress, ShmArena, ARENA_MAX_LANES, DEFAULT_ARENA_CHUNK};
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
+pub use symmetric::{SymmetricMemory, SymmetricRegistry};
 
 /// A good ring capacity per direction: 4 MiB, enough to stream large
 /// messages without the two sides waiting on each other.

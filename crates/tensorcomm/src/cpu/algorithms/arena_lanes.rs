@@ -1,0 +1,192 @@
+//! What the shared-memory all-reduces (`shm_arena.rs`, staged through the
+//! arena; `shm_symmetric.rs`, straight out of symmetric memory) have in
+//! common: the barrier that opens a call and checks that every rank makes
+//! the same kind of call, and lanes (one per thread of a rank) that wait,
+//! in the arena's progress counters, for the same lane of other ranks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+use crate::cpu::helper_threads::first_error;
+use crate::cpu::transport::shm::{Milestone, Progress, ShmArena};
+use crate::cpu::transport::Transport;
+use crate::cpu::HelperThreads;
+use crate::{Error, Result};
+
+/// Waits until every rank of `t` has reached this call: `ceil(log2 N)`
+/// rounds, in round `i` signalling rank `+2^i` and waiting on rank `-2^i`.
+pub(super) fn barrier(t: &dyn Transport, deadline: Instant) -> Result<()> {
+    barrier_agreeing(t, &[1], &|_| "a barrier".to_string(), deadline)
+}
+
+/// [`barrier`] that also checks that every rank passes the same `value`
+/// (the same length on every rank): each round's message carries it, and
+/// a rank that hears another fails with [`Error::CollectiveMismatch`]
+/// naming the peer and both values (`what` describes one). Round 0 links
+/// every rank to the one before it, so if any two ranks differ, some rank
+/// notices (and its failure report reaches the others).
+pub(super) fn barrier_agreeing(
+    t: &dyn Transport,
+    value: &[u8],
+    what: &dyn Fn(&[u8]) -> String,
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    let mut theirs = vec![0u8; value.len()];
+    let mut distance = 1;
+    while distance < world {
+        let to = (rank + distance) % world;
+        let from = (rank + world - distance) % world;
+        t.send_recv(to, value, from, &mut theirs, deadline)?;
+        if theirs != value {
+            return Err(Error::CollectiveMismatch {
+                rank,
+                peer: from,
+                mine: what(value),
+                theirs: what(&theirs),
+            });
+        }
+        distance *= 2;
+    }
+    Ok(())
+}
+
+/// What every rank of a shared-memory all-reduce must agree on before it
+/// starts: the number of lanes (the work's split depends on it) and, for
+/// a tensor in symmetric memory, which allocation and where in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ArenaCall {
+    pub threads: u8,
+    /// The symmetric allocation's number and the tensor's byte offset in
+    /// it; `None` for a call staged through the arena.
+    pub symmetric: Option<(u64, u64)>,
+}
+
+const ARENA_CALL_LEN: usize = 17;
+
+impl ArenaCall {
+    fn encode(self) -> [u8; ARENA_CALL_LEN] {
+        let (id, offset) = self.symmetric.unwrap_or((u64::MAX, u64::MAX));
+        let mut out = [0u8; ARENA_CALL_LEN];
+        out[0] = self.threads;
+        out[1..9].copy_from_slice(&id.to_le_bytes());
+        out[9..].copy_from_slice(&offset.to_le_bytes());
+        out
+    }
+
+    fn describe(bytes: &[u8]) -> String {
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(u64::MAX, u64::from_le_bytes)
+        };
+        let threads = bytes.first().copied().unwrap_or(0);
+        match (word(1), word(9)) {
+            (u64::MAX, _) => format!(
+                "all_reduce of a private tensor, staged through the shared-memory arena with {threads} threads per rank"
+            ),
+            (id, offset) => format!(
+                "all_reduce of a tensor at byte {offset} of symmetric allocation {id}, with {threads} threads per rank"
+            ),
+        }
+    }
+
+    /// Opens the call: a barrier that fails with
+    /// [`Error::CollectiveMismatch`] when ranks make different calls. Past
+    /// it, every rank has finished its previous call.
+    pub(super) fn open(self, t: &dyn Transport, deadline: Instant) -> Result<()> {
+        barrier_agreeing(t, &self.encode(), &ArenaCall::describe, deadline)
+    }
+}
+
+/// How one lane of one rank waits for the same lane of the others.
+pub(super) struct LaneWaiter<'b> {
+    pub t: &'b dyn Transport,
+    pub arena: &'b ShmArena,
+    pub lane: usize,
+    /// When the call started, and when it must end.
+    pub started: Instant,
+    pub deadline: Instant,
+    /// Set by a lane of this rank that failed: the others stop waiting.
+    pub failed: &'b AtomicBool,
+}
+
+impl LaneWaiter<'_> {
+    /// Waits until every other rank's lane has done `kind` for `step`;
+    /// false if another lane of this rank failed meanwhile.
+    pub(super) fn wait_all(&self, kind: Progress, step: u64) -> Result<bool> {
+        let rank = self.t.rank();
+        for q in (0..self.t.world_size()).filter(|&q| q != rank) {
+            if !self.wait_for(q, kind, step)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits until rank `q`'s lane has done `kind` for `step`; false if
+    /// another lane of this rank failed meanwhile.
+    pub(super) fn wait_for(&self, q: usize, kind: Progress, step: u64) -> Result<bool> {
+        let (rank, world) = (self.t.rank(), self.t.world_size());
+        let milestone = Milestone {
+            rank: q,
+            lane: self.lane,
+            kind,
+            step,
+        };
+        // Asks after `q` first, then every other peer: if `q` itself waits
+        // for a dead rank, that one is named.
+        let alive = || {
+            self.t.check_alive(q)?;
+            (0..world)
+                .filter(|&p| p != rank && p != q)
+                .try_for_each(|p| self.t.check_alive(p))
+        };
+        self.arena.wait_progress(
+            milestone,
+            (self.started, self.deadline),
+            &|| self.failed.load(Ordering::Acquire),
+            &alive,
+        )
+    }
+
+    /// Publishes that this rank's lane has done `kind` for `step`.
+    pub(super) fn publish(&self, kind: Progress, step: u64) {
+        self.arena.publish(self.lane, kind, step);
+    }
+}
+
+/// Raises a rank's `failed` flag when dropped: held by a lane until it
+/// has succeeded, so an error or a panic stops the rank's other lanes.
+struct StopOthers<'a>(&'a AtomicBool);
+
+impl Drop for StopOthers<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Runs `lanes[i]` through `run` on the calling thread (lane 0) and
+/// helpers, all at once; a lane that fails or panics raises `failed`, so
+/// the others stop waiting. The first error (a panic named `what`) wins.
+pub(super) fn run_lanes<L: Send>(
+    helpers: &HelperThreads,
+    lanes: Vec<L>,
+    failed: &AtomicBool,
+    run: impl Fn(&mut L) -> Result<()> + Sync,
+    what: &str,
+) -> Result<()> {
+    let lanes: Vec<Mutex<L>> = lanes.into_iter().map(Mutex::new).collect();
+    let outcomes = helpers.run(lanes.len(), |i| -> Result<()> {
+        let stop = StopOthers(failed);
+        let mut lane = lanes[i].lock().unwrap_or_else(PoisonError::into_inner);
+        let outcome = run(&mut lane);
+        if outcome.is_ok() {
+            std::mem::forget(stop);
+        }
+        outcome
+    });
+    first_error(outcomes, what)
+}
