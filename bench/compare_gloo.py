@@ -2,7 +2,9 @@
 """tensorcomm vs PyTorch Gloo, side by side, from one command.
 
 For each op and rank count, runs `tensorcomm bench --json` once per
-transport (shared memory on: --transport shm; off: --transport tcp) and
+transport (shared memory on: --transport shm; off: --transport tcp; sym:
+shared memory with the tensors in the group's symmetric memory,
+--transport shm --symmetric) and
 bench/gloo_bench.py once, over the same sizes and dtype, then prints one
 table per (op, ranks) with the time of each and the ratio tensorcomm/gloo
 per size (below 1.0: tensorcomm is faster).
@@ -78,10 +80,10 @@ def run(cmd, env=None, timeout=None):
 
 
 def tensorcomm_cmd(args, op, ranks, transport):
+    flags = ["--transport", "shm", "--symmetric"] if transport == "sym" else ["--transport", transport]
     return [args.tensorcomm, "bench", "--op", op, "--backend", "cpu", "-n", str(ranks),
             "-b", args.begin, "-e", args.end, "-f", str(args.factor), "--dtype", args.dtype,
-            "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--transport", transport, "--json"]
+            "--iters", str(args.iters), "--warmup", str(args.warmup), "--json"] + flags
 
 
 def gloo_cmd(args, op, ranks):
@@ -148,7 +150,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20, help="tensorcomm timed iterations")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--transports", default="shm,tcp",
-                   help="tensorcomm transports to run: shm (shared memory on), tcp (off), auto")
+                   help="tensorcomm transports to run: shm (shared memory on), tcp (off), auto, "
+                        "sym (shared memory, tensors in symmetric memory)")
     p.add_argument("--no-gloo", action="store_true", help="run the tensorcomm half only")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--json-out", help="also write every measurement here as JSON lines")
@@ -160,9 +163,9 @@ def main(argv=None):
         p.error(f"expected sizes like 8, 64K, 64M and ranks like 2,4,8: {e}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if t not in ("shm", "tcp", "auto")]
+    bad = [t for t in transports if t not in ("shm", "tcp", "auto", "sym")]
     if bad or not transports:
-        p.error(f"expected --transports from shm, tcp, auto; found {args.transports!r}")
+        p.error(f"expected --transports from shm, tcp, auto, sym; found {args.transports!r}")
 
     failures = []
     everything = []

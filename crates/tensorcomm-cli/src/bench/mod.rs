@@ -169,6 +169,12 @@ pub struct BenchArgs {
     /// across), tcp or shm. Default: TENSORCOMM_TRANSPORT, else auto.
     #[arg(long, value_parser = parse_transport)]
     transport: Option<TransportChoice>,
+    /// Place the tensors in the group's symmetric memory
+    /// (`ProcessGroup::symmetric_zeros`: shared memory the other ranks
+    /// read, when every rank is on this host), not in private memory.
+    /// Every op but gather and scatter.
+    #[arg(long)]
+    symmetric: bool,
     /// Exact sizes to time (comma list, suffixes K, M, G), instead of the
     /// -b .. -e sweep.
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
@@ -312,6 +318,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if let Some(transport) = args.transport {
         rank_args.push(format!("--transport={transport}"));
     }
+    if args.symmetric {
+        rank_args.push("--symmetric".into());
+    }
     if !args.sizes.is_empty() {
         let sizes: Vec<String> = args.sizes.iter().map(usize::to_string).collect();
         rank_args.push(format!("--sizes={}", sizes.join(",")));
@@ -331,15 +340,22 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     }
     let transport = TransportChoice::Env.resolve()?;
     let op = args.cpu_op().map_err(tensorcomm::Error::InvalidArgument)?;
+    if args.symmetric && !ops::symmetric_allowed(op) {
+        return Err(tensorcomm::Error::InvalidArgument(format!(
+            "--symmetric needs every rank to allocate the same tensors, which {} does not (its list lives on the root only)",
+            op.name()
+        )));
+    }
     let pg = init_process_group(Backend::Cpu, "env://")?;
     let (rank, ranks) = (pg.rank(), pg.size());
     let dtype = args.dtype;
     if rank == 0 && !args.json {
         println!(
-            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport), {} iterations after {} warm-up",
+            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport{}), {} iterations after {} warm-up",
             op.name(),
             dtype,
             args.backend,
+            if args.symmetric { ", symmetric memory" } else { "" },
             args.iters,
             args.warmup
         );
@@ -352,7 +368,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
         let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
-        let correct = check(&*pg, op, dtype, count)?;
+        let correct = check(&*pg, op, dtype, count, args.symmetric)?;
         let time_us = time(&*pg, op, args, dtype, count)?;
         all_correct &= correct;
         progress.clear();
@@ -396,9 +412,10 @@ fn check(
     op: BenchOp,
     dtype: DType,
     count: usize,
+    symmetric: bool,
 ) -> tensorcomm::Result<bool> {
     let (rank, ranks) = (pg.rank(), pg.size());
-    let buffers = ops::setup(op, rank, ranks, dtype, count)?;
+    let buffers = ops::setup(op, (rank, ranks), dtype, count, symmetric.then_some(pg))?;
     ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
     let ok = ops::verify(op, rank, ranks, dtype, count, &buffers)?;
     let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
@@ -414,7 +431,8 @@ fn time(
     dtype: DType,
     count: usize,
 ) -> tensorcomm::Result<f64> {
-    let buffers = ops::setup(op, pg.rank(), pg.size(), dtype, count)?;
+    let symmetric = args.symmetric.then_some(pg);
+    let buffers = ops::setup(op, (pg.rank(), pg.size()), dtype, count, symmetric)?;
     let once = || ops::launch(pg, op, &buffers, ReduceOp::Max)?.wait();
     for _ in 0..args.warmup {
         once()?;

@@ -51,18 +51,37 @@ fn expected(dtype: DType, rank: usize, i: usize) -> f64 {
     }
 }
 
+/// Whether `op` allocates the same buffers on every rank, as tensors in
+/// symmetric memory must be (gather and scatter fill lists on the root
+/// only).
+pub fn symmetric_allowed(op: BenchOp) -> bool {
+    !matches!(op, BenchOp::Gather | BenchOp::Scatter)
+}
+
 /// Fresh buffers for `op` on `rank` of `ranks`, for a row of `count`
-/// elements (see [`row_count`]).
+/// elements (see [`row_count`]); in the symmetric memory of `symmetric`
+/// when given (the rank's group; for ops [`symmetric_allowed`] only).
 pub fn setup(
     op: BenchOp,
-    rank: usize,
-    ranks: usize,
+    (rank, ranks): (usize, usize),
     dtype: DType,
     count: usize,
+    symmetric: Option<&dyn ProcessGroup>,
 ) -> tensorcomm::Result<Buffers> {
     let piece = count / ranks;
-    let own = |n: usize, offset: usize| make(dtype, n, |i| value(rank, offset + i));
-    let zeros = |n: usize| Tensor::zeros(&[n], dtype);
+    let zeros = |n: usize| match symmetric {
+        Some(pg) => pg.symmetric_zeros(&[n], dtype),
+        None => Tensor::zeros(&[n], dtype),
+    };
+    let own = |n: usize, offset: usize| {
+        let values = make(dtype, n, |i| value(rank, offset + i))?;
+        if symmetric.is_none() {
+            return Ok(values);
+        }
+        let t = zeros(n)?;
+        t.copy_from(&values)?;
+        Ok(t)
+    };
     let per_rank = |f: &dyn Fn(usize) -> tensorcomm::Result<Tensor<'static>>| {
         (0..ranks).map(f).collect::<tensorcomm::Result<Vec<_>>>()
     };
@@ -233,7 +252,7 @@ mod tests {
                     for op in BenchOp::ALL {
                         for dtype in DType::ALL {
                             let count = row_count(op, 10, ranks);
-                            let b = setup(op, rank, ranks, dtype, count).unwrap();
+                            let b = setup(op, (rank, ranks), dtype, count, None).unwrap();
                             launch(&pg, op, &b, ReduceOp::Sum).unwrap().wait().unwrap();
                             let ok = verify(op, rank, ranks, dtype, count, &b).unwrap();
                             assert!(ok, "{op:?} {dtype} rank {rank}");
@@ -252,7 +271,7 @@ mod tests {
         for op in BenchOp::ALL {
             let wrong = (0..2).any(|rank| {
                 let count = row_count(op, 6, 2);
-                let b = setup(op, rank, 2, DType::F32, count).unwrap();
+                let b = setup(op, (rank, 2), DType::F32, count, None).unwrap();
                 !verify(op, rank, 2, DType::F32, count, &b).unwrap()
             });
             assert!(wrong || op == BenchOp::Broadcast, "{op:?}");
