@@ -5,8 +5,8 @@
 //!   ident      magic, version, header size, ring capacity, total size
 //!   sides[0]   the lower rank:  pid, attached, closed
 //!   sides[1]   the higher rank: pid, attached, closed
-//!   rings[0]   lower -> higher: head, tail   (each on its own cache line)
-//!   rings[1]   higher -> lower: head, tail
+//!   rings[0]   lower -> higher: head, tail, data and space signals
+//!   rings[1]   higher -> lower: the same          (each on its own cache line)
 //! HEADER_SIZE              data of ring 0 (capacity bytes)
 //! HEADER_SIZE + capacity   data of ring 1 (capacity bytes)
 //! ```
@@ -17,12 +17,13 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::signal::Signal;
 use crate::{Error, Result};
 
 /// "TCSHMSEG" in little-endian: the first eight bytes of every segment.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"TCSHMSEG");
-/// Bumped whenever this layout changes.
-pub(super) const VERSION: u32 = 1;
+/// Bumped whenever this layout changes (2: the rings' signals).
+pub(super) const VERSION: u32 = 2;
 /// Bytes before the first ring's data: one page, so data starts aligned.
 pub(super) const HEADER_SIZE: usize = 4096;
 
@@ -32,7 +33,8 @@ pub(super) const HEADER_SIZE: usize = 4096;
 #[derive(Default)]
 pub(crate) struct CachePadded<T>(pub T);
 
-/// The two counters of one single-producer single-consumer ring.
+/// The two counters of one single-producer single-consumer ring, and the
+/// signals a side that waits long sleeps on.
 #[repr(C)]
 #[derive(Default)]
 pub(crate) struct RingControl {
@@ -40,6 +42,12 @@ pub(crate) struct RingControl {
     pub head: CachePadded<AtomicU64>,
     /// Bytes ever read; only the consumer stores it.
     pub tail: CachePadded<AtomicU64>,
+    /// Raised by the producer after `head` moves (and on close): a
+    /// consumer waiting for data sleeps on it.
+    pub data: CachePadded<Signal>,
+    /// Raised by the consumer after `tail` moves (and on close): a
+    /// producer waiting for space sleeps on it.
+    pub space: CachePadded<Signal>,
 }
 
 /// What identifies a segment and its geometry.

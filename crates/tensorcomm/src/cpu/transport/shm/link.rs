@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::layout::{data_offset, total_size, Header, HEADER_SIZE};
-use super::ring::Ring;
+use super::ring::{wake_all, Ring};
 use super::segment::{self, Segment};
 use super::wait::Backoff;
 use crate::store::Store;
@@ -362,12 +362,15 @@ impl ShmLink {
 
     /// One round of waiting in a blocked call: fails if the peer is gone or
     /// the deadline passed, otherwise snoozes.
+    ///
+    /// Past the first milliseconds it sleeps through `sleep` (on the ring's
+    /// signal: the peer's next move wakes it).
     fn wait_blocked(
         &self,
         backoff: &mut Backoff,
-        started: Instant,
-        deadline: Instant,
+        (started, deadline): (Instant, Instant),
         during: &dyn Fn() -> String,
+        sleep: impl FnOnce(std::time::Duration),
     ) -> Result<()> {
         let now = Instant::now();
         if let Some(reason) = self.peer_gone(self.probe_due()) {
@@ -380,8 +383,16 @@ impl ShmLink {
                 timeout: now - started,
             });
         }
-        backoff.snooze();
+        backoff.snooze_on(sleep);
         Ok(())
+    }
+
+    /// Whether either side has closed the link (a sleeper then wakes).
+    fn closed_either(&self) -> bool {
+        let sides = &self.header().sides;
+        sides
+            .iter()
+            .any(|s| s.0.closed.load(Ordering::Acquire) != 0)
     }
 
     fn died(&self, during: String, reason: String) -> Error {
@@ -429,7 +440,8 @@ impl ShmLink {
                     data.len()
                 )
             };
-            self.wait_blocked(&mut backoff, started, deadline, &during)?;
+            let sleep = |d| tx.sleep_for_space(|| self.closed_either(), d);
+            self.wait_blocked(&mut backoff, (started, deadline), &during, sleep)?;
         }
         Ok(())
     }
@@ -459,7 +471,8 @@ impl ShmLink {
                     self.my_rank
                 )
             };
-            if let Err(e) = self.wait_blocked(&mut backoff, started, deadline, &during) {
+            let sleep = |d| rx.sleep_for_data(|| self.closed_either(), d);
+            if let Err(e) = self.wait_blocked(&mut backoff, (started, deadline), &during, sleep) {
                 // The peer may have written its last bytes just before it
                 // went away (or just before the deadline): take them first.
                 match rx.read(&mut buf[got..end]) {
@@ -591,6 +604,10 @@ impl ShmLink {
             .0
             .closed
             .store(1, Ordering::Release);
+        // Sleepers on either side look again, and find the flag.
+        for ring in &self.header().rings {
+            wake_all(ring);
+        }
     }
 
     /// The rank at the other end.

@@ -37,6 +37,7 @@ mod link;
 mod mesh;
 mod ring;
 mod segment;
+mod signal;
 mod symmetric;
 mod wait;
 

@@ -78,6 +78,7 @@ impl Ring {
         ctl.head
             .0
             .store(head.wrapping_add(n as u64), Ordering::Release);
+        ctl.data.0.notify();
         n
     }
 
@@ -106,8 +107,50 @@ impl Ring {
         ctl.tail
             .0
             .store(tail.wrapping_add(n as u64), Ordering::Release);
+        ctl.space.0.notify();
         n
     }
+
+    /// Bytes the consumer could read now.
+    fn readable(&self) -> u64 {
+        let ctl = self.ctl();
+        let head = ctl.head.0.load(Ordering::Acquire);
+        head.wrapping_sub(ctl.tail.0.load(Ordering::Relaxed))
+    }
+
+    /// Bytes the producer could write now.
+    fn writable(&self) -> u64 {
+        let ctl = self.ctl();
+        let used = ctl
+            .head
+            .0
+            .load(Ordering::Relaxed)
+            .wrapping_sub(ctl.tail.0.load(Ordering::Acquire));
+        (self.capacity as u64).saturating_sub(used)
+    }
+
+    /// As the consumer: sleeps up to `timeout` unless data is there or
+    /// `stop()` holds; returns early when the producer writes (or the
+    /// ring is woken, as on close).
+    pub fn sleep_for_data(&self, stop: impl Fn() -> bool, timeout: std::time::Duration) {
+        let ready = || self.readable() > 0 || stop();
+        self.ctl().data.0.sleep_unless(ready, timeout);
+    }
+
+    /// As the producer: sleeps up to `timeout` unless there is space or
+    /// `stop()` holds; returns early when the consumer reads (or the ring
+    /// is woken).
+    pub fn sleep_for_space(&self, stop: impl Fn() -> bool, timeout: std::time::Duration) {
+        let ready = || self.writable() > 0 || stop();
+        self.ctl().space.0.sleep_unless(ready, timeout);
+    }
+}
+
+/// Wakes every thread sleeping on `ctl`'s signals (a side closing its
+/// link: the others must look again).
+pub(super) fn wake_all(ctl: &RingControl) {
+    ctl.data.0.notify();
+    ctl.space.0.notify();
 }
 
 #[cfg(test)]

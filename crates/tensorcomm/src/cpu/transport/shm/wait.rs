@@ -4,7 +4,11 @@
 //! so small round trips never enter the kernel. A peer that is busy for
 //! longer gets the core back: first through `yield_now` (cheap, still
 //! prompt), then through sleeps that grow to [`MAX_SLEEP`], so a rank that
-//! waits for seconds costs almost nothing.
+//! waits for seconds costs almost nothing. A wait on one ring sleeps on the
+//! ring's signal instead ([`Backoff::snooze_on`]): the peer's next write
+//! (or read) wakes it at once, so those sleeps may grow longer, to
+//! [`MAX_SIGNAL_SLEEP`], and an idle reader wakes a few dozen times a
+//! second.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +20,9 @@ pub(super) const YIELD_UNTIL: Duration = Duration::from_millis(2);
 const FIRST_SLEEP: Duration = Duration::from_micros(20);
 /// The longest sleep, which bounds how late a waiter notices new data.
 pub(super) const MAX_SLEEP: Duration = Duration::from_millis(1);
+/// The longest sleep on a ring's signal, which bounds how late a waiter
+/// notices a peer that died without a word (new data wakes it at once).
+pub(super) const MAX_SIGNAL_SLEEP: Duration = Duration::from_millis(20);
 
 /// The waiting state of one blocked call.
 pub(super) struct Backoff {
@@ -39,6 +46,17 @@ impl Backoff {
 
     /// Waits a little, more the longer nothing has happened.
     pub fn snooze(&mut self) {
+        self.snooze_with(std::thread::sleep, MAX_SLEEP);
+    }
+
+    /// [`snooze`](Self::snooze), but a sleep is `sleep(duration)`, which
+    /// returns early when what the caller waits for happens (a ring's
+    /// signal), so sleeps grow to [`MAX_SIGNAL_SLEEP`].
+    pub fn snooze_on(&mut self, sleep: impl FnOnce(Duration)) {
+        self.snooze_with(sleep, MAX_SIGNAL_SLEEP);
+    }
+
+    fn snooze_with(&mut self, sleep: impl FnOnce(Duration), longest: Duration) {
         let idle = self.since.elapsed();
         if idle < SPIN_FOR {
             for _ in 0..32 {
@@ -47,8 +65,8 @@ impl Backoff {
         } else if idle < YIELD_UNTIL {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(self.sleep);
-            self.sleep = (self.sleep * 2).min(MAX_SLEEP);
+            sleep(self.sleep);
+            self.sleep = (self.sleep * 2).min(longest);
         }
     }
 }
