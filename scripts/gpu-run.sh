@@ -55,7 +55,7 @@ fi
 if [ "${TENSORCOMM_GLOO:-0}" = 1 ]; then
   # The CPU backend against PyTorch's Gloo (bench/results/gloo-h200x2.txt).
   (cd "$dir" && python3 compare_gloo.py --tensorcomm ./tensorcomm --ops all_reduce,broadcast \
-    --ranks 2,4,8 -b 8 -e 64M -f 4 --iters 50 --warmup 5 --transports shm,tcp \
+    --ranks 2,4,8 -b 8 -e 64M -f 4 --iters 50 --warmup 5 --transports shm,sym,tcp \
     --json-out "$out/compare.jsonl") 2>&1 | tee "$out/compare.txt"
 fi
 echo "== summary =="

@@ -177,6 +177,11 @@ struct Queue {
     jobs: Sender<Arc<QueuedJob>>,
 }
 
+/// Ring capacity per direction of a point-to-point shared-memory link: a
+/// quarter of a collective link's (larger messages stream through it), as
+/// every group keeps a second mesh of links for point-to-point messages.
+const P2P_SHM_CAPACITY: usize = 1 << 20;
+
 /// The CPU backend's [`ProcessGroup`].
 pub struct ProcessGroupCpu {
     /// Kept for the group's lifetime: on rank 0 of a TCP rendezvous this
@@ -258,11 +263,16 @@ impl ProcessGroupCpu {
             &format!("{key_prefix}/p2p"),
             rank,
             size,
-            &TcpTransportOptions {
-                advertise_host: options.advertise_host.clone(),
-                timeout: options.timeout,
-                // A reader thread per peer waits on each connection: one.
-                lanes: Some(1),
+            &RoutedTransportOptions {
+                choice: options.transport,
+                tcp: TcpTransportOptions {
+                    advertise_host: options.advertise_host.clone(),
+                    timeout: options.timeout,
+                    // A reader thread per peer waits on each connection: one.
+                    lanes: Some(1),
+                },
+                shm_capacity: Some(P2P_SHM_CAPACITY),
+                host_identity: None,
             },
         )?;
         #[cfg(target_os = "linux")]
@@ -335,6 +345,24 @@ impl ProcessGroupCpu {
     /// ```
     pub fn route(&self, peer: usize) -> Route {
         self.shared.transport.route(peer)
+    }
+
+    /// How this rank's point-to-point messages (`send`, `recv`, the
+    /// monitored barrier) reach `peer`: they have links of their own,
+    /// chosen like the collectives'.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::cpu::transport::Route;
+    /// use tensorcomm::store::HashStore;
+    ///
+    /// let pg = ProcessGroupCpu::new(Arc::new(HashStore::new()), "one", 0, 1, &CpuOptions::default())?;
+    /// assert_eq!(pg.p2p_route(0), Route::Local);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn p2p_route(&self, peer: usize) -> Route {
+        self.p2p.route(peer)
     }
 
     /// Takes the next sequence number and queues `body` to run under it

@@ -68,6 +68,13 @@ pub fn assert_routes(pg: &ProcessGroupCpu, choice: TransportChoice) {
             want
         };
         assert_eq!(pg.route(peer), expected, "rank {} to {peer}", pg.rank());
+        let p2p = pg.p2p_route(peer);
+        assert_eq!(
+            p2p,
+            expected,
+            "point-to-point, rank {} to {peer}",
+            pg.rank()
+        );
     }
 }
 

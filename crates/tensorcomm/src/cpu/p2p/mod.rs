@@ -2,17 +2,21 @@
 //! monitored barrier's arrivals and releases) between the ranks of a CPU
 //! group.
 //!
-//! They travel on a mesh of TCP connections of their own, set up with the
-//! group, so they never interleave with the byte stream of a collective:
-//! the collective stream stays strictly ordered and fingerprinted, and a
-//! `send` that no one receives yet cannot block or corrupt it. Each message
-//! is a [`Header`] (channel, tag, length) and a payload. One reader thread
-//! per peer reads every message as it comes and hands it to the
-//! [`Mailbox`], which buffers it until a receive with the same channel and
-//! tag is posted (so a sender never waits for its receiver to post, and two
-//! ranks sending to each other cannot deadlock). Sends run in call order on
-//! one sender thread per group. A received payload is copied once, into the
-//! receiving tensor.
+//! They travel on a mesh of links of their own, set up with the group and
+//! routed like the group's collectives (shared memory to ranks on this
+//! host, TCP to the others, as the group's transport choice says), so they
+//! never interleave with the byte stream of a collective: the collective
+//! stream stays strictly ordered and fingerprinted, and a `send` that no
+//! one receives yet cannot block or corrupt it. Each message is a
+//! [`Header`] (channel, tag, length) and a payload. One reader thread per
+//! peer reads every message as it comes and hands it to the [`Mailbox`],
+//! which buffers it until a receive with the same channel and tag is
+//! posted (so a sender never waits for its receiver to post, and two ranks
+//! sending to each other cannot deadlock). An idle reader sleeps in the
+//! kernel: on its socket, or on its shared-memory ring's signal (woken by
+//! the peer's next write). Sends run in call order on one sender thread
+//! per group. A received payload is copied once, into the receiving
+//! tensor.
 //!
 //! Point-to-point calls involve two ranks only, so they take no collective
 //! sequence number.
@@ -28,7 +32,7 @@ pub(crate) use mailbox::{Deliver, Mailbox, Message};
 pub(crate) use message::Channel;
 use message::{Header, HEADER_LEN};
 
-use super::transport::{TcpTransport, TcpTransportOptions, Transport};
+use super::transport::{RoutedTransport, RoutedTransportOptions, Transport};
 use crate::group::Work;
 use crate::store::Store;
 use crate::tensor::Tensor;
@@ -44,7 +48,7 @@ const READ_FOREVER: Duration = Duration::from_secs(24 * 3600);
 /// The connections and the lock that keeps a header and its payload
 /// together on the wire.
 struct Link {
-    transport: TcpTransport,
+    transport: RoutedTransport,
     writing: Mutex<()>,
 }
 
@@ -129,9 +133,9 @@ impl P2p {
         key_prefix: &str,
         rank: usize,
         world_size: usize,
-        options: &TcpTransportOptions,
+        options: &RoutedTransportOptions,
     ) -> Result<Self> {
-        let transport = TcpTransport::connect(store, key_prefix, rank, world_size, options)?;
+        let transport = RoutedTransport::connect(store, key_prefix, rank, world_size, options)?;
         let link = Arc::new(Link {
             transport,
             writing: Mutex::new(()),
@@ -174,6 +178,11 @@ impl P2p {
 
     pub(crate) fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// How messages to `peer` travel.
+    pub(crate) fn route(&self, peer: usize) -> super::transport::Route {
+        self.link.transport.route(peer)
     }
 
     pub(crate) fn world_size(&self) -> usize {
