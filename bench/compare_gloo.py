@@ -7,7 +7,11 @@ shared memory with the tensors in the group's symmetric memory,
 --transport shm --symmetric) and
 bench/gloo_bench.py once, over the same sizes and dtype, then prints one
 table per (op, ranks) with the time of each and the ratio tensorcomm/gloo
-per size (below 1.0: tensorcomm is faster).
+per size (below 1.0: tensorcomm is faster). Rows pair by size in bytes per
+rank; the barriers (barrier, monitored_barrier) print one row of size 0 in
+both tools, which pairs like any other. Ops that cannot use symmetric
+memory (gather, scatter, all_reduce_sparse) fail the sym transport with
+tensorcomm's reason.
 
     python3 bench/compare_gloo.py --tensorcomm target/release/tensorcomm \\
         --ops all_reduce --ranks 2,4,8 -b 8 -e 64M -f 2

@@ -8,6 +8,16 @@ time_us is the mean time of one call, the slowest rank's mean (as
 nccl-tests reports). Used by bench/compare_gloo.py; runnable on its own:
 
     python3 bench/gloo_bench.py --op all_reduce -n 2 -b 8 -e 64M -f 2
+
+The ops beyond the collectives match `tensorcomm bench`'s:
+send_recv is nccl-tests' sendrecv ring (rank r isends its buffer to
+(r + 1) % n and irecvs one from (r - 1 + n) % n, both posted before
+waiting; 2 ranks or more), send_recv_any the same with irecv from any
+source; barrier and monitored_barrier print one row of size 0 and count
+0, whatever the sizes; all_reduce_sparse sums a 1-D sparse COO tensor of
+`count` entries per rank, the first count // 2 at indices 0.. that every
+rank holds, the rest at indices of its own (see sparse_input), and size
+is the bytes of its values (not on f16, which Gloo cannot sum sparsely).
 """
 import argparse
 import json
@@ -42,12 +52,40 @@ def sizes(begin, end, factor):
         size *= factor
 
 
+SIZELESS = ("barrier", "monitored_barrier")
+RING = ("send_recv", "send_recv_any")
+# Dtypes Gloo's sparse all-reduce cannot sum, and why (seen with torch 2.11).
+SPARSE_UNSUPPORTED = {
+    "f16": "PyTorch's CPU sparse addition has no f16 kernel "
+           "(NotImplementedError: \"cadd_sparse\" not implemented for 'Half')",
+}
+
+
+def sizes_of(op, begin, end, factor):
+    """The sizes a run of `op` goes through: one of 0 for the barriers."""
+    return [0] if op in SIZELESS else list(sizes(begin, end, factor))
+
+
+def sparse_input(rank, world, count, dtype):
+    """Rank `rank`'s sparse all-reduce input, as tensorcomm bench builds it
+    (crates/tensorcomm-cli/src/bench/sparse.rs): `count` entries, sorted and
+    unique; the first shared = count // 2 at indices 0..shared (every rank
+    holds them), the other own = count - shared at shared + rank * own + k;
+    entry j has value (rank + j) % 5; the tensor's size is
+    shared + world * own. Returns (indices [1, count], values, size)."""
+    shared = count // 2
+    own = count - shared
+    indices = torch.cat([torch.arange(shared), shared + rank * own + torch.arange(own)])
+    values = ((rank + torch.arange(count)) % 5).to(dtype)
+    return indices.unsqueeze(0), values, (shared + world * own,)
+
+
 def iterations(size):
     # Enough calls to average out timer noise, few enough to finish quickly.
     return max(5, min(200, (64 << 20) // max(size, 1)))
 
 
-def one_call(op, world, rank, tensor, outputs):
+def one_call(op, world, rank, tensor, outputs, sparse=None):
     if op == "all_reduce":
         dist.all_reduce(tensor)
     elif op == "broadcast":
@@ -67,8 +105,24 @@ def one_call(op, world, rank, tensor, outputs):
     elif op == "all_to_all":
         out = torch.empty_like(tensor)
         dist.all_to_all_single(out, tensor)
+    elif op in RING:
+        # Both posted before either is waited on; no src: any source.
+        src = (rank - 1 + world) % world if op == "send_recv" else None
+        pending = [dist.isend(tensor, (rank + 1) % world), dist.irecv(outputs[0], src)]
+        for work in pending:
+            work.wait()
     elif op == "barrier":
         dist.barrier()
+    elif op == "monitored_barrier":
+        dist.monitored_barrier()
+    elif op == "all_reduce_sparse":
+        # Gloo writes the coalesced sum into the tensor it is given, so each
+        # call wraps the same (coalesced) indices and values afresh, as
+        # tensorcomm's input stays the same from call to call.
+        indices, values, size = sparse
+        t = torch.sparse_coo_tensor(indices, values, size, check_invariants=False)
+        t._coalesced_(True)
+        dist.all_reduce(t)
     else:
         raise SystemExit(f"unknown op {op}")
 
@@ -79,19 +133,24 @@ def rank_main(rank, world, port, args, queue):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     dtype = DTYPES[args.dtype]
     elem = torch.tensor([], dtype=dtype).element_size()
-    for size in sizes(parse_size(args.begin), parse_size(args.end), args.factor):
-        count = max(size // elem, 1)
+    if args.op == "all_reduce_sparse":
+        # The inputs are valid by construction: opt out of the checks
+        # explicitly (torch warns on every tensor when left implicit).
+        torch.sparse.check_sparse_tensor_invariants.disable()
+    for size in sizes_of(args.op, parse_size(args.begin), parse_size(args.end), args.factor):
+        count = 0 if args.op in SIZELESS else max(size // elem, 1)
         if args.op in ("reduce_scatter", "all_to_all"):
             count = max(count // world, 1) * world
         tensor = (torch.arange(count) % 7).to(dtype)
         outputs = [torch.empty_like(tensor) for _ in range(world)]
+        sparse = sparse_input(rank, world, count, dtype) if args.op == "all_reduce_sparse" else None
         for _ in range(args.warmup):
-            one_call(args.op, world, rank, tensor, outputs)
+            one_call(args.op, world, rank, tensor, outputs, sparse)
         n = iterations(size)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(n):
-            one_call(args.op, world, rank, tensor, outputs)
+            one_call(args.op, world, rank, tensor, outputs, sparse)
         mean = (time.perf_counter() - start) / n
         slowest = torch.tensor([mean], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -120,6 +179,12 @@ def main():
     p.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()
+    if args.op == "all_reduce_sparse" and args.dtype in SPARSE_UNSUPPORTED:
+        p.error(f"all_reduce_sparse cannot run on dtype {args.dtype}: "
+                f"{SPARSE_UNSUPPORTED[args.dtype]}")
+    if args.op in RING and args.nproc < 2:
+        p.error(f"{args.op} needs at least 2 ranks (rank r sends to (r + 1) % n and receives "
+                f"from (r - 1 + n) % n, both itself on one rank), found {args.nproc}")
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -129,7 +194,7 @@ def main():
     for proc in procs:
         proc.start()
     rows = []
-    expected = len(list(sizes(parse_size(args.begin), parse_size(args.end), args.factor)))
+    expected = len(sizes_of(args.op, parse_size(args.begin), parse_size(args.end), args.factor))
     while len(rows) < expected:
         if not any(proc.is_alive() for proc in procs) and queue.empty():
             break

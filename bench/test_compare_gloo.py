@@ -38,6 +38,15 @@ class ParseAndTable(unittest.TestCase):
         self.assertEqual(lines[2].split(), ["8", "6.0", "150.0", "0.040", "OK"])
         self.assertEqual(lines[3].split(), ["64", "12.5", "-", "-", "OK"])
 
+    def test_barrier_rows_of_size_zero_pair_up(self):
+        tc = compare_gloo.parse_rows(
+            '{"size": 0, "count": 0, "op": "barrier", "time_us": 5.0, "correct": true}')
+        gloo = compare_gloo.parse_rows(
+            '{"backend": "gloo", "op": "barrier", "size_bytes": 0, "count": 0, "time_us": 100.0}')
+        lines = compare_gloo.table("barrier", 4, ["shm"], {"shm": tc}, gloo).splitlines()
+        self.assertEqual(len(lines), 3)
+        self.assertEqual(lines[2].split(), ["0", "5.0", "100.0", "0.050", "OK"])
+
     def test_sizes_parse_like_the_bench(self):
         self.assertEqual(compare_gloo.parse_size("64M"), 64 << 20)
         self.assertEqual(compare_gloo.parse_size("8"), 8)

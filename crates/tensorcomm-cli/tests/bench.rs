@@ -174,3 +174,95 @@ fn the_auto_backend_runs_the_cpu_rows_then_uses_gpus_when_present() {
     let gpu_skipped = stdout.contains("# cuda-comm: skipped");
     assert!(gpu_ran != gpu_skipped, "{stdout}");
 }
+
+#[test]
+fn ring_barrier_and_sparse_ops_print_checked_rows() {
+    let quick = ["--iters", "2", "--warmup", "1"];
+    for op in ["send_recv", "send_recv_any"] {
+        let (ok, stdout, stderr) = bench(
+            &[
+                &quick[..],
+                &["--op", op, "-n", "2", "-b", "8", "-e", "4K", "-f", "8"],
+            ]
+            .concat(),
+        );
+        assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.contains(&format!(" {op} ")) && !l.starts_with('#'))
+            .collect();
+        assert_eq!(rows.len(), 4, "{stdout}");
+        assert!(rows.iter().all(|l| l.ends_with("OK")), "{stdout}");
+    }
+
+    // The barriers: one row of size 0 and count 0, whatever the sizes.
+    for op in ["barrier", "monitored_barrier"] {
+        let (ok, stdout, stderr) = bench(
+            &[
+                &quick[..],
+                &["--op", op, "-n", "2", "--sizes", "1K,1M", "--json"],
+            ]
+            .concat(),
+        );
+        assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+        let rows: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect();
+        assert_eq!(rows.len(), 1, "{stdout}");
+        assert_eq!(
+            (&rows[0]["op"], &rows[0]["size"], &rows[0]["count"]),
+            (
+                &serde_json::json!(op),
+                &serde_json::json!(0),
+                &serde_json::json!(0)
+            )
+        );
+        assert_eq!(rows[0]["correct"], true, "{stdout}");
+    }
+
+    let (ok, stdout, stderr) = bench(
+        &[
+            &quick[..],
+            &[
+                "--op",
+                "all_reduce_sparse",
+                "-n",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "8K",
+                "-f",
+                "32",
+                "--dtype",
+                "i8",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" all_reduce_sparse ") && !l.starts_with('#'))
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(rows.iter().all(|l| l.ends_with("OK")), "{stdout}");
+}
+
+#[test]
+fn a_one_rank_ring_and_symmetric_sparse_tensors_are_refused() {
+    let (ok, stdout, stderr) = bench(&["--op", "send_recv", "-n", "1", "--iters", "1"]);
+    assert!(!ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stderr.contains("send_recv needs at least 2 ranks"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains(" OK"), "{stdout}");
+    let (ok, _, stderr) = bench(&["--op", "all_reduce_sparse", "-n", "2", "--symmetric"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--symmetric: all_reduce_sparse cannot use symmetric memory"),
+        "{stderr}"
+    );
+}

@@ -55,7 +55,13 @@ pub fn decode(t: &Tensor<'_>) -> tensorcomm::Result<Vec<f64>> {
 /// What element `i` should be after a SUM all-reduce over `ranks` ranks
 /// (OR for bool), wrapped like the dtype wraps.
 pub fn all_reduce_sum(dtype: DType, ranks: usize, i: usize) -> f64 {
-    let total: f64 = (0..ranks).map(|r| value(r, i)).sum();
+    wrap_sum(dtype, (0..ranks).map(|r| value(r, i)).sum())
+}
+
+/// A sum of inputs (each from [`value`], so never negative) as `dtype`
+/// holds it: OR for bool (nonzero), wrapped for 8-bit integers, exact
+/// otherwise (small integers).
+pub fn wrap_sum(dtype: DType, total: f64) -> f64 {
     match dtype {
         DType::Bool => f64::from(u8::from(total != 0.0)),
         DType::I8 => f64::from(total as i64 as i8),

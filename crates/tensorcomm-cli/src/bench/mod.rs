@@ -14,6 +14,13 @@
 //! `TENSORCOMM_TRANSPORT` variable, else `auto`). When stderr is a terminal,
 //! rank 0 shows which size it is on there (`progress.rs`).
 //!
+//! Besides the collectives, the cpu backend times point-to-point messages
+//! (`send_recv`, `send_recv_any`: a ring, nccl-tests' sendrecv), the
+//! barriers (`barrier`, `monitored_barrier`: one row of size 0, whatever
+//! the sizes asked for) and the sparse all-reduce (`all_reduce_sparse`:
+//! 1-D COO tensors whose entries partly overlap between ranks,
+//! `sparse.rs`); `ops.rs` says what each row's count is and checks.
+//!
 //! `--backend cuda-comm` times `cuda::comm` (broadcast, scatter, gather,
 //! reduce_add, broadcast_coalesced and a plain peer copy) between cuda:0
 //! and cuda:1 in this one process (`cuda_comm.rs`), with the same columns
@@ -23,8 +30,10 @@
 mod cuda_comm;
 mod data;
 mod ops;
+mod pending;
 mod progress;
 mod row;
+mod sparse;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -91,12 +100,34 @@ pub enum BenchOp {
     /// All-to-all over one tensor, equal splits.
     #[value(name = "all_to_all_single")]
     AllToAllSingle,
+    /// A ring of sends and receives (nccl-tests' sendrecv): rank r sends
+    /// its buffer to rank (r + 1) % n and receives one from rank
+    /// (r - 1 + n) % n, both posted before waiting. 2 ranks or more.
+    #[value(name = "send_recv")]
+    SendRecv,
+    /// send_recv whose receive takes its message from any source; the
+    /// check also wants the previous rank as the reported source.
+    #[value(name = "send_recv_any")]
+    SendRecvAny,
+    /// Barrier. Moves no data: one row of size 0 and count 0, whatever
+    /// -b, -e or --sizes say.
+    #[value(name = "barrier")]
+    Barrier,
+    /// Monitored barrier (all ranks report to rank 0, which releases
+    /// them). One row of size 0 and count 0, as barrier.
+    #[value(name = "monitored_barrier")]
+    MonitoredBarrier,
+    /// SUM all-reduce of a 1-D sparse COO tensor of `count` entries per
+    /// rank, half of them at indices every rank holds, half at indices
+    /// of its own; size is the bytes of its values.
+    #[value(name = "all_reduce_sparse")]
+    AllReduceSparse,
 }
 
 impl BenchOp {
     /// Every op, in the order above.
     #[cfg(test)]
-    const ALL: [BenchOp; 13] = [
+    const ALL: [BenchOp; 18] = [
         BenchOp::AllReduce,
         BenchOp::Broadcast,
         BenchOp::Reduce,
@@ -110,6 +141,11 @@ impl BenchOp {
         BenchOp::ReduceScatterTensor,
         BenchOp::AllToAll,
         BenchOp::AllToAllSingle,
+        BenchOp::SendRecv,
+        BenchOp::SendRecvAny,
+        BenchOp::Barrier,
+        BenchOp::MonitoredBarrier,
+        BenchOp::AllReduceSparse,
     ];
 
     fn name(self) -> &'static str {
@@ -127,6 +163,11 @@ impl BenchOp {
             BenchOp::ReduceScatterTensor => "reduce_scatter_tensor",
             BenchOp::AllToAll => "all_to_all",
             BenchOp::AllToAllSingle => "all_to_all_single",
+            BenchOp::SendRecv => "send_recv",
+            BenchOp::SendRecvAny => "send_recv_any",
+            BenchOp::Barrier => "barrier",
+            BenchOp::MonitoredBarrier => "monitored_barrier",
+            BenchOp::AllReduceSparse => "all_reduce_sparse",
         }
     }
 }
@@ -172,11 +213,12 @@ pub struct BenchArgs {
     /// Place the tensors in the group's symmetric memory
     /// (`ProcessGroup::symmetric_zeros`: shared memory the other ranks
     /// read, when every rank is on this host), not in private memory.
-    /// Every op but gather and scatter.
+    /// Every op but gather, scatter and all_reduce_sparse (the barriers
+    /// have no tensors to place).
     #[arg(long)]
     symmetric: bool,
     /// Exact sizes to time (comma list, suffixes K, M, G), instead of the
-    /// -b .. -e sweep.
+    /// -b .. -e sweep. The barriers ignore sizes: one row of size 0.
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<usize>,
     /// cuda-comm: bucket sizes of the broadcast_coalesced rows.
@@ -340,14 +382,15 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     }
     let transport = TransportChoice::Env.resolve()?;
     let op = args.cpu_op().map_err(tensorcomm::Error::InvalidArgument)?;
-    if args.symmetric && !ops::symmetric_allowed(op) {
+    if let (true, Some(why)) = (args.symmetric, ops::symmetric_refused(op)) {
         return Err(tensorcomm::Error::InvalidArgument(format!(
-            "--symmetric needs every rank to allocate the same tensors, which {} does not (its list lives on the root only)",
+            "--symmetric: {} cannot use symmetric memory: {why}",
             op.name()
         )));
     }
     let pg = init_process_group(Backend::Cpu, "env://")?;
     let (rank, ranks) = (pg.rank(), pg.size());
+    ops::check_ranks(op, ranks)?;
     let dtype = args.dtype;
     if rank == 0 && !args.json {
         println!(
@@ -355,14 +398,18 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             op.name(),
             dtype,
             args.backend,
-            if args.symmetric { ", symmetric memory" } else { "" },
+            if args.symmetric && !ops::sizeless(op) {
+                ", symmetric memory"
+            } else {
+                ""
+            },
             args.iters,
             args.warmup
         );
         println!("{}", Row::header());
     }
     let mut all_correct = true;
-    let sizes = sizes(args);
+    let sizes = op_sizes(args, op);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     for size in sizes {
         let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
@@ -389,6 +436,16 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     Ok(all_correct)
 }
 
+/// The sizes a cpu run of `op` goes through: [`sizes`], except for the
+/// barriers, which move no data: just 0.
+fn op_sizes(args: &BenchArgs, op: BenchOp) -> Vec<usize> {
+    if ops::sizeless(op) {
+        vec![0]
+    } else {
+        sizes(args)
+    }
+}
+
 /// The sizes a run goes through: `--sizes` when given, else from `-b` to
 /// `-e`, times `-f` each step.
 fn sizes(args: &BenchArgs) -> Vec<usize> {
@@ -405,8 +462,9 @@ fn sizes(args: &BenchArgs) -> Vec<usize> {
     sizes
 }
 
-/// Runs the collective once on fresh inputs and compares every element
-/// with the reference; the verdict is agreed by all ranks (MIN).
+/// Runs the op once on fresh inputs and compares every element (and what
+/// waiting on it gave back) with the reference; the verdict is agreed by
+/// all ranks (MIN).
 fn check(
     pg: &dyn ProcessGroup,
     op: BenchOp,
@@ -416,14 +474,14 @@ fn check(
 ) -> tensorcomm::Result<bool> {
     let (rank, ranks) = (pg.rank(), pg.size());
     let buffers = ops::setup(op, (rank, ranks), dtype, count, symmetric.then_some(pg))?;
-    ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
-    let ok = ops::verify(op, rank, ranks, dtype, count, &buffers)?;
+    let outcome = ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
+    let ok = ops::verify(op, rank, ranks, dtype, count, &buffers, &outcome)?;
     let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
     pg.all_reduce(&verdict, ReduceOp::Min, None)?.wait()?;
     Ok(verdict.to_vec::<i32>()?[0] == 1)
 }
 
-/// Mean time of one collective over `iters`, the slowest rank's, in µs.
+/// Mean time of one call of the op over `iters`, the slowest rank's, in µs.
 fn time(
     pg: &dyn ProcessGroup,
     op: BenchOp,
@@ -433,7 +491,8 @@ fn time(
 ) -> tensorcomm::Result<f64> {
     let symmetric = args.symmetric.then_some(pg);
     let buffers = ops::setup(op, (pg.rank(), pg.size()), dtype, count, symmetric)?;
-    let once = || ops::launch(pg, op, &buffers, ReduceOp::Max)?.wait();
+    let reduce = ops::timed_reduce(op);
+    let once = || ops::launch(pg, op, &buffers, reduce)?.wait().map(drop);
     for _ in 0..args.warmup {
         once()?;
     }
@@ -483,10 +542,18 @@ mod tests {
         }
         let cli = Cli::parse_from(["x", "-b", "8", "-e", "100", "-f", "4"]);
         assert_eq!(sizes(&cli.bench), [8, 32]);
+        assert_eq!(op_sizes(&cli.bench, BenchOp::SendRecv), [8, 32]);
         let cli = Cli::parse_from(["x", "-b", "1K", "-e", "1K"]);
         assert_eq!(sizes(&cli.bench), [1024]);
         let cli = Cli::parse_from(["x", "--sizes", "1K,1M,256M"]);
-        assert_eq!(sizes(&cli.bench), [1024, 1 << 20, 256 << 20]);
+        assert_eq!(
+            op_sizes(&cli.bench, BenchOp::AllReduceSparse),
+            [1024, 1 << 20, 256 << 20]
+        );
+        // The barriers: one row of size 0, whatever the sizes asked.
+        assert_eq!(op_sizes(&cli.bench, BenchOp::Barrier), [0]);
+        let cli = Cli::parse_from(["x", "-b", "8", "-e", "1M"]);
+        assert_eq!(op_sizes(&cli.bench, BenchOp::MonitoredBarrier), [0]);
     }
 
     #[test]
@@ -500,6 +567,9 @@ mod tests {
         let parse = |args: &[&str]| Cli::parse_from([&["x"], args].concat()).bench;
         assert_eq!(parse(&[]).cpu_op(), Ok(BenchOp::AllReduce));
         assert_eq!(parse(&["--op", "gather"]).cpu_op(), Ok(BenchOp::Gather));
+        for op in BenchOp::ALL {
+            assert_eq!(parse(&["--op", op.name()]).cpu_op(), Ok(op));
+        }
         let err = parse(&["--op", "reduce_add"]).cpu_op().unwrap_err();
         assert!(err.contains("cuda-comm"), "{err}");
         let err = parse(&["--op", "gather,scatter"]).cpu_op().unwrap_err();

@@ -30,6 +30,14 @@ pub fn bus_factor(op: &str, ranks: usize) -> f64 {
         "reduce_scatter_tensor" | "all_to_all_single" => (n - 1.0) / n,
         // Only (n - 1) / n of the buffer leaves (or reaches) the root.
         "gather" | "scatter" => (n - 1.0) / n,
+        // Every rank sends its whole buffer once and receives one.
+        "send_recv" | "send_recv_any" => 1.0,
+        // Size 0: both bandwidths are 0 whatever the factor.
+        "barrier" | "monitored_barrier" => 1.0,
+        // Each rank's entries go to every other rank (an all-gather of
+        // values of `size` bytes per rank): every rank receives
+        // (n - 1) * size bytes of values (indices not counted).
+        "all_reduce_sparse" => n - 1.0,
         _ => 1.0,
     }
 }
@@ -152,6 +160,21 @@ mod tests {
         // gather and scatter: only the other ranks' pieces cross.
         let g = Row::new(1_000_000, 250_000, "f32", "scatter", 2, 100.0, true);
         assert!((g.busbw - 5.0).abs() < 1e-9);
+        let p = Row::new(1_000_000, 250_000, "f32", "send_recv_any", 4, 100.0, true);
+        assert!((p.busbw - 10.0).abs() < 1e-9);
+        let s = Row::new(
+            1_000_000,
+            250_000,
+            "f32",
+            "all_reduce_sparse",
+            4,
+            100.0,
+            true,
+        );
+        assert!((s.busbw - 30.0).abs() < 1e-9);
+        // Barriers: size 0, so no bandwidth.
+        let b = Row::new(0, 0, "f32", "barrier", 4, 12.0, true);
+        assert_eq!((b.algbw, b.busbw), (0.0, 0.0));
     }
 
     #[test]
