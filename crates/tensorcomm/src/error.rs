@@ -215,6 +215,16 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// Setting up something every rank of a group shares (a shared-memory
+    /// segment) failed on rank `failed`, so it failed on every rank; `rank`
+    /// is the rank reporting it.
+    #[error("setting up the {what} failed on rank {failed} (reported on rank {rank}): {reason}")]
+    GroupSetupFailed {
+        what: String,
+        rank: usize,
+        failed: usize,
+        reason: String,
+    },
     /// A process group was used after a failure broke its connections.
     #[error("the process group is unusable after {op} (sequence number {seq}) failed; create a new group")]
     GroupBroken { op: String, seq: u64 },

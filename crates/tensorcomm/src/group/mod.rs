@@ -358,17 +358,20 @@ pub trait ProcessGroup: Send + Sync {
     /// ranks can read where they can reach this rank's memory, so that
     /// collectives on it need not stage it (PyTorch's symmetric memory, on
     /// the host). Every rank calls it, in the same order, with the same
-    /// shape and dtype; a rank asking another size fails with
-    /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch), as
-    /// does rank 0.
+    /// shape and dtype; when they set up shared memory, one rank asking
+    /// another size fails every rank with
+    /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch)
+    /// naming it.
     ///
     /// On the CPU backend, when every rank of the group is on one host and
     /// they use shared memory, the tensor lives in one shared-memory
     /// segment of the group, and an `all_reduce` of it (or of a view at
     /// the same offset on every rank) reduces straight out of the other
-    /// ranks' copies. Every rank must then pass the same allocation and
-    /// offset, or none (a rank passing another fails the call with
-    /// `CollectiveMismatch`). Elsewhere (across hosts, TCP forced, other
+    /// ranks' copies. It does so when every rank passes the same
+    /// allocation and offset; ranks passing different ones get a correct
+    /// result through the ordinary path for small tensors (below the
+    /// shared-memory arena's threshold) and a `CollectiveMismatch` naming
+    /// both for larger ones. Elsewhere (across hosts, TCP forced, other
     /// backends: this default) it is an ordinary tensor, and nothing is
     /// exchanged.
     ///

@@ -17,8 +17,9 @@
 //!
 //! The segment is set up under `{key_prefix}/arena` by
 //! `group_segment::connect_group_segment`: rank 0 creates it, the others
-//! map it, and its name is unlinked once every rank has, so nothing is
-//! left in `/dev/shm` afterwards.
+//! map it, and its name is unlinked once every rank has answered, so
+//! nothing is left in `/dev/shm` afterwards (unless rank 0 dies in
+//! between); it succeeds or fails on every rank together.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

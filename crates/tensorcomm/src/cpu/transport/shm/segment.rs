@@ -16,11 +16,22 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 /// A mapped shared-memory segment. Unmapped (and its descriptor closed,
-/// which releases its lock) on drop; the name is left to [`unlink`].
+/// which releases its lock) on drop; the name is left to [`unlink`]. A
+/// segment that needs no locks may close its descriptor early
+/// ([`Segment::close_descriptor`]); the mapping stays.
 pub(super) struct Segment {
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
     ptr: NonNull<u8>,
     len: usize,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("len", &self.len)
+            .field("descriptor_open", &self.fd.is_some())
+            .finish()
+    }
 }
 
 // SAFETY: a Segment owns its mapping and descriptor; nothing about them is
@@ -113,7 +124,11 @@ impl Segment {
         }
         let ptr = NonNull::new(ptr.cast::<u8>())
             .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
-        Ok(Segment { fd, ptr, len })
+        Ok(Segment {
+            fd: Some(fd),
+            ptr,
+            len,
+        })
     }
 
     /// The start of the mapping (page aligned), valid while self lives.
@@ -124,6 +139,23 @@ impl Segment {
     /// The mapping's length in bytes (the segment's size when mapped).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Closes the descriptor now, keeping the mapping: for segments whose
+    /// liveness nobody checks, so that many of them do not use up the
+    /// process's descriptors. Byte locks fail afterwards.
+    pub fn close_descriptor(&mut self) {
+        self.fd = None;
+    }
+
+    /// The open descriptor, for locks.
+    fn fd(&self) -> io::Result<libc::c_int> {
+        self.fd.as_ref().map(AsRawFd::as_raw_fd).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "segment descriptor already closed: byte locks need it open",
+            )
+        })
     }
 
     fn byte_lock(&self, kind: libc::c_int, byte: usize) -> libc::flock {
@@ -140,7 +172,7 @@ impl Segment {
     pub fn lock_byte(&self, byte: usize) -> io::Result<()> {
         let fl = self.byte_lock(libc::F_WRLCK, byte);
         // SAFETY: fcntl on a descriptor we own with a valid flock.
-        check(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) })?;
+        check(unsafe { libc::fcntl(self.fd()?, libc::F_OFD_SETLK, &fl) })?;
         Ok(())
     }
 
@@ -149,7 +181,7 @@ impl Segment {
     pub fn byte_locked_elsewhere(&self, byte: usize) -> io::Result<bool> {
         let mut fl = self.byte_lock(libc::F_WRLCK, byte);
         // SAFETY: fcntl on a descriptor we own with a valid, writable flock.
-        check(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
+        check(unsafe { libc::fcntl(self.fd()?, libc::F_OFD_GETLK, &mut fl) })?;
         Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
     }
 }

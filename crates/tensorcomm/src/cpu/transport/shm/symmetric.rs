@@ -51,9 +51,9 @@ impl std::fmt::Debug for SymmetricMemory {
 impl SymmetricMemory {
     /// Allocation number `id` of the group whose ranks meet under
     /// `key_prefix`: every rank calls it with the same `id` and `len`
-    /// (zero-filled bytes per rank). A rank that asks for another size
-    /// fails with [`Error::CollectiveMismatch`] naming both sizes, as does
-    /// rank 0; waiting for the others ends after `timeout`.
+    /// (zero-filled bytes per rank). One rank asking for another size
+    /// fails every rank with [`Error::CollectiveMismatch`] naming both
+    /// sizes; waiting for the others ends after `timeout`.
     pub fn connect(
         store: &dyn Store,
         key_prefix: &str,
