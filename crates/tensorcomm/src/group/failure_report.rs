@@ -343,8 +343,18 @@ impl FailureReport {
                         (*peer, theirs.describe())
                     }
                     (Side::Fingerprint(_), _) => (reporter, theirs_mine.describe()),
+                    // The reporter found this rank the odd one: name the
+                    // reporter and what it ran.
+                    (Side::Text(_), _) if *peer == rank => (
+                        reporter,
+                        format!(
+                            "{} (and found this rank running {})",
+                            theirs_mine.describe(),
+                            theirs.describe()
+                        ),
+                    ),
                     (Side::Text(_), _) => (
-                        if *peer == rank { reporter } else { *peer },
+                        *peer,
                         format!(
                             "{}, as rank {reporter} found (it ran {})",
                             theirs.describe(),
@@ -592,6 +602,41 @@ mod tests {
             Error::CollectiveMismatch {
                 peer: 2, theirs, ..
             } => assert_eq!(theirs, normal),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_text_mismatch_names_the_reporters_call_to_the_odd_rank() {
+        // Rank 2 found rank 3's setup different, in words.
+        let r = report(Cause::Mismatch {
+            peer: 3,
+            mine: Side::Text("an arena of 64 bytes".into()),
+            theirs: Side::Text("an arena of 128 bytes".into()),
+        });
+        match r.to_error(&fp(8, 5), 3) {
+            Error::CollectiveMismatch {
+                rank: 3,
+                peer: 2,
+                theirs,
+                ..
+            } => assert!(
+                theirs.starts_with("an arena of 64 bytes")
+                    && theirs.contains("this rank running an arena of 128 bytes"),
+                "{theirs}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        match r.to_error(&fp(8, 5), 0) {
+            Error::CollectiveMismatch {
+                rank: 0,
+                peer: 3,
+                theirs,
+                ..
+            } => assert!(
+                theirs.starts_with("an arena of 128 bytes, as rank 2 found"),
+                "{theirs}"
+            ),
             other => panic!("{other:?}"),
         }
     }
