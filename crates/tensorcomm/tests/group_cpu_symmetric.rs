@@ -1,7 +1,8 @@
 //! Tensors in symmetric memory (`ProcessGroup::symmetric_zeros`) on the
 //! CPU backend, between threads: all-reduces of them (whole and as views)
 //! match references for several dtypes, ops and world sizes, back to back
-//! with staged all-reduces and broadcasts; ranks that disagree (sizes,
+//! with staged all-reduces and broadcasts, and with each rank scribbling
+//! over its region as soon as a call returns; ranks that disagree (sizes,
 //! a private tensor on one rank, other offsets) fail by name on every
 //! rank; over TCP the tensor is an ordinary one.
 
@@ -179,6 +180,70 @@ fn views_mixed_with_staged_all_reduces_and_broadcasts_stay_exact() {
     }
     for (rank, got) in results.iter().enumerate() {
         assert!(got == &want, "rank {rank}");
+    }
+}
+
+#[test]
+fn back_to_back_calls_survive_scribbles_right_after_each_return() {
+    // Each rank overwrites its whole region the moment a call returns. A
+    // rank still reading a peer's region then (the copy-out of that peer's
+    // share) would sum the scribble in: every result is checked, on every
+    // rank, for many calls, with staged all-reduces and broadcasts between.
+    let world = 4;
+    let pgs = groups(world, TransportChoice::Shm);
+    let n = 20_011;
+    let calls = 150;
+    let results = on_every_rank(&pgs, |pg| {
+        let r = pg.rank() as i32;
+        let sym = pg.symmetric_zeros(&[n], DType::I32).unwrap();
+        let private = Tensor::zeros(&[n], DType::I32).unwrap();
+        let mut wrong = Vec::new();
+        for k in 0..calls {
+            sym.fill(r + k).unwrap();
+            pg.all_reduce(&sym, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let got = sym.to_vec::<i32>().unwrap();
+            sym.fill(-1_000_000i32).unwrap();
+            let want = (0..world as i32).sum::<i32>() + world as i32 * k;
+            if got.iter().any(|&v| v != want) {
+                wrong.push(format!("call {k}: all_reduce"));
+            }
+            match k % 3 {
+                0 => {
+                    private.fill(r).unwrap();
+                    pg.all_reduce(&private, ReduceOp::Max, None)
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    if private
+                        .to_vec::<i32>()
+                        .unwrap()
+                        .iter()
+                        .any(|&v| v != world as i32 - 1)
+                    {
+                        wrong.push(format!("call {k}: staged all_reduce"));
+                    }
+                }
+                1 => {
+                    if r == 2 {
+                        sym.fill(k * 10).unwrap();
+                    }
+                    pg.broadcast(&sym, 2, None).unwrap().wait().unwrap();
+                    let got = sym.to_vec::<i32>().unwrap();
+                    sym.fill(-7i32).unwrap();
+                    if got.iter().any(|&v| v != k * 10) {
+                        wrong.push(format!("call {k}: broadcast"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        wrong
+    });
+    for (rank, wrong) in results.iter().enumerate() {
+        assert!(wrong.is_empty(), "rank {rank}: {wrong:?}");
     }
 }
 
