@@ -323,33 +323,47 @@ pub fn shm_arena_threads(nbytes: usize, world_size: usize, cores: usize) -> usiz
 }
 
 /// Threads per rank for an all-reduce of `nbytes` in symmetric memory
-/// (`all_reduce_shm_symmetric`): [`shm_arena_threads`], but when the
-/// ranks' threads would take every core, never more than three quarters
-/// of `own`: with less traffic per byte than the staged arena, the big
-/// messages that take all of `own` there do best with fewer here.
+/// (`all_reduce_shm_symmetric`): [`shm_arena_threads`] while the ranks'
+/// threads leave cores free. When they would take every core (`own` each),
+/// half of `own` below `own` x [`SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD`]
+/// and three quarters of it, rounded up, from there: with less traffic per
+/// byte than the staged arena, big messages do best with fewer threads
+/// than the whole of `own` (which the staged arena takes), but more than
+/// its rounded-down three quarters on small hosts.
 ///
-/// Measured on the 32-core GPU host, f32 sum, 8 ranks, forcing the count
-/// (bench/results/symmetric-threads-h200x2.txt, µs, two runs): 3 threads
-/// were fastest or within the noise from 2 to 32 MiB (8 MiB: 994 / 1101
-/// against 1274 / 1446 with 4 and 1406 / 1450 with 2; 16 MiB: 2313 / 2128
-/// against 2882 / 2460 with 4; 32 MiB: 4500 / 4832 against 5132 / 5265
-/// with 4 and 4016 / 5033 with 8).
+/// Measured, f32 sum, forcing the count (µs):
+/// - 32-core host, 8 ranks (own 4; bench/results/symmetric-threads-h200x2.txt,
+///   two runs): 3 threads fastest or within the noise from 2 to 32 MiB
+///   (8 MiB: 994 / 1101 against 1274 / 1446 with 4 and 1406 / 1450 with 2;
+///   32 MiB: 4500 / 4832 against 5132 / 5265 with 4).
+/// - 16-core host, 8 ranks (own 2; bench/results/threads-16core-h200.txt):
+///   2 threads against 1 at 2, 8, 32 MiB: 479 / 1589 / 6918 against
+///   578 / 1745 / 13713; 1 thread at 512 KiB: 185 against 389.
+/// - 16-core host, 4 ranks (own 4): 3 threads at 2 and 8 MiB: 188 / 709
+///   against 276 / 904 with 2 and 203 / 876 with 4.
 ///
 /// ```
 /// use tensorcomm::cpu::algorithms::shm_symmetric_threads;
 /// assert_eq!(shm_symmetric_threads(32 << 20, 8, 32), 3);
 /// assert_eq!(shm_symmetric_threads(1 << 20, 8, 32), 2);
 /// assert_eq!(shm_symmetric_threads(32 << 20, 2, 32), 8);
+/// assert_eq!(shm_symmetric_threads(2 << 20, 8, 16), 2);
+/// assert_eq!(shm_symmetric_threads(512 << 10, 8, 16), 1);
 /// ```
 pub fn shm_symmetric_threads(nbytes: usize, world_size: usize, cores: usize) -> usize {
     let world = world_size.max(1);
     let own = (cores / world).clamp(1, SHM_ARENA_MAX_THREADS);
-    let threads = shm_arena_threads(nbytes, world_size, cores);
     if world * own < cores {
-        threads
-    } else {
-        threads.min((own * 3 / 4).max(1))
+        return shm_arena_threads(nbytes, world_size, cores);
     }
+    let threads = if nbytes < own * SHM_ARENA_FULL_HOST_MIN_BYTES_PER_THREAD {
+        own / 2
+    } else {
+        (own * 3).div_ceil(4)
+    };
+    threads
+        .max(1)
+        .min((nbytes / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
 }
 
 /// An arena all-reduce moves the message in steps of at most this many
