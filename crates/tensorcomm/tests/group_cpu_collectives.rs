@@ -23,6 +23,7 @@ over_transports!(
     every_collective_matches_references_for_every_dtype_op_and_world_size,
     permuted_tensors_travel_in_logical_order,
     large_tensors_cross_the_ring_in_several_segments,
+    large_reduces_match_references_at_every_root,
     invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
     different_roots_are_reported_with_both_fingerprints,
     uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging,
@@ -487,6 +488,51 @@ fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {
                 out.to_vec::<f32>().unwrap() == want,
                 "all_to_all_single uneven"
             );
+        });
+    }
+}
+
+fn large_reduces_match_references_at_every_root(choice: TransportChoice) {
+    // Above the shared-memory arena's threshold for every dtype (over shm
+    // only the root copies the result out), and for f32 several pipelined
+    // steps; the other ranks' tensors must come back untouched.
+    for world in [2, 3, 4, 8] {
+        let pgs = groups(world, choice);
+        on_every_rank(&pgs, |pg| {
+            let rank = pg.rank();
+            let mut cases: Vec<(DType, ReduceOp, usize)> = DTYPES
+                .iter()
+                .flat_map(|&dtype| {
+                    reduce_ops(dtype)
+                        .into_iter()
+                        .map(move |op| (dtype, op, 5003))
+                })
+                .collect();
+            cases.push((DType::F32, ReduceOp::Sum, 700_001));
+            for (dtype, op, n) in cases {
+                let v = |r: usize, i: usize| value(dtype, Some(op), r, i);
+                for root in [0, world - 1, world / 2] {
+                    let t = make(dtype, &[n], |i| v(rank, i));
+                    let before = decode(&t);
+                    pg.reduce(&t, root, op, None).unwrap().wait().unwrap();
+                    let what =
+                        format!("reduce {op} {dtype} n {n} world {world} root {root} rank {rank}");
+                    if rank == root {
+                        let want: Vec<f64> = (0..n)
+                            .map(|i| {
+                                reduce_ref(
+                                    op,
+                                    dtype,
+                                    &(0..world).map(|r| v(r, i)).collect::<Vec<_>>(),
+                                )
+                            })
+                            .collect();
+                        assert_close(dtype, &decode(&t), &want, &what);
+                    } else {
+                        assert_eq!(decode(&t), before, "{what}: not the root, changed");
+                    }
+                }
+            }
         });
     }
 }

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use super::algorithms::{all_reduce, broadcast_tree};
 #[cfg(target_os = "linux")]
 use super::algorithms::{
-    all_reduce_shm_arena, all_reduce_shm_symmetric, broadcast_shm_arena,
+    all_reduce_shm_arena, all_reduce_shm_symmetric, broadcast_shm_arena, reduce_to_root_shm_arena,
     shm_arena_all_reduce_min_bytes, shm_arena_threads, shm_symmetric_threads, ArenaThreads,
     SymmetricBytes, SHM_ARENA_BROADCAST_MIN_BYTES,
 };
@@ -675,6 +675,40 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let plan = collectives::reduce::plan(self.size(), tensor, root, op)?;
+        #[cfg(target_os = "linux")]
+        if let Some(arena) = self.arena.clone().filter(|a| {
+            tensor.numel() * tensor.dtype().size() > arena_all_reduce_min_bytes(a.shm.world_size())
+        }) {
+            // As the arena all-reduce, with only the root copying out; the
+            // other ranks reduce in a scratch copy, leaving theirs as is.
+            let tensor = tensor.clone();
+            return self.submit(plan.fingerprint, timeout, move |t, deadline| {
+                let dtype = tensor.dtype();
+                let count = arena_threads(tensor.nbytes(), t.world_size(), arena.cores, false);
+                let threads = ArenaThreads {
+                    helpers: &arena.helpers,
+                    count,
+                };
+                if t.rank() == root {
+                    return tensor.with_bytes_mut(|bytes| {
+                        reduce_to_root_shm_arena(
+                            t, &arena.shm, threads, bytes, dtype, op, root, deadline,
+                        )
+                    })?;
+                }
+                let mut scratch = tensor.with_bytes_mut(|bytes| bytes.to_vec())?;
+                reduce_to_root_shm_arena(
+                    t,
+                    &arena.shm,
+                    threads,
+                    &mut scratch,
+                    dtype,
+                    op,
+                    root,
+                    deadline,
+                )
+            });
+        }
         self.submit(plan.fingerprint, timeout, plan.body)
     }
 

@@ -9,7 +9,9 @@
 //! - [`all_reduce_ring`]: ring reduce-scatter then ring all-gather, each
 //!   chunk moved in segments; bandwidth-optimal for large messages.
 //! - [`broadcast_tree`]: binomial-tree broadcast from any root.
-//! - [`reduce_tree`]: binomial-tree reduce to any root.
+//! - [`reduce_tree`]: binomial-tree reduce to any root; for large
+//!   messages [`reduce_ring_gather`] (ring reduce-scatter, then the root
+//!   gathers the blocks), picked by [`reduce`].
 //! - [`all_gather_ring`], [`reduce_scatter_ring`]: the two passes of the
 //!   ring all-reduce on their own.
 //! - [`gather_direct`], [`scatter_direct`]: straight to and from the root.
@@ -59,6 +61,7 @@ mod broadcast_tree;
 mod direct;
 mod gather_direct;
 mod halving_doubling;
+mod reduce_ring_gather;
 mod reduce_tree;
 mod ring;
 mod ring_all_gather;
@@ -81,13 +84,14 @@ pub use broadcast_tree::broadcast_tree;
 pub use direct::all_reduce_direct;
 pub use gather_direct::gather_direct;
 pub use halving_doubling::all_reduce_halving_doubling;
+pub use reduce_ring_gather::reduce_ring_gather;
 pub use reduce_tree::reduce_tree;
 pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
 pub use ring_all_gather::all_gather_ring;
 pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
 #[cfg(target_os = "linux")]
-pub use shm_arena::{all_reduce_shm_arena, ArenaThreads};
+pub use shm_arena::{all_reduce_shm_arena, reduce_to_root_shm_arena, ArenaThreads};
 #[cfg(target_os = "linux")]
 pub use shm_symmetric::{all_reduce_shm_symmetric, SymmetricBytes};
 
@@ -484,6 +488,26 @@ pub fn all_reduce_with(
         AllReduceAlgorithm::Ring => {
             all_reduce_ring_segmented(t, buf, dtype, op, deadline, ring_segment_bytes())
         }
+    }
+}
+
+/// Reduces every rank's `buf` into `root`'s: over the binomial tree for
+/// messages the all-reduce would not send around the ring, else ring
+/// reduce-scatter and gather ([`reduce_ring_gather`]; the same crossover,
+/// [`select_all_reduce`], as both trade latency for bandwidth alike). The
+/// other ranks' `buf` end up holding partial results.
+pub fn reduce(
+    t: &dyn Transport,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    root: usize,
+    deadline: Instant,
+) -> Result<()> {
+    if select_all_reduce(buf.len(), t.world_size()) == AllReduceAlgorithm::Ring {
+        reduce_ring_gather(t, buf, dtype, op, root, ring_segment_bytes(), deadline)
+    } else {
+        reduce_tree(t, buf, dtype, op, root, deadline)
     }
 }
 

@@ -91,6 +91,9 @@ struct Lane<'a, 'b> {
     arena: &'b ShmArena,
     steps: Vec<ChunkWork<'a>>,
     waiter: LaneWaiter<'b>,
+    /// Whether this rank wants the result (every rank of an all-reduce,
+    /// the root of a reduce): the others skip the copy out.
+    copies_out: bool,
 }
 
 impl Lane<'_, '_> {
@@ -145,6 +148,11 @@ impl Lane<'_, '_> {
     /// their slots, each once its owner has published it.
     fn copy_out(&mut self, k: usize) -> Result<bool> {
         let step = self.steps[k].step;
+        if !self.copies_out {
+            // Reads nothing: the owners may overwrite their slots at once.
+            self.waiter.publish(Progress::CopiedOut, step);
+            return Ok(true);
+        }
         if !self.wait_all(Progress::Reduced, step)? {
             return Ok(false);
         }
@@ -197,6 +205,39 @@ pub fn all_reduce_shm_arena(
     buf: &mut [u8],
     dtype: DType,
     op: ReduceOp,
+    deadline: Instant,
+) -> Result<()> {
+    reduce_shm_arena(t, arena, threads, buf, dtype, op, None, deadline)
+}
+
+/// Reduces every rank's `buf` into `root`'s, as [`all_reduce_shm_arena`]
+/// does but with only the root copying the result out (the others skip
+/// that third of the work). The other ranks' `buf` end up holding parts
+/// of the result (their own shares, reduced): pass scratch copies there.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_to_root_shm_arena(
+    t: &dyn Transport,
+    arena: &ShmArena,
+    threads: ArenaThreads<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    root: usize,
+    deadline: Instant,
+) -> Result<()> {
+    reduce_shm_arena(t, arena, threads, buf, dtype, op, Some(root), deadline)
+}
+
+/// The arena reduction: to every rank (`root` None) or to `root`.
+#[allow(clippy::too_many_arguments)]
+fn reduce_shm_arena(
+    t: &dyn Transport,
+    arena: &ShmArena,
+    threads: ArenaThreads<'_>,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    root: Option<usize>,
     deadline: Instant,
 ) -> Result<()> {
     let ArenaThreads {
@@ -290,6 +331,7 @@ pub fn all_reduce_shm_arena(
                     deadline,
                     failed: &failed,
                 },
+                copies_out: root.is_none_or(|r| r == t.rank()),
             })
             .collect();
         let outcome = run_lanes(

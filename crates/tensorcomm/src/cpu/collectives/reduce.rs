@@ -1,11 +1,13 @@
 //! `reduce`: every rank's tensor combined with a [`ReduceOp`] into the
-//! root's tensor, over a binomial tree ([`reduce_tree`]). Other ranks'
-//! tensors are left unchanged. The fingerprint covers op, dtype, shape and
+//! root's tensor, over the transport ([`algorithms::reduce`]: a binomial
+//! tree, or ring and gather for large messages; the backend takes the
+//! shared-memory arena instead where it has one). Other ranks' tensors are
+//! left unchanged. The fingerprint covers op, dtype, shape and
 //! root.
 
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
-use crate::cpu::algorithms::reduce_tree;
+use crate::cpu::algorithms;
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_root};
 use crate::group::ReduceOp;
@@ -37,7 +39,7 @@ pub(crate) fn plan(
         body: Box::new(move |t, deadline| {
             let mut buf = vec![0u8; tensor.nbytes()];
             read_into(&tensor, &mut buf)?;
-            reduce_tree(t, &mut buf, dtype, op, root, deadline)?;
+            algorithms::reduce(t, &mut buf, dtype, op, root, deadline)?;
             if t.rank() == root {
                 write_from(&tensor, &buf)?;
             }
