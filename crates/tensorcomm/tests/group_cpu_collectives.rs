@@ -24,6 +24,7 @@ over_transports!(
     permuted_tensors_travel_in_logical_order,
     large_tensors_cross_the_ring_in_several_segments,
     large_reduces_match_references_at_every_root,
+    large_all_to_alls_in_every_form_match_references,
     invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
     different_roots_are_reported_with_both_fingerprints,
     uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging,
@@ -532,6 +533,125 @@ fn large_reduces_match_references_at_every_root(choice: TransportChoice) {
                         assert_eq!(decode(&t), before, "{what}: not the root, changed");
                     }
                 }
+            }
+        });
+    }
+}
+
+fn large_all_to_alls_in_every_form_match_references(choice: TransportChoice) {
+    // Blocks above the shared-memory arena's threshold (over shm they go
+    // through the arena, in many steps): even and uneven splits, in place,
+    // into a permuted output, with broadcasts and all-reduces between.
+    for world in [2, 3, 8] {
+        let pgs = groups(world, choice);
+        on_every_rank(&pgs, |pg| {
+            let rank = pg.rank();
+            let cell = |from: usize, to: usize, row: usize, c: usize| {
+                (from * 1_000_000 + to * 10_000 + row * 3 + c) as f64
+            };
+            let f64s = |t: &Tensor<'_>| t.to_vec::<f64>().unwrap();
+            for round in 0..2 {
+                // Even: 700 rows of 3 f64 per block (16.8 KB).
+                let rows = 700;
+                let input = Tensor::from_vec(
+                    (0..world * rows * 3)
+                        .map(|i| cell(rank, i / (rows * 3), i % (rows * 3) / 3, i % 3))
+                        .collect::<Vec<f64>>(),
+                    &[world * rows, 3],
+                )
+                .unwrap();
+                let want: Vec<f64> = (0..world * rows * 3)
+                    .map(|i| cell(i / (rows * 3), rank, i % (rows * 3) / 3, i % 3))
+                    .collect();
+                let out = Tensor::zeros(&[world * rows, 3], DType::F64).unwrap();
+                pg.all_to_all_single(&out, &input, &[], &[], None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(f64s(&out), want, "even, round {round}");
+                // In place: the output is the input.
+                pg.all_to_all_single(&input, &input, &[], &[], None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert_eq!(f64s(&input), want, "in place, round {round}");
+
+                // In place with uneven splits: rank r sends rank q
+                // ((r - q) mod world + 1) x 1000 rows and receives
+                // ((p - r) mod world + 1) x 1000 from rank p (the same
+                // total, cut elsewhere).
+                if world > 2 {
+                    let split = |p: usize, q: usize| ((p + world - q) % world + 1) * 1000;
+                    let send: Vec<usize> = (0..world).map(|q| split(rank, q)).collect();
+                    let recv: Vec<usize> = (0..world).map(|p| split(p, rank)).collect();
+                    let t = Tensor::from_vec(
+                        (0..world)
+                            .flat_map(|q| {
+                                (0..send[q] * 3).map(move |i| cell(rank, q, i / 3, i % 3))
+                            })
+                            .collect::<Vec<f64>>(),
+                        &[send.iter().sum(), 3],
+                    )
+                    .unwrap();
+                    pg.all_to_all_single(&t, &t, &recv, &send, None)
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    let want: Vec<f64> = (0..world)
+                        .flat_map(|p| (0..recv[p] * 3).map(move |i| cell(p, rank, i / 3, i % 3)))
+                        .collect();
+                    assert_eq!(f64s(&t), want, "uneven in place, round {round}");
+                }
+
+                // Uneven lists: rank p sends rank q len(p, q) rows (some
+                // empty); the block from rank 1 lands in a permuted view.
+                let len = |p: usize, q: usize| ((p * 5 + q * 3 + round) % 4) * 900;
+                let inputs: Vec<Tensor<'static>> = (0..world)
+                    .map(|q| {
+                        let n = len(rank, q);
+                        Tensor::from_vec(
+                            (0..n * 3)
+                                .map(|i| cell(rank, q, i / 3, i % 3))
+                                .collect::<Vec<f64>>(),
+                            &[n, 3],
+                        )
+                        .unwrap()
+                    })
+                    .collect();
+                let outputs: Vec<Tensor<'static>> = (0..world)
+                    .map(|p| {
+                        let n = len(p, rank);
+                        if p == 1 {
+                            Tensor::zeros(&[3, n], DType::F64)
+                                .unwrap()
+                                .permute(&[1, 0])
+                                .unwrap()
+                        } else {
+                            Tensor::zeros(&[n, 3], DType::F64).unwrap()
+                        }
+                    })
+                    .collect();
+                pg.all_to_all(&outputs, &inputs, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                for (p, out) in outputs.iter().enumerate() {
+                    let want: Vec<f64> = (0..len(p, rank) * 3)
+                        .map(|i| cell(p, rank, i / 3, i % 3))
+                        .collect();
+                    assert_eq!(f64s(out), want, "uneven from {p}, round {round}");
+                }
+
+                // The arena's other users, right after.
+                let b = Tensor::from_vec(vec![(rank + round) as f64; 20_000], &[20_000]).unwrap();
+                pg.broadcast(&b, world - 1, None).unwrap().wait().unwrap();
+                assert!(f64s(&b).iter().all(|&v| v == (world - 1 + round) as f64));
+                let r = Tensor::from_vec(vec![1.0f64; 20_000], &[20_000]).unwrap();
+                pg.all_reduce(&r, ReduceOp::Sum, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                assert!(f64s(&r).iter().all(|&v| v == world as f64));
             }
         });
     }

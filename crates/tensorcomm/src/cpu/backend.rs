@@ -203,7 +203,7 @@ pub struct ProcessGroupCpu {
 /// split their work with.
 #[cfg(target_os = "linux")]
 struct Arena {
-    shm: ShmArena,
+    shm: Arc<ShmArena>,
     helpers: HelperThreads,
     /// The group's symmetric allocations (`symmetric_zeros`).
     symmetric: SymmetricRegistry,
@@ -279,14 +279,14 @@ impl ProcessGroupCpu {
         let arena = if size > 1 && (0..size).all(|p| p == rank || transport.route(p) == Route::Shm)
         {
             Some(Arc::new(Arena {
-                shm: ShmArena::connect(
+                shm: Arc::new(ShmArena::connect(
                     &*store,
                     key_prefix,
                     rank,
                     size,
                     arena_chunk_for(size)?,
                     options.timeout,
-                )?,
+                )?),
                 helpers: HelperThreads::new(&format!("arena-rank{rank}")),
                 symmetric: SymmetricRegistry::default(),
                 cores: fewest_cores(&*store, key_prefix, rank, size, options.timeout)?,
@@ -363,6 +363,14 @@ impl ProcessGroupCpu {
     /// ```
     pub fn p2p_route(&self, peer: usize) -> Route {
         self.p2p.route(peer)
+    }
+
+    /// The group's shared-memory arena, for collectives that take it.
+    fn group_arena(&self) -> collectives::GroupArena {
+        #[cfg(target_os = "linux")]
+        return self.arena.as_ref().map(|a| a.shm.clone());
+        #[cfg(not(target_os = "linux"))]
+        None
     }
 
     /// Takes the next sequence number and queues `body` to run under it
@@ -792,7 +800,13 @@ impl ProcessGroup for ProcessGroupCpu {
         inputs: &[Tensor<'static>],
         timeout: Option<Duration>,
     ) -> Result<Work> {
-        let plan = collectives::all_to_all::plan(self.rank(), self.size(), outputs, inputs)?;
+        let plan = collectives::all_to_all::plan(
+            self.rank(),
+            self.size(),
+            outputs,
+            inputs,
+            self.group_arena(),
+        )?;
         self.submit(plan.fingerprint, timeout, plan.body)
     }
 
@@ -812,6 +826,7 @@ impl ProcessGroup for ProcessGroupCpu {
             input,
             output_split_sizes,
             input_split_sizes,
+            self.group_arena(),
         )?;
         self.submit(plan.fingerprint, timeout, plan.body)
     }

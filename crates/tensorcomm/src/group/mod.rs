@@ -360,7 +360,7 @@ pub trait ProcessGroup: Send + Sync {
     /// the host). Every rank calls it, in the same order, with the same
     /// shape and dtype; when they set up shared memory, one rank asking
     /// another size fails every rank with
-    /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch)
+    /// [`Error::CollectiveMismatch`]
     /// naming it.
     ///
     /// On the CPU backend, when every rank of the group is on one host and

@@ -61,40 +61,17 @@ pub fn all_to_all_pairwise(
     }
     recv[own_in].copy_from_slice(&send[own_out]);
     if check_sizes {
-        // The whole round runs before failing, so both ranks of a
-        // disagreeing pair see the disagreement.
-        let mut mismatch = None;
-        for k in 1..world {
-            let (to, from) = ((rank + k) % world, (rank + world - k) % world);
-            let mut mine = [0u8; 16];
-            mine[..8].copy_from_slice(
-                &(block(send_offsets, send.len(), to)?.len() as u64).to_le_bytes(),
-            );
-            mine[8..].copy_from_slice(
-                &(block(recv_offsets, recv.len(), to)?.len() as u64).to_le_bytes(),
-            );
-            let mut theirs = [0u8; 16];
-            t.send_recv(to, &mine, from, &mut theirs, deadline)?;
-            let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-            let (they_send, they_expect) = (word(&theirs[..8]), word(&theirs[8..]));
-            let i_expect = block(recv_offsets, recv.len(), from)?.len() as u64;
-            let i_send = block(send_offsets, send.len(), from)?.len() as u64;
-            if (they_send != i_expect || they_expect != i_send) && mismatch.is_none() {
-                mismatch = Some(Error::CollectiveMismatch {
-                    rank,
-                    peer: from,
-                    mine: format!(
-                        "all_to_all sending {i_send} bytes to rank {from} and expecting {i_expect} from it"
-                    ),
-                    theirs: format!(
-                        "all_to_all sending {they_send} bytes to rank {rank} and expecting {they_expect} from it"
-                    ),
-                });
-            }
-        }
-        if let Some(err) = mismatch {
-            return Err(err);
-        }
+        let lens = |offsets: &[usize], len: usize| -> Result<Vec<usize>> {
+            (0..world)
+                .map(|p| block(offsets, len, p).map(|r| r.len()))
+                .collect()
+        };
+        agree_block_sizes(
+            t,
+            &lens(send_offsets, send.len())?,
+            &lens(recv_offsets, recv.len())?,
+            deadline,
+        )?;
     }
     for k in 1..world {
         let (to, from) = ((rank + k) % world, (rank + world - k) % world);
@@ -103,6 +80,53 @@ pub fn all_to_all_pairwise(
         t.send_recv(to, &send[out], from, &mut recv[into], deadline)?;
     }
     Ok(())
+}
+
+/// The size check of the module docs on its own: this rank sends
+/// `send_lens[p]` bytes to rank `p` and expects `recv_lens[p]` from it;
+/// every pair compares, and a disagreement fails both ranks of the pair
+/// with [`Error::CollectiveMismatch`] naming both views.
+pub fn agree_block_sizes(
+    t: &dyn Transport,
+    send_lens: &[usize],
+    recv_lens: &[usize],
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    if send_lens.len() != world || recv_lens.len() != world {
+        return Err(Error::InvalidArgument(format!(
+            "all_to_all: expected {world} send and receive sizes, found {} and {}",
+            send_lens.len(),
+            recv_lens.len()
+        )));
+    }
+    // The whole round runs before failing, so both ranks of a
+    // disagreeing pair see the disagreement.
+    let mut mismatch = None;
+    for k in 1..world {
+        let (to, from) = ((rank + k) % world, (rank + world - k) % world);
+        let mut mine = [0u8; 16];
+        mine[..8].copy_from_slice(&(send_lens[to] as u64).to_le_bytes());
+        mine[8..].copy_from_slice(&(recv_lens[to] as u64).to_le_bytes());
+        let mut theirs = [0u8; 16];
+        t.send_recv(to, &mine, from, &mut theirs, deadline)?;
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        let (they_send, they_expect) = (word(&theirs[..8]), word(&theirs[8..]));
+        let (i_expect, i_send) = (recv_lens[from] as u64, send_lens[from] as u64);
+        if (they_send != i_expect || they_expect != i_send) && mismatch.is_none() {
+            mismatch = Some(Error::CollectiveMismatch {
+                rank,
+                peer: from,
+                mine: format!(
+                    "all_to_all sending {i_send} bytes to rank {from} and expecting {i_expect} from it"
+                ),
+                theirs: format!(
+                    "all_to_all sending {they_send} bytes to rank {rank} and expecting {they_expect} from it"
+                ),
+            });
+        }
+    }
+    mismatch.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@
 //!   steps through counters in the arena and the transport carrying one
 //!   opening barrier; chosen above [`shm_arena_all_reduce_min_bytes`]
 //!   ([`SHM_ARENA_BROADCAST_MIN_BYTES`] for broadcast). `broadcast_shm_arena`
-//!   likewise for broadcast.
+//!   likewise for broadcast, `reduce_to_root_shm_arena` for reduce and
+//!   `all_to_all_shm_arena` for all-to-all (from
+//!   [`SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES`] per block).
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. [`select_all_reduce`]
@@ -54,6 +56,8 @@
 
 mod all_to_all_pairwise;
 #[cfg(target_os = "linux")]
+mod all_to_all_shm_arena;
+#[cfg(target_os = "linux")]
 mod arena_lanes;
 #[cfg(target_os = "linux")]
 mod broadcast_shm_arena;
@@ -77,7 +81,9 @@ pub(crate) mod testing;
 use std::ops::Range;
 use std::time::Instant;
 
-pub use all_to_all_pairwise::all_to_all_pairwise;
+pub use all_to_all_pairwise::{agree_block_sizes, all_to_all_pairwise};
+#[cfg(target_os = "linux")]
+pub use all_to_all_shm_arena::{all_to_all_shm_arena, ExchangeBlocks};
 #[cfg(target_os = "linux")]
 pub use broadcast_shm_arena::broadcast_shm_arena;
 pub use broadcast_tree::broadcast_tree;
@@ -225,6 +231,11 @@ pub fn ring_min_bytes(world_size: usize) -> usize {
 /// group has a shared-memory arena (every rank on one host, shared memory
 /// not turned off); below it [`broadcast_tree`] over the transport.
 pub const SHM_ARENA_BROADCAST_MIN_BYTES: usize = 64 << 10;
+
+/// An all-to-all on a group with a shared-memory arena goes through it
+/// ([`all_to_all_shm_arena`]) when some rank sends another a block of at
+/// least this many bytes; smaller ones go pairwise over the transport.
+pub const SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES: usize = 16 << 10;
 
 /// All-reduces over 2 or 3 ranks above this many bytes use
 /// `all_reduce_shm_arena` when the group has a shared-memory arena; below

@@ -15,6 +15,9 @@
 //! - copy out: every rank copies each other rank's reduced share out of
 //!   that rank's slot (all-gather).
 //!
+//! A reduce to one root ([`reduce_to_root_shm_arena`]) runs the same steps,
+//! with only the root copying out.
+//!
 //! Per rank and byte of message, with `N` ranks: `3 - 1/N` bytes read and
 //! `2` written (the copy in, reduction and copy out of the whole message
 //! would be `3` and `2 + 1/N`).

@@ -4,19 +4,38 @@
 //! fingerprint covers only the dtype, and each pair agrees on its block
 //! sizes before data moves.
 
+#[cfg(target_os = "linux")]
+use std::time::Instant;
+
+#[cfg(target_os = "linux")]
+use super::exchange_blocks::TensorBlocks;
 use super::staging::{read_all, write_all};
-use super::{fingerprint, Planned};
+use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+use crate::cpu::algorithms::{
+    self, agree_block_sizes, all_to_all_shm_arena, SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES,
+};
+#[cfg(target_os = "linux")]
+use crate::cpu::transport::Transport;
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dtype_of, check_per_rank};
+#[cfg(target_os = "linux")]
+use crate::group::ReduceOp;
+#[cfg(target_os = "linux")]
+use crate::tensor::DType;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
+/// `arena`: the group's, through which blocks from
+/// [`SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES`] travel (once the pairs have
+/// agreed on their sizes and the ranks on the longest block).
 pub(crate) fn plan(
     rank: usize,
     size: usize,
     outputs: &[Tensor<'static>],
     inputs: &[Tensor<'static>],
+    arena: GroupArena,
 ) -> Result<Planned> {
     const OP: &str = "all_to_all";
     check_per_rank(OP, "input_tensors", inputs.len(), size)?;
@@ -42,6 +61,20 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            let mut check_sizes = true;
+            #[cfg(target_os = "linux")]
+            if let Some(arena) = &arena {
+                let send_lens: Vec<usize> = inputs.iter().map(Tensor::nbytes).collect();
+                let recv_lens: Vec<usize> = outputs.iter().map(Tensor::nbytes).collect();
+                agree_block_sizes(t, &send_lens, &recv_lens, deadline)?;
+                let longest = longest_block(t, &send_lens, deadline)?;
+                if longest >= SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES {
+                    let blocks = TensorBlocks::lists(&inputs, &outputs)?;
+                    all_to_all_shm_arena(t, arena, &blocks, longest, deadline)?;
+                    return blocks.finish();
+                }
+                check_sizes = false;
+            }
             let send = read_all(&inputs)?;
             let send_offsets = offsets(inputs.iter().map(Tensor::nbytes));
             let recv_offsets = offsets(outputs.iter().map(Tensor::nbytes));
@@ -52,7 +85,7 @@ pub(crate) fn plan(
                 &send_offsets,
                 &mut recv,
                 &recv_offsets,
-                true,
+                check_sizes,
                 deadline,
             )?;
             write_all(&outputs, &recv)
@@ -61,6 +94,24 @@ pub(crate) fn plan(
 }
 
 /// Running sums of `lens`, starting at 0.
+/// The longest block any rank of `t` sends another, given this rank's
+/// block lengths (`send_lens[p]` for rank `p`): a small all-reduce.
+#[cfg(target_os = "linux")]
+pub(super) fn longest_block(
+    t: &dyn Transport,
+    send_lens: &[usize],
+    deadline: Instant,
+) -> Result<usize> {
+    let mine = (0..t.world_size())
+        .filter(|&p| p != t.rank())
+        .map(|p| send_lens[p])
+        .max()
+        .unwrap_or(0);
+    let mut word = (mine as i64).to_ne_bytes();
+    algorithms::all_reduce(t, &mut word, DType::I64, ReduceOp::Max, deadline)?;
+    Ok(i64::from_ne_bytes(word).max(0) as usize)
+}
+
 pub(super) fn offsets(lens: impl Iterator<Item = usize>) -> Vec<usize> {
     let mut out = vec![0];
     let mut at = 0;

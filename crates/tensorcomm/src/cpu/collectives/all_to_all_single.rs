@@ -7,10 +7,18 @@
 //! splits are uneven; equal splits also cover the element count, while
 //! uneven ones have each pair agree on its block sizes before data moves.
 
+#[cfg(target_os = "linux")]
+use super::all_to_all::longest_block;
 use super::all_to_all::offsets;
+#[cfg(target_os = "linux")]
+use super::exchange_blocks::TensorBlocks;
 use super::staging::{read_into, write_from};
-use super::{fingerprint, Planned};
+use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
+#[cfg(target_os = "linux")]
+use crate::cpu::algorithms::{
+    agree_block_sizes, all_to_all_shm_arena, SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES,
+};
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_dtype_of, split_rows};
 use crate::tensor::Tensor;
@@ -23,6 +31,7 @@ pub(crate) fn plan(
     input: &Tensor<'static>,
     output_split_sizes: &[usize],
     input_split_sizes: &[usize],
+    arena: GroupArena,
 ) -> Result<Planned> {
     const OP: &str = "all_to_all_single";
     check_dense_host(OP, input)?;
@@ -74,6 +83,26 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            let mut check_sizes = uneven;
+            #[cfg(target_os = "linux")]
+            if let Some(arena) = &arena {
+                let lens = |o: &[usize]| o.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>();
+                let (send_lens, recv_lens) = (lens(&send_offsets), lens(&recv_offsets));
+                // Even splits: every rank's blocks are the same known size.
+                let longest = if uneven {
+                    agree_block_sizes(t, &send_lens, &recv_lens, deadline)?;
+                    longest_block(t, &send_lens, deadline)?
+                } else {
+                    send_lens.first().copied().unwrap_or(0)
+                };
+                if longest >= SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES {
+                    let blocks =
+                        TensorBlocks::single(&input, &send_offsets, &output, &recv_offsets)?;
+                    all_to_all_shm_arena(t, arena, &blocks, longest, deadline)?;
+                    return blocks.finish();
+                }
+                check_sizes = false;
+            }
             let mut send = vec![0u8; input.nbytes()];
             read_into(&input, &mut send)?;
             let mut recv = vec![0u8; output.nbytes()];
@@ -83,7 +112,7 @@ pub(crate) fn plan(
                 &send_offsets,
                 &mut recv,
                 &recv_offsets,
-                uneven,
+                check_sizes,
                 deadline,
             )?;
             write_from(&output, &recv)

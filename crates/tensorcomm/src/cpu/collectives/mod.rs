@@ -6,6 +6,11 @@
 //! (`staging.rs`), run an algorithm of [`algorithms`](super::algorithms),
 //! write the results back.
 //!
+//! Where the group has a shared-memory arena, `reduce` (in the backend)
+//! and large `all_to_all` / `all_to_all_single` go through it instead; the
+//! all-to-alls then read and write the tensors a piece at a time
+//! (`exchange_blocks.rs`) rather than staging them whole.
+//!
 //! Tensors travel as their elements in logical (row-major) order, so
 //! inputs and outputs may have any dense layout, and outputs may alias
 //! inputs: inputs are read when the collective runs, outputs written after
@@ -25,11 +30,21 @@ pub(crate) mod all_gather_into_tensor;
 pub(crate) mod all_reduce_coalesced;
 pub(crate) mod all_to_all;
 pub(crate) mod all_to_all_single;
+#[cfg(target_os = "linux")]
+mod exchange_blocks;
 pub(crate) mod gather;
 pub(crate) mod reduce;
 pub(crate) mod reduce_scatter;
 pub(crate) mod reduce_scatter_tensor;
 pub(crate) mod scatter;
+
+/// The group's shared-memory arena, for the collectives that can move
+/// their data through it (all ranks on one host, shared memory on).
+#[cfg(target_os = "linux")]
+pub(crate) type GroupArena = Option<std::sync::Arc<crate::cpu::transport::shm::ShmArena>>;
+/// No arena off Linux.
+#[cfg(not(target_os = "linux"))]
+pub(crate) type GroupArena = Option<std::convert::Infallible>;
 mod staging;
 
 use std::time::Instant;

@@ -1,0 +1,136 @@
+//! [`TensorBlocks`]: an all-to-all's blocks as byte ranges of the caller's
+//! tensors, for the shared-memory arena all-to-all, which reads and writes
+//! them a piece at a time instead of staging them whole.
+//!
+//! Blocks are read straight from contiguous inputs and written straight
+//! into contiguous outputs. An input of another layout is copied once into
+//! a contiguous tensor first; an output of another layout gets a
+//! contiguous stand-in that [`TensorBlocks::finish`] copies back. When an
+//! output shares storage with an input, every input is copied first, so
+//! that results arriving early never overwrite data still to be sent.
+
+use std::ops::Range;
+
+use crate::cpu::algorithms::ExchangeBlocks;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// A block: a tensor (contiguous) and the bytes of it that make the block.
+type Block = (Tensor<'static>, Range<usize>);
+
+/// One rank's blocks of an all-to-all (see the module docs).
+pub(super) struct TensorBlocks {
+    sends: Vec<Block>,
+    recvs: Vec<Block>,
+    /// Outputs that are not contiguous, each with the stand-in written
+    /// in its place.
+    stand_ins: Vec<(Tensor<'static>, Tensor<'static>)>,
+}
+
+impl TensorBlocks {
+    /// Blocks of `inputs[p]` and `outputs[p]`, each whole, for rank `p`.
+    pub(super) fn lists(inputs: &[Tensor<'static>], outputs: &[Tensor<'static>]) -> Result<Self> {
+        let whole = |t: Tensor<'static>| {
+            let n = t.nbytes();
+            (t, 0..n)
+        };
+        let aliased = outputs
+            .iter()
+            .any(|o| inputs.iter().any(|i| o.shares_storage(i)));
+        let mut blocks = TensorBlocks {
+            sends: Vec::with_capacity(inputs.len()),
+            recvs: Vec::with_capacity(outputs.len()),
+            stand_ins: Vec::new(),
+        };
+        for input in inputs {
+            blocks.sends.push(whole(readable(input, aliased)?));
+        }
+        for output in outputs {
+            let target = blocks.writable(output)?;
+            blocks.recvs.push(whole(target));
+        }
+        Ok(blocks)
+    }
+
+    /// Blocks of one input and one output cut at byte offsets (`world + 1`
+    /// each): block `p` is `send_offsets[p]..send_offsets[p + 1]`.
+    pub(super) fn single(
+        input: &Tensor<'static>,
+        send_offsets: &[usize],
+        output: &Tensor<'static>,
+        recv_offsets: &[usize],
+    ) -> Result<Self> {
+        let mut blocks = TensorBlocks {
+            sends: Vec::new(),
+            recvs: Vec::new(),
+            stand_ins: Vec::new(),
+        };
+        let input = readable(input, output.shares_storage(input))?;
+        let output = blocks.writable(output)?;
+        blocks.sends = send_offsets
+            .windows(2)
+            .map(|w| (input.clone(), w[0]..w[1]))
+            .collect();
+        blocks.recvs = recv_offsets
+            .windows(2)
+            .map(|w| (output.clone(), w[0]..w[1]))
+            .collect();
+        Ok(blocks)
+    }
+
+    /// `output` itself when contiguous, else a contiguous stand-in that
+    /// [`finish`](Self::finish) copies back.
+    fn writable(&mut self, output: &Tensor<'static>) -> Result<Tensor<'static>> {
+        if output.is_contiguous() {
+            return Ok(output.clone());
+        }
+        let stand_in = Tensor::zeros(output.shape(), output.dtype())?;
+        self.stand_ins.push((output.clone(), stand_in.clone()));
+        Ok(stand_in)
+    }
+
+    /// Copies the stand-ins into the outputs they stand for.
+    pub(super) fn finish(self) -> Result<()> {
+        for (output, stand_in) in &self.stand_ins {
+            output.copy_from(stand_in)?;
+        }
+        Ok(())
+    }
+}
+
+/// `input` itself when contiguous and not `aliased` by an output, else a
+/// contiguous copy of it.
+fn readable(input: &Tensor<'static>, aliased: bool) -> Result<Tensor<'static>> {
+    if input.is_contiguous() && !aliased {
+        Ok(input.clone())
+    } else {
+        input.contiguous()
+    }
+}
+
+/// `range` of `block`, shifted into the tensor's bytes.
+fn within(block: &Block, range: Range<usize>) -> Range<usize> {
+    block.1.start + range.start..block.1.start + range.end
+}
+
+impl ExchangeBlocks for TensorBlocks {
+    fn send_len(&self, peer: usize) -> usize {
+        self.sends[peer].1.len()
+    }
+
+    fn recv_len(&self, peer: usize) -> usize {
+        self.recvs[peer].1.len()
+    }
+
+    fn read(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let block = &self.sends[peer];
+        let bytes = within(block, range);
+        block.0.with_bytes(|b| f(&b[bytes]))
+    }
+
+    fn write(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let block = &self.recvs[peer];
+        let bytes = within(block, range);
+        block.0.with_bytes_mut(|b| f(&mut b[bytes]))
+    }
+}
