@@ -494,9 +494,9 @@ fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {
 }
 
 fn large_reduces_match_references_at_every_root(choice: TransportChoice) {
-    // Above the shared-memory arena's threshold for every dtype (over shm
-    // only the root copies the result out), and for f32 several pipelined
-    // steps; the other ranks' tensors must come back untouched.
+    // Above the shared-memory arena's threshold (64 KiB) for every dtype
+    // (over shm only the root copies the result out), and for f32 several
+    // pipelined steps; the other ranks' tensors must come back untouched.
     for world in [2, 3, 4, 8] {
         let pgs = groups(world, choice);
         on_every_rank(&pgs, |pg| {
@@ -506,7 +506,7 @@ fn large_reduces_match_references_at_every_root(choice: TransportChoice) {
                 .flat_map(|&dtype| {
                     reduce_ops(dtype)
                         .into_iter()
-                        .map(move |op| (dtype, op, 5003))
+                        .map(move |op| (dtype, op, 66_001))
                 })
                 .collect();
             cases.push((DType::F32, ReduceOp::Sum, 700_001));

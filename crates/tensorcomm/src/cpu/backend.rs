@@ -39,7 +39,7 @@ use super::algorithms::{all_reduce, broadcast_tree};
 use super::algorithms::{
     all_reduce_shm_arena, all_reduce_shm_symmetric, broadcast_shm_arena, reduce_to_root_shm_arena,
     shm_arena_all_reduce_min_bytes, shm_arena_threads, shm_symmetric_threads, ArenaThreads,
-    SymmetricBytes, SHM_ARENA_BROADCAST_MIN_BYTES,
+    SymmetricBytes, SHM_ARENA_BROADCAST_MIN_BYTES, SHM_ARENA_REDUCE_MIN_BYTES,
 };
 use super::collectives;
 use super::monitored_barrier::monitored_barrier;
@@ -684,11 +684,13 @@ impl ProcessGroup for ProcessGroupCpu {
     ) -> Result<Work> {
         let plan = collectives::reduce::plan(self.size(), tensor, root, op)?;
         #[cfg(target_os = "linux")]
-        if let Some(arena) = self.arena.clone().filter(|a| {
-            tensor.numel() * tensor.dtype().size() > arena_all_reduce_min_bytes(a.shm.world_size())
-        }) {
-            // As the arena all-reduce, with only the root copying out; the
-            // other ranks reduce in a scratch copy, leaving theirs as is.
+        if let Some(arena) = self
+            .arena
+            .clone()
+            .filter(|_| tensor.nbytes() >= SHM_ARENA_REDUCE_MIN_BYTES)
+        {
+            // As the arena all-reduce, with only the root copying out (and
+            // changing its tensor).
             let tensor = tensor.clone();
             return self.submit(plan.fingerprint, timeout, move |t, deadline| {
                 let dtype = tensor.dtype();
@@ -697,24 +699,11 @@ impl ProcessGroup for ProcessGroupCpu {
                     helpers: &arena.helpers,
                     count,
                 };
-                if t.rank() == root {
-                    return tensor.with_bytes_mut(|bytes| {
-                        reduce_to_root_shm_arena(
-                            t, &arena.shm, threads, bytes, dtype, op, root, deadline,
-                        )
-                    })?;
-                }
-                let mut scratch = tensor.with_bytes_mut(|bytes| bytes.to_vec())?;
-                reduce_to_root_shm_arena(
-                    t,
-                    &arena.shm,
-                    threads,
-                    &mut scratch,
-                    dtype,
-                    op,
-                    root,
-                    deadline,
-                )
+                tensor.with_bytes_mut(|bytes| {
+                    reduce_to_root_shm_arena(
+                        t, &arena.shm, threads, bytes, dtype, op, root, deadline,
+                    )
+                })?
             });
         }
         self.submit(plan.fingerprint, timeout, plan.body)

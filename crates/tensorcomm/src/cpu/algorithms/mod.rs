@@ -232,6 +232,15 @@ pub fn ring_min_bytes(world_size: usize) -> usize {
 /// not turned off); below it [`broadcast_tree`] over the transport.
 pub const SHM_ARENA_BROADCAST_MIN_BYTES: usize = 64 << 10;
 
+/// A reduce on a group with a shared-memory arena goes through it
+/// (`reduce_to_root_shm_arena`) from this many bytes; smaller ones over the
+/// transport ([`reduce`]). Measured on a 16-core host, f32, µs, binomial
+/// tree over shared-memory links against the arena
+/// (bench/results/reduce-all-to-all-16core-h200.txt): 8 KiB at 8 ranks
+/// 10.4 / 19.6 and at 4 ranks 8.4 / 13.3; 128 KiB at 8 ranks 72.1 / 56.7,
+/// at 4 ranks 54.6 / 37.7, at 2 ranks 39.2 / 29.2.
+pub const SHM_ARENA_REDUCE_MIN_BYTES: usize = 64 << 10;
+
 /// An all-to-all on a group with a shared-memory arena goes through it
 /// ([`all_to_all_shm_arena`]) when some rank sends another a block of at
 /// least this many bytes; smaller ones go pairwise over the transport.

@@ -95,8 +95,10 @@ struct Lane<'a, 'b> {
     steps: Vec<ChunkWork<'a>>,
     waiter: LaneWaiter<'b>,
     /// Whether this rank wants the result (every rank of an all-reduce,
-    /// the root of a reduce): the others skip the copy out.
+    /// the root of a reduce): the others leave their buffer as it was,
+    /// reducing in `scratch`, and skip the copy out.
     copies_out: bool,
+    scratch: Vec<u8>,
 }
 
 impl Lane<'_, '_> {
@@ -140,6 +142,14 @@ impl Lane<'_, '_> {
         let parity = Self::parity(step);
         let (offset, acc) = &mut self.steps[k].parts[rank];
         let range = *offset..*offset + acc.len();
+        let acc: &mut [u8] = if self.copies_out {
+            acc
+        } else {
+            // Leaves this rank's input as it is (it is not the root).
+            self.scratch.resize(acc.len(), 0);
+            self.scratch.copy_from_slice(acc);
+            &mut self.scratch
+        };
         self.arena
             .reduce_share_into(parity, range, acc, dtype, op)?;
         self.arena.copy_in(parity, *offset, acc);
@@ -215,8 +225,8 @@ pub fn all_reduce_shm_arena(
 
 /// Reduces every rank's `buf` into `root`'s, as [`all_reduce_shm_arena`]
 /// does but with only the root copying the result out (the others skip
-/// that third of the work). The other ranks' `buf` end up holding parts
-/// of the result (their own shares, reduced): pass scratch copies there.
+/// that third of the work). The other ranks' `buf` are left as they were
+/// (each reduces its share in a buffer of one part per lane).
 #[allow(clippy::too_many_arguments)]
 pub fn reduce_to_root_shm_arena(
     t: &dyn Transport,
@@ -335,6 +345,7 @@ fn reduce_shm_arena(
                     failed: &failed,
                 },
                 copies_out: root.is_none_or(|r| r == t.rank()),
+                scratch: Vec::new(),
             })
             .collect();
         let outcome = run_lanes(
@@ -346,6 +357,9 @@ fn reduce_shm_arena(
         );
         arena.mark_unfenced();
         outcome?;
+    }
+    if root.is_some_and(|r| r != t.rank()) {
+        return Ok(());
     }
     finish(op, dtype, buf, world)
 }
