@@ -2,6 +2,7 @@
 //! over the ring ([`all_gather_ring`]). Every output has the input's dtype
 //! and shape; the fingerprint covers dtype and shape.
 
+use super::scratch;
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
 use std::time::Instant;
@@ -53,9 +54,9 @@ pub(super) fn gather_bytes(
     input: &Tensor<'static>,
     size: usize,
     deadline: Instant,
-) -> Result<Vec<u8>> {
+) -> Result<scratch::Scratch> {
     let n = input.nbytes();
-    let mut buf = vec![0u8; n * size];
+    let mut buf = scratch::zeroed(n * size);
     read_into(input, &mut buf[t.rank() * n..(t.rank() + 1) * n])?;
     all_gather_ring(t, &mut buf, deadline)?;
     Ok(buf)

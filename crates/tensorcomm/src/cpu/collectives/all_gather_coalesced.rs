@@ -4,6 +4,7 @@
 //! ([`all_gather_ring`]). Every tensor has one dtype; the fingerprint
 //! covers it, the total element count and every input's shape.
 
+use super::scratch;
 use super::staging::{read_all, write_all};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms::all_gather_ring;
@@ -55,7 +56,7 @@ pub(crate) fn plan(
         body: Box::new(move |t, deadline| {
             let own = read_all(&inputs)?;
             let n = own.len();
-            let mut buf = vec![0u8; n * size];
+            let mut buf = scratch::zeroed(n * size);
             buf[t.rank() * n..(t.rank() + 1) * n].copy_from_slice(&own);
             all_gather_ring(t, &mut buf, deadline)?;
             for (r, list) in outputs.iter().enumerate() {

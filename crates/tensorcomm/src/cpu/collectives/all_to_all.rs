@@ -7,8 +7,9 @@
 #[cfg(target_os = "linux")]
 use std::time::Instant;
 
-#[cfg(target_os = "linux")]
 use super::exchange_blocks::TensorBlocks;
+#[cfg(target_os = "linux")]
+use super::scratch;
 use super::staging::{read_all, write_all};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
@@ -78,7 +79,7 @@ pub(crate) fn plan(
             let send = read_all(&inputs)?;
             let send_offsets = offsets(inputs.iter().map(Tensor::nbytes));
             let recv_offsets = offsets(outputs.iter().map(Tensor::nbytes));
-            let mut recv = vec![0u8; recv_offsets[size]];
+            let mut recv = scratch::zeroed(recv_offsets[size]);
             all_to_all_pairwise(
                 t,
                 &send,

@@ -7,11 +7,12 @@
 //! splits are uneven; equal splits also cover the element count, while
 //! uneven ones have each pair agree on its block sizes before data moves.
 
-#[cfg(target_os = "linux")]
 use super::all_to_all::longest_block;
 use super::all_to_all::offsets;
 #[cfg(target_os = "linux")]
 use super::exchange_blocks::TensorBlocks;
+#[cfg(target_os = "linux")]
+use super::scratch;
 use super::staging::{read_into, write_from};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
@@ -103,9 +104,9 @@ pub(crate) fn plan(
                 }
                 check_sizes = false;
             }
-            let mut send = vec![0u8; input.nbytes()];
+            let mut send = scratch::zeroed(input.nbytes());
             read_into(&input, &mut send)?;
-            let mut recv = vec![0u8; output.nbytes()];
+            let mut recv = scratch::zeroed(output.nbytes());
             all_to_all_pairwise(
                 t,
                 &send,

@@ -3,6 +3,7 @@
 //! has the same dtype and shape, so the fingerprint covers both and the
 //! root.
 
+use super::scratch;
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms::gather_direct;
@@ -38,9 +39,9 @@ pub(crate) fn plan(
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
             let n = input.nbytes();
-            let mut own = vec![0u8; n];
+            let mut own = scratch::zeroed(n);
             read_into(&input, &mut own)?;
-            let mut all = vec![0u8; if outputs.is_empty() { 0 } else { n * size }];
+            let mut all = scratch::zeroed(if outputs.is_empty() { 0 } else { n * size });
             gather_direct(t, &own, &mut all, root, deadline)?;
             for (r, out) in outputs.iter().enumerate() {
                 write_from(out, &all[r * n..(r + 1) * n])?;

@@ -45,6 +45,7 @@ pub(crate) type GroupArena = Option<std::sync::Arc<crate::cpu::transport::shm::S
 /// No arena off Linux.
 #[cfg(not(target_os = "linux"))]
 pub(crate) type GroupArena = Option<std::convert::Infallible>;
+mod scratch;
 mod staging;
 
 use std::time::Instant;

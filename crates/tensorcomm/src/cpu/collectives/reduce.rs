@@ -5,6 +5,7 @@
 //! left unchanged. The fingerprint covers op, dtype, shape and
 //! root.
 
+use super::scratch;
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms;
@@ -37,7 +38,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let mut buf = vec![0u8; tensor.nbytes()];
+            let mut buf = scratch::zeroed(tensor.nbytes());
             read_into(&tensor, &mut buf)?;
             algorithms::reduce(t, &mut buf, dtype, op, root, deadline)?;
             if t.rank() == root {

@@ -4,6 +4,7 @@
 //! ([`reduce_scatter_ring`]). The fingerprint covers op, dtype and the
 //! output's shape.
 
+use super::scratch;
 use super::staging::{read_into, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms::reduce_scatter_ring;
@@ -36,7 +37,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let mut buf = vec![0u8; input.nbytes()];
+            let mut buf = scratch::zeroed(input.nbytes());
             read_into(&input, &mut buf)?;
             reduce_scatter_ring(t, &mut buf, dtype, op, deadline)?;
             let n = output.nbytes();

@@ -4,6 +4,7 @@
 //! root.
 
 use super::gather::root_list;
+use super::scratch;
 use super::staging::{read_all, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms::scatter_direct;
@@ -39,7 +40,7 @@ pub(crate) fn plan(
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
             let all = read_all(&inputs)?;
-            let mut own = vec![0u8; output.nbytes()];
+            let mut own = scratch::zeroed(output.nbytes());
             scatter_direct(t, &all, &mut own, root, deadline)?;
             write_from(&output, &own)
         }),

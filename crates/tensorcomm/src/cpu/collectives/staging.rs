@@ -3,6 +3,7 @@
 //! A contiguous tensor is one block copy; any other layout goes through a
 //! contiguous temporary.
 
+use super::scratch::{self, Scratch};
 use crate::tensor::Tensor;
 use crate::Result;
 
@@ -15,8 +16,8 @@ pub(super) fn read_into(t: &Tensor<'_>, dst: &mut [u8]) -> Result<()> {
 }
 
 /// The elements of `t`, concatenated over `tensors`, in one buffer.
-pub(super) fn read_all(tensors: &[Tensor<'_>]) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; tensors.iter().map(Tensor::nbytes).sum()];
+pub(super) fn read_all(tensors: &[Tensor<'_>]) -> Result<Scratch> {
+    let mut out = scratch::zeroed(tensors.iter().map(Tensor::nbytes).sum());
     let mut at = 0;
     for t in tensors {
         read_into(t, &mut out[at..at + t.nbytes()])?;
