@@ -25,6 +25,7 @@ over_transports!(
     large_tensors_cross_the_ring_in_several_segments,
     large_reduces_match_references_at_every_root,
     large_all_to_alls_in_every_form_match_references,
+    large_gathers_and_scatters_match_references_at_every_root,
     invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
     different_roots_are_reported_with_both_fingerprints,
     uneven_all_to_all_sizes_that_disagree_fail_instead_of_hanging,
@@ -652,6 +653,86 @@ fn large_all_to_alls_in_every_form_match_references(choice: TransportChoice) {
                     .wait()
                     .unwrap();
                 assert!(f64s(&r).iter().all(|&v| v == world as f64));
+            }
+        });
+    }
+}
+
+fn large_gathers_and_scatters_match_references_at_every_root(choice: TransportChoice) {
+    // Blocks above the arena's threshold (over shm, through the arena),
+    // several steps long, with the root's own block aliasing (gather into
+    // a list holding the input itself, scatter from a list holding the
+    // output) and a permuted block on the root.
+    for world in [2, 3, 8] {
+        let pgs = groups(world, choice);
+        on_every_rank(&pgs, |pg| {
+            let rank = pg.rank();
+            let rows = 50_000 / world;
+            let cell =
+                |from: usize, to: usize, i: usize| (from * 1_000_000 + to * 100_000 + i) as i64;
+            let block = |from: usize, to: usize| {
+                Tensor::from_vec(
+                    (0..rows * 2)
+                        .map(|i| cell(from, to, i))
+                        .collect::<Vec<i64>>(),
+                    &[rows, 2],
+                )
+                .unwrap()
+            };
+            for root in [0, world - 1] {
+                // gather: rank r's block (r, root) lands in list[r] on the root.
+                let input = block(rank, root);
+                let list: Vec<Tensor<'static>> = (0..world)
+                    .map(|p| match p {
+                        p if p == root => input.clone(),
+                        1 => Tensor::zeros(&[2, rows], DType::I64)
+                            .unwrap()
+                            .permute(&[1, 0])
+                            .unwrap(),
+                        _ => Tensor::zeros(&[rows, 2], DType::I64).unwrap(),
+                    })
+                    .collect();
+                let outs = (rank == root).then_some(list.as_slice());
+                pg.gather(&input, outs, root, None).unwrap().wait().unwrap();
+                if rank == root {
+                    for (p, t) in list.iter().enumerate() {
+                        let want: Vec<i64> = (0..rows * 2).map(|i| cell(p, root, i)).collect();
+                        assert_eq!(
+                            t.to_vec::<i64>().unwrap(),
+                            want,
+                            "gather from {p} root {root}"
+                        );
+                    }
+                } else {
+                    let want: Vec<i64> = (0..rows * 2).map(|i| cell(rank, root, i)).collect();
+                    assert_eq!(input.to_vec::<i64>().unwrap(), want, "gather input changed");
+                }
+
+                // scatter: the root's block (root, q) lands on rank q.
+                let output = Tensor::zeros(&[rows, 2], DType::I64).unwrap();
+                let list: Vec<Tensor<'static>> = (0..world)
+                    .map(|q| {
+                        if q == root {
+                            output.clone()
+                        } else {
+                            block(root, q)
+                        }
+                    })
+                    .collect();
+                if rank == root {
+                    output.copy_from(&block(root, root)).unwrap();
+                }
+                let ins = (rank == root).then_some(list.as_slice());
+                pg.scatter(&output, ins, root, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                let want: Vec<i64> = (0..rows * 2).map(|i| cell(root, rank, i)).collect();
+                assert_eq!(
+                    output.to_vec::<i64>().unwrap(),
+                    want,
+                    "scatter to {rank} root {root}"
+                );
             }
         });
     }

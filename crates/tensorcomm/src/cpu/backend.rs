@@ -746,7 +746,14 @@ impl ProcessGroup for ProcessGroupCpu {
         root: usize,
         timeout: Option<Duration>,
     ) -> Result<Work> {
-        let plan = collectives::gather::plan(self.rank(), self.size(), input, outputs, root)?;
+        let plan = collectives::gather::plan(
+            self.rank(),
+            self.size(),
+            input,
+            outputs,
+            root,
+            self.group_arena(),
+        )?;
         self.submit(plan.fingerprint, timeout, plan.body)
     }
 
@@ -757,7 +764,14 @@ impl ProcessGroup for ProcessGroupCpu {
         root: usize,
         timeout: Option<Duration>,
     ) -> Result<Work> {
-        let plan = collectives::scatter::plan(self.rank(), self.size(), output, inputs, root)?;
+        let plan = collectives::scatter::plan(
+            self.rank(),
+            self.size(),
+            output,
+            inputs,
+            root,
+            self.group_arena(),
+        )?;
         self.submit(plan.fingerprint, timeout, plan.body)
     }
 

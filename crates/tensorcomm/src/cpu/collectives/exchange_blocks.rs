@@ -15,8 +15,9 @@ use crate::cpu::algorithms::ExchangeBlocks;
 use crate::tensor::Tensor;
 use crate::Result;
 
-/// A block: a tensor (contiguous) and the bytes of it that make the block.
-type Block = (Tensor<'static>, Range<usize>);
+/// A block: a tensor (contiguous) and the bytes of it that make the block;
+/// `None` for an empty one.
+type Block = Option<(Tensor<'static>, Range<usize>)>;
 
 /// One rank's blocks of an all-to-all (see the module docs).
 pub(super) struct TensorBlocks {
@@ -30,24 +31,44 @@ pub(super) struct TensorBlocks {
 impl TensorBlocks {
     /// Blocks of `inputs[p]` and `outputs[p]`, each whole, for rank `p`.
     pub(super) fn lists(inputs: &[Tensor<'static>], outputs: &[Tensor<'static>]) -> Result<Self> {
+        let sends: Vec<_> = inputs.iter().map(Some).collect();
+        let recvs: Vec<_> = outputs.iter().map(Some).collect();
+        Self::whole(&sends, &recvs)
+    }
+
+    /// Blocks of whole tensors: `sends[p]` to rank `p`, `recvs[p]` from
+    /// it, `None` where nothing moves (the rooted collectives: gather,
+    /// scatter).
+    pub(super) fn whole(
+        sends: &[Option<&Tensor<'static>>],
+        recvs: &[Option<&Tensor<'static>>],
+    ) -> Result<Self> {
+        let aliased = recvs
+            .iter()
+            .flatten()
+            .any(|o| sends.iter().flatten().any(|i| o.shares_storage(i)));
         let whole = |t: Tensor<'static>| {
             let n = t.nbytes();
-            (t, 0..n)
+            Some((t, 0..n))
         };
-        let aliased = outputs
-            .iter()
-            .any(|o| inputs.iter().any(|i| o.shares_storage(i)));
         let mut blocks = TensorBlocks {
-            sends: Vec::with_capacity(inputs.len()),
-            recvs: Vec::with_capacity(outputs.len()),
+            sends: Vec::with_capacity(sends.len()),
+            recvs: Vec::with_capacity(recvs.len()),
             stand_ins: Vec::new(),
         };
-        for input in inputs {
-            blocks.sends.push(whole(readable(input, aliased)?));
+        for input in sends {
+            let block = match input {
+                Some(t) => whole(readable(t, aliased)?),
+                None => None,
+            };
+            blocks.sends.push(block);
         }
-        for output in outputs {
-            let target = blocks.writable(output)?;
-            blocks.recvs.push(whole(target));
+        for output in recvs {
+            let block = match output {
+                Some(t) => whole(blocks.writable(t)?),
+                None => None,
+            };
+            blocks.recvs.push(block);
         }
         Ok(blocks)
     }
@@ -69,11 +90,11 @@ impl TensorBlocks {
         let output = blocks.writable(output)?;
         blocks.sends = send_offsets
             .windows(2)
-            .map(|w| (input.clone(), w[0]..w[1]))
+            .map(|w| Some((input.clone(), w[0]..w[1])))
             .collect();
         blocks.recvs = recv_offsets
             .windows(2)
-            .map(|w| (output.clone(), w[0]..w[1]))
+            .map(|w| Some((output.clone(), w[0]..w[1])))
             .collect();
         Ok(blocks)
     }
@@ -108,29 +129,45 @@ fn readable(input: &Tensor<'static>, aliased: bool) -> Result<Tensor<'static>> {
     }
 }
 
-/// `range` of `block`, shifted into the tensor's bytes.
-fn within(block: &Block, range: Range<usize>) -> Range<usize> {
-    block.1.start + range.start..block.1.start + range.end
+/// The tensor and bytes `range` of `block` stand for; none for an empty
+/// block (which is only ever asked for nothing).
+fn within(block: &Block, range: Range<usize>) -> Option<(&Tensor<'static>, Range<usize>)> {
+    block
+        .as_ref()
+        .map(|(t, r)| (t, r.start + range.start..r.start + range.end))
+}
+
+/// The length of `block`.
+fn len(block: &Block) -> usize {
+    block.as_ref().map_or(0, |(_, r)| r.len())
 }
 
 impl ExchangeBlocks for TensorBlocks {
     fn send_len(&self, peer: usize) -> usize {
-        self.sends[peer].1.len()
+        len(&self.sends[peer])
     }
 
     fn recv_len(&self, peer: usize) -> usize {
-        self.recvs[peer].1.len()
+        len(&self.recvs[peer])
     }
 
     fn read(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&[u8])) -> Result<()> {
-        let block = &self.sends[peer];
-        let bytes = within(block, range);
-        block.0.with_bytes(|b| f(&b[bytes]))
+        match within(&self.sends[peer], range) {
+            Some((t, bytes)) => t.with_bytes(|b| f(&b[bytes])),
+            None => {
+                f(&[]);
+                Ok(())
+            }
+        }
     }
 
     fn write(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        let block = &self.recvs[peer];
-        let bytes = within(block, range);
-        block.0.with_bytes_mut(|b| f(&mut b[bytes]))
+        match within(&self.recvs[peer], range) {
+            Some((t, bytes)) => t.with_bytes_mut(|b| f(&mut b[bytes])),
+            None => {
+                f(&mut []);
+                Ok(())
+            }
+        }
     }
 }

@@ -3,10 +3,14 @@
 //! has the same dtype and shape, so the fingerprint covers both and the
 //! root.
 
+#[cfg(target_os = "linux")]
+use super::exchange_blocks::TensorBlocks;
 use super::scratch;
 use super::staging::{read_into, write_from};
-use super::{fingerprint, Planned};
+use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::gather_direct;
+#[cfg(target_os = "linux")]
+use crate::cpu::algorithms::{all_to_all_shm_arena, SHM_ARENA_BROADCAST_MIN_BYTES};
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_like, check_per_rank, check_root};
 use crate::tensor::Tensor;
@@ -18,6 +22,7 @@ pub(crate) fn plan(
     input: &Tensor<'static>,
     outputs: Option<&[Tensor<'static>]>,
     root: usize,
+    arena: GroupArena,
 ) -> Result<Planned> {
     const OP: &str = "gather";
     check_dense_host(OP, input)?;
@@ -39,6 +44,21 @@ pub(crate) fn plan(
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
             let n = input.nbytes();
+            // Through the arena from the broadcast's size per block: every
+            // rank sends its input to the root, the root receives them all.
+            #[cfg(target_os = "linux")]
+            if let Some(arena) = arena.filter(|_| n >= SHM_ARENA_BROADCAST_MIN_BYTES) {
+                let mut sends = vec![None; size];
+                sends[root] = Some(&input);
+                let recvs: Vec<_> = if t.rank() == root {
+                    outputs.iter().map(Some).collect()
+                } else {
+                    vec![None; size]
+                };
+                let blocks = TensorBlocks::whole(&sends, &recvs)?;
+                all_to_all_shm_arena(t, &arena, &blocks, n, deadline)?;
+                return blocks.finish();
+            }
             let mut own = scratch::zeroed(n);
             read_into(&input, &mut own)?;
             let mut all = scratch::zeroed(if outputs.is_empty() { 0 } else { n * size });

@@ -7,9 +7,9 @@
 //! write the results back.
 //!
 //! Where the group has a shared-memory arena, `reduce` (in the backend)
-//! and large `all_to_all` / `all_to_all_single` go through it instead; the
-//! all-to-alls then read and write the tensors a piece at a time
-//! (`exchange_blocks.rs`) rather than staging them whole.
+//! and large `all_to_all`, `all_to_all_single`, `gather` and `scatter` go
+//! through it instead; the last four then read and write the tensors a
+//! piece at a time (`exchange_blocks.rs`) rather than staging them whole.
 //!
 //! Tensors travel as their elements in logical (row-major) order, so
 //! inputs and outputs may have any dense layout, and outputs may alias

@@ -3,11 +3,15 @@
 //! has the same dtype and shape, so the fingerprint covers both and the
 //! root.
 
+#[cfg(target_os = "linux")]
+use super::exchange_blocks::TensorBlocks;
 use super::gather::root_list;
 use super::scratch;
 use super::staging::{read_all, write_from};
-use super::{fingerprint, Planned};
+use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::scatter_direct;
+#[cfg(target_os = "linux")]
+use crate::cpu::algorithms::{all_to_all_shm_arena, SHM_ARENA_BROADCAST_MIN_BYTES};
 use crate::group::fingerprint::CollectiveKind;
 use crate::group::validate::{check_dense_host, check_like, check_root};
 use crate::tensor::Tensor;
@@ -19,6 +23,7 @@ pub(crate) fn plan(
     output: &Tensor<'static>,
     inputs: Option<&[Tensor<'static>]>,
     root: usize,
+    arena: GroupArena,
 ) -> Result<Planned> {
     const OP: &str = "scatter";
     check_dense_host(OP, output)?;
@@ -39,6 +44,22 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            // Through the arena from the broadcast's size per block: the root
+            // sends every rank its block, each rank receives one.
+            #[cfg(target_os = "linux")]
+            if let Some(arena) = arena.filter(|_| output.nbytes() >= SHM_ARENA_BROADCAST_MIN_BYTES)
+            {
+                let sends: Vec<_> = if t.rank() == root {
+                    inputs.iter().map(Some).collect()
+                } else {
+                    vec![None; size]
+                };
+                let mut recvs = vec![None; size];
+                recvs[root] = Some(&output);
+                let blocks = TensorBlocks::whole(&sends, &recvs)?;
+                all_to_all_shm_arena(t, &arena, &blocks, output.nbytes(), deadline)?;
+                return blocks.finish();
+            }
             let all = read_all(&inputs)?;
             let mut own = scratch::zeroed(output.nbytes());
             scatter_direct(t, &all, &mut own, root, deadline)?;
