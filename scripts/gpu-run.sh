@@ -5,7 +5,12 @@
 # method forced), then a summary.
 # Usage: bash .gpu/gpu-run.sh [bundle dir, default: this script's folder]
 # TENSORCOMM_SWEEP=1 adds the copy-tuning sweeps (threshold, streams);
-# TENSORCOMM_GLOO=1 the CPU backend's comparison against PyTorch's Gloo.
+# TENSORCOMM_GLOO=1 the CPU backend's comparison against PyTorch's Gloo,
+# shaped by GLOO_OPS, GLOO_RANKS, GLOO_END, GLOO_FACTOR, GLOO_ITERS and
+# GLOO_TRANSPORTS (defaults: all_reduce,broadcast at 2,4,8 ranks, 8 B to
+# 64 MiB by 4, 50 iterations, shm,sym,tcp). TEST_THREADS (default 1) runs
+# each test binary's tests that many at a time; TESTS=0 skips the test
+# binaries, CUDA_BENCH=0 the cuda::comm benchmarks.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 dir="${1:-$(cd "$(dirname "$0")" && pwd)}"
@@ -13,23 +18,25 @@ export TENSORCOMM_CACHE_DIR="${TENSORCOMM_CACHE_DIR:-/tmp/tensorcomm-kernels}"
 out="${OUT:-/tmp}"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader || true
 summary=()
-for t in "$dir"/test-*; do
+for t in $([ "${TESTS:-1}" = 0 ] || echo "$dir"/test-*); do
   name="$(basename "$t")"
   log="$out/$name.log"
-  "$t" --test-threads=1 --nocapture > "$log" 2>&1
+  "$t" --test-threads="${TEST_THREADS:-1}" --nocapture > "$log" 2>&1
   rc=$?
   res="$(grep -E '^test result:' "$log" | tail -1)"
   skips="$(grep -c '^skipped' "$log")"
   summary+=("$name rc=$rc skipped=$skips $res")
   if [ $rc -ne 0 ]; then grep -E "panicked|FAILED|assert" "$log" | head -20; fi
 done
-PYTHONUNBUFFERED=1 python3 "$dir/cuda_comm_torch.py" --json "$out/torch.json" > "$out/torch.log" 2>&1 \
-  || { echo "torch bench failed"; tail -5 "$out/torch.log"; }
-sizes=1K,1M,256M,1G
-for copy in auto kernel ce; do
-  TENSORCOMM_CUDA_COPY=$copy "$dir/tensorcomm" bench --backend cuda-comm --sizes $sizes \
-    --torch "$out/torch.json" | tee "$out/bench-$copy.txt"
-done
+if [ "${CUDA_BENCH:-1}" = 1 ]; then
+  PYTHONUNBUFFERED=1 python3 "$dir/cuda_comm_torch.py" --json "$out/torch.json" > "$out/torch.log" 2>&1 \
+    || { echo "torch bench failed"; tail -5 "$out/torch.log"; }
+  sizes=1K,1M,256M,1G
+  for copy in auto kernel ce; do
+    TENSORCOMM_CUDA_COPY=$copy "$dir/tensorcomm" bench --backend cuda-comm --sizes $sizes \
+      --torch "$out/torch.json" | tee "$out/bench-$copy.txt"
+  done
+fi
 if [ "${TENSORCOMM_SWEEP:-0}" = 1 ]; then
   # Measurements behind the copy tuning (bench/results/NOTES.md).
   tc() { "$dir/tensorcomm" bench --backend cuda-comm --torch "$out/torch.json" --iters 10 "$@"; }
@@ -54,9 +61,10 @@ if [ "${TENSORCOMM_SWEEP:-0}" = 1 ]; then
 fi
 if [ "${TENSORCOMM_GLOO:-0}" = 1 ]; then
   # The CPU backend against PyTorch's Gloo (bench/results/gloo-h200x2.txt).
-  (cd "$dir" && python3 compare_gloo.py --tensorcomm ./tensorcomm --ops all_reduce,broadcast \
-    --ranks 2,4,8 -b 8 -e 64M -f 4 --iters 50 --warmup 5 --transports shm,sym,tcp \
-    --json-out "$out/compare.jsonl") 2>&1 | tee "$out/compare.txt"
+  (cd "$dir" && python3 compare_gloo.py --tensorcomm ./tensorcomm \
+    --ops "${GLOO_OPS:-all_reduce,broadcast}" --ranks "${GLOO_RANKS:-2,4,8}" -b 8 \
+    -e "${GLOO_END:-64M}" -f "${GLOO_FACTOR:-4}" --iters "${GLOO_ITERS:-50}" --warmup 5 \
+    --transports "${GLOO_TRANSPORTS:-shm,sym,tcp}" --json-out "$out/compare.jsonl") 2>&1 | tee "$out/compare.txt"
 fi
 echo "== summary =="
 printf '%s\n' "${summary[@]}"
