@@ -22,6 +22,7 @@ use tensorcomm::Error;
 over_transports!(
     every_collective_matches_references_for_every_dtype_op_and_world_size,
     permuted_tensors_travel_in_logical_order,
+    reduce_combines_one_shape_held_in_different_layouts,
     large_tensors_cross_the_ring_in_several_segments,
     large_reduces_match_references_at_every_root,
     large_all_to_alls_in_every_form_match_references,
@@ -438,6 +439,62 @@ fn permuted_tensors_travel_in_logical_order(choice: TransportChoice) {
             .collect();
         assert_eq!(out.to_vec::<i32>().unwrap(), want);
     });
+}
+
+/// reduce's fingerprint covers the shape, not the layout: ranks may hold
+/// the same [rows, cols] tensor row-major or as a transposed view, and
+/// the root gets the element-wise result in its own layout (small and
+/// large sizes: the tree, and the shared-memory arena from 64 KiB).
+fn reduce_combines_one_shape_held_in_different_layouts(choice: TransportChoice) {
+    for (rows, cols) in [(6usize, 4usize), (256, 128)] {
+        let pgs = groups(3, choice);
+        let v = |r: usize, i: usize| ((r * 1000 + i) % 4093) as f32;
+        for root in [0, 1] {
+            let results = on_every_rank(&pgs, |pg| {
+                let rank = pg.rank();
+                let t = if rank == 1 {
+                    // Storage [cols, rows]: element (i, j) at j * rows + i.
+                    let mut st = vec![0f32; rows * cols];
+                    for i in 0..rows {
+                        for j in 0..cols {
+                            st[j * rows + i] = v(rank, i * cols + j);
+                        }
+                    }
+                    Tensor::from_vec(st, &[cols, rows])
+                        .unwrap()
+                        .permute(&[1, 0])
+                        .unwrap()
+                } else {
+                    Tensor::from_vec(
+                        (0..rows * cols).map(|i| v(rank, i)).collect(),
+                        &[rows, cols],
+                    )
+                    .unwrap()
+                };
+                pg.reduce(&t, root, ReduceOp::Sum, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                t.to_vec::<f32>().unwrap()
+            });
+            for (rank, got) in results.iter().enumerate() {
+                let want: Vec<f32> = (0..rows * cols)
+                    .map(|i| {
+                        if rank == root {
+                            (0..3).map(|r| v(r, i)).sum()
+                        } else {
+                            v(rank, i)
+                        }
+                    })
+                    .collect();
+                let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                assert_eq!(
+                    wrong, 0,
+                    "{rows}x{cols}, root {root}, rank {rank}: {wrong} elements wrong"
+                );
+            }
+        }
+    }
 }
 
 fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {

@@ -699,11 +699,22 @@ impl ProcessGroup for ProcessGroupCpu {
                     helpers: &arena.helpers,
                     count,
                 };
-                tensor.with_bytes_mut(|bytes| {
+                let reduce = |bytes: &mut [u8]| {
                     reduce_to_root_shm_arena(
                         t, &arena.shm, threads, bytes, dtype, op, root, deadline,
                     )
-                })?
+                };
+                if tensor.is_contiguous() {
+                    return tensor.with_bytes_mut(reduce)?;
+                }
+                // Elements in logical order: another rank may hold the same
+                // shape in another layout.
+                let staged = tensor.contiguous()?;
+                staged.with_bytes_mut(reduce)??;
+                if t.rank() == root {
+                    tensor.copy_from(&staged)?;
+                }
+                Ok(())
             });
         }
         self.submit(plan.fingerprint, timeout, plan.body)
