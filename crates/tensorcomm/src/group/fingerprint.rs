@@ -345,6 +345,10 @@ impl Transport for Fingerprinted<'_> {
         self.inner.check_alive(peer)
     }
 
+    fn has_data(&self, from: usize) -> Result<bool> {
+        self.inner.has_data(from)
+    }
+
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
         if self.first_recv(from) {
             self.check_header(from, deadline)?;

@@ -21,7 +21,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use super::arena_lanes::barrier;
+use super::arena_lanes::CallBarriers;
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
@@ -88,10 +88,14 @@ pub fn all_to_all_shm_arena(
     if world == 1 || longest == 0 {
         return Ok(());
     }
+    // The first barrier hears from every peer: gather and scatter choose
+    // the arena by each rank's own size (arena_lanes.rs says why that
+    // matters).
+    let mut barriers = CallBarriers::new(t, deadline);
     if arena.take_unfenced() {
         // The call before left without a barrier: others may still read
         // this rank's halves.
-        barrier(t, deadline)?;
+        barriers.pass()?;
     }
     let piece = |len: usize, step: usize| step * window..len.min((step + 1) * window);
     for step in 0..longest.div_ceil(window) {
@@ -102,7 +106,7 @@ pub fn all_to_all_shm_arena(
                 blocks.read(q, range, &mut |b| arena.copy_in(parity, q * window, b))?;
             }
         }
-        barrier(t, deadline)?;
+        barriers.pass()?;
         for p in (0..world).filter(|&p| p != rank) {
             let range = piece(blocks.recv_len(p), step);
             if !range.is_empty() {

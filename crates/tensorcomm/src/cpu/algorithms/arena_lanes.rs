@@ -3,6 +3,13 @@
 //! common: the barrier that opens a call and checks that every rank makes
 //! the same kind of call, and lanes (one per thread of a rank) that wait,
 //! in the arena's progress counters, for the same lane of other ranks.
+//!
+//!
+//! Every call through the arena opens with [`barrier_with_every_peer`]:
+//! each rank takes the arena or the transport by the size of its own
+//! tensors, so a rank whose size differs from the others' may take the
+//! other path, and only a first message from every peer is sure to meet
+//! the other path's messages (and their fingerprints), whatever they are.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -52,6 +59,113 @@ pub(super) fn barrier_agreeing(
     Ok(())
 }
 
+/// How often [`barrier_with_every_peer`] asks after the peers it has
+/// already heard from.
+const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// A barrier in which every rank hears from every other: each sends
+/// `value` to every peer, then takes the peers' messages as they arrive,
+/// checking each as [`barrier_agreeing`] does. It opens a call whose ranks
+/// chose the arena by their own tensors' sizes. A rank of the same call
+/// that took an algorithm over the transport instead (its size differs)
+/// either sends this rank something, whose fingerprint then fails the
+/// receive with [`Error::CollectiveMismatch`], or receives something from
+/// a rank here, which fails there; a rank that fails closes its links, and
+/// a rank waiting here notices a closed link of any peer it has not heard
+/// from. So a mismatch fails the call promptly instead of leaving a rank
+/// waiting for a message the other path never sends. A peer heard from
+/// that fails later is noticed too (every millisecond or so, through
+/// [`Transport::check_alive`]). Past it, every rank has finished its
+/// previous call.
+pub(super) fn barrier_with_every_peer(
+    t: &dyn Transport,
+    value: &[u8],
+    what: &dyn Fn(&[u8]) -> String,
+    deadline: Instant,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world_size());
+    for q in (0..world).filter(|&q| q != rank) {
+        t.send(q, value, deadline)?;
+    }
+    let mut waiting: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
+    let mut theirs = vec![0u8; value.len()];
+    let mut idle = 0u32;
+    let mut asked = Instant::now();
+    while !waiting.is_empty() {
+        // Past the deadline, the receive from a silent peer fails naming it.
+        let late = Instant::now() >= deadline;
+        let mut heard = false;
+        let mut i = 0;
+        while i < waiting.len() {
+            let q = waiting[i];
+            if late || t.has_data(q)? {
+                t.recv(q, &mut theirs, deadline)?;
+                if theirs != value {
+                    return Err(Error::CollectiveMismatch {
+                        rank,
+                        peer: q,
+                        mine: what(value),
+                        theirs: what(&theirs),
+                    });
+                }
+                waiting.swap_remove(i);
+                heard = true;
+            } else {
+                i += 1;
+            }
+        }
+        if heard {
+            idle = 0;
+            continue;
+        }
+        if asked.elapsed() >= ALIVE_EVERY {
+            // A peer heard from may have failed since (it found the
+            // mismatch, say): its closed links say so.
+            for q in (0..world).filter(|q| *q != rank && !waiting.contains(q)) {
+                t.check_alive(q)?;
+            }
+            asked = Instant::now();
+        }
+        idle = idle.saturating_add(1);
+        if idle < 256 {
+            std::hint::spin_loop();
+        } else if idle < 4096 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+    Ok(())
+}
+
+/// The barriers of one call of an arena algorithm whose ranks chose the
+/// arena by their own sizes: the first is [`barrier_with_every_peer`], the
+/// others the cheaper [`barrier`].
+pub(super) struct CallBarriers<'a> {
+    t: &'a dyn Transport,
+    deadline: Instant,
+    opened: bool,
+}
+
+impl<'a> CallBarriers<'a> {
+    pub(super) fn new(t: &'a dyn Transport, deadline: Instant) -> CallBarriers<'a> {
+        CallBarriers {
+            t,
+            deadline,
+            opened: false,
+        }
+    }
+
+    /// Waits until every rank has reached the same barrier of the call.
+    pub(super) fn pass(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.opened, true) {
+            barrier(self.t, self.deadline)
+        } else {
+            barrier_with_every_peer(self.t, &[1], &|_| "a barrier".to_string(), self.deadline)
+        }
+    }
+}
+
 /// What every rank of a shared-memory all-reduce must agree on before it
 /// starts: the number of lanes (the work's split depends on it) and, for
 /// a tensor in symmetric memory, which allocation and where in it.
@@ -94,10 +208,13 @@ impl ArenaCall {
     }
 
     /// Opens the call: a barrier that fails with
-    /// [`Error::CollectiveMismatch`] when ranks make different calls. Past
-    /// it, every rank has finished its previous call.
+    /// [`Error::CollectiveMismatch`] when ranks make different calls, and
+    /// in which every rank hears from every other
+    /// ([`barrier_with_every_peer`]): ranks choose the arena by the size
+    /// of their own tensor. Past it, every rank has finished its previous
+    /// call.
     pub(super) fn open(self, t: &dyn Transport, deadline: Instant) -> Result<()> {
-        barrier_agreeing(t, &self.encode(), &ArenaCall::describe, deadline)
+        barrier_with_every_peer(t, &self.encode(), &ArenaCall::describe, deadline)
     }
 }
 

@@ -6,11 +6,12 @@
 //! chunks earlier, which every rank finished before the previous barrier
 //! (the same argument as the arena all-reduce, with which it shares the
 //! arena's half counter). After an all-reduce, which leaves without a
-//! closing barrier, it passes one before its first copy in.
+//! closing barrier, it passes one before its first copy in. The call's
+//! first barrier hears from every peer (`CallBarriers`).
 
 use std::time::Instant;
 
-use super::arena_lanes::barrier;
+use super::arena_lanes::CallBarriers;
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
@@ -34,17 +35,20 @@ pub fn broadcast_shm_arena(
     if world == 1 {
         return Ok(());
     }
+    // The first barrier hears from every peer: the ranks chose the arena
+    // by their own sizes (arena_lanes.rs says why that matters).
+    let mut barriers = CallBarriers::new(t, deadline);
     if arena.take_unfenced() {
         // The all-reduce before left without a barrier: others may still
         // read this rank's slot.
-        barrier(t, deadline)?;
+        barriers.pass()?;
     }
     for piece in buf.chunks_mut(arena.chunk()) {
         let parity = arena.next_parity();
         if rank == root {
             arena.copy_in(parity, 0, piece);
         }
-        barrier(t, deadline)?;
+        barriers.pass()?;
         if rank != root {
             let len = piece.len();
             arena.copy_out(root, parity, 0..len, piece);

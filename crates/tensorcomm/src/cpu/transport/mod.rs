@@ -97,6 +97,15 @@ pub trait Transport: Send + Sync {
     /// instead of messages; may cost a system call.
     fn check_alive(&self, peer: usize) -> Result<()>;
 
+    /// Whether a message (or part of one) from `from` is waiting, so that
+    /// a `recv` from it would not wait for its first byte; never blocks.
+    /// Fails with [`Error::PeerClosed`](crate::Error::PeerClosed) when
+    /// nothing waits and `from` is known to be gone. Lets a rank that
+    /// expects one message from each of several peers take them in the
+    /// order they come, and notice a peer that failed meanwhile, instead
+    /// of blocking on one that may never send.
+    fn has_data(&self, from: usize) -> Result<bool>;
+
     /// Closes every connection at once, so that peers blocked on this rank
     /// fail promptly (a collective that failed here must not leave the
     /// others waiting for their timeout). The transport is unusable

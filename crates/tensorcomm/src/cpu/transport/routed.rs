@@ -279,6 +279,10 @@ impl Transport for RoutedTransport {
         self.transport(peer, "check_alive")?.check_alive(peer)
     }
 
+    fn has_data(&self, from: usize) -> Result<bool> {
+        self.transport(from, "has_data")?.has_data(from)
+    }
+
     fn abort(&self) {
         if let Some(shm) = &self.shm {
             shm.abort();

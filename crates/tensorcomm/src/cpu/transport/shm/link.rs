@@ -561,6 +561,24 @@ impl ShmLink {
         Ok(0)
     }
 
+    /// Whether bytes from the peer wait in this side's ring, without
+    /// blocking: a `recv` would get its first byte at once. Fails with
+    /// [`Error::PeerClosed`] when nothing waits and the peer is gone (its
+    /// closed flag at once, its process lock every few milliseconds).
+    pub fn has_data(&self, during: &str) -> Result<bool> {
+        if Self::lock(&self.rx).readable() > 0 {
+            return Ok(true);
+        }
+        match self.peer_gone(self.probe_due()) {
+            // Bytes written just before it went away still count.
+            Some(reason) if Self::lock(&self.rx).readable() == 0 => {
+                Err(self.died(during.to_string(), reason))
+            }
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
+    }
+
     /// Whether the peer still has its link open and its process running
     /// (asks the kernel, so costs a system call).
     pub fn peer_alive(&self) -> bool {

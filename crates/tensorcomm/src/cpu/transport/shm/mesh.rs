@@ -183,6 +183,11 @@ impl Transport for ShmTransport {
         self.link(from, "recv")?.recv(buf, deadline)
     }
 
+    fn has_data(&self, from: usize) -> Result<bool> {
+        self.link(from, "has_data")?
+            .has_data("waiting for a message from it")
+    }
+
     fn send_recv(
         &self,
         to: usize,

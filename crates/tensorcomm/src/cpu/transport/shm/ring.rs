@@ -112,7 +112,7 @@ impl Ring {
     }
 
     /// Bytes the consumer could read now.
-    fn readable(&self) -> u64 {
+    pub fn readable(&self) -> u64 {
         let ctl = self.ctl();
         let head = ctl.head.0.load(Ordering::Acquire);
         head.wrapping_sub(ctl.tail.0.load(Ordering::Relaxed))

@@ -163,6 +163,54 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
+    /// Whether bytes from `peer` wait on the first connection, without
+    /// blocking or consuming them; [`Error::PeerClosed`] (saying it was
+    /// found `during` something) when the peer closed that connection or
+    /// it broke.
+    fn peek(&self, peer: usize, during: &str) -> Result<bool> {
+        let p = self.peer(peer, "peek")?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            let fd = p.lanes[0].control.as_raw_fd();
+            let mut byte = 0u8;
+            // SAFETY: a one-byte peek into a local; MSG_PEEK consumes
+            // nothing and MSG_DONTWAIT never blocks.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            let closed = match n {
+                0 => "it closed its TCP connection".to_string(),
+                n if n > 0 => return Ok(true),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    match e.kind() {
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => {
+                            return Ok(false)
+                        }
+                        kind => format!("its TCP connection broke ({kind})"),
+                    }
+                }
+            };
+            Err(Error::PeerClosed {
+                peer,
+                during: during.into(),
+                reason: closed,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            // Cannot tell without blocking: a receive may as well wait.
+            let _ = p;
+            Ok(true)
+        }
+    }
+
     /// Connects rank `rank` of `world_size` to every other rank, meeting
     /// them through keys under `key_prefix` in `store`. Every rank of the
     /// group calls this with the same prefix.
@@ -436,44 +484,14 @@ impl Transport for TcpTransport {
     /// reset means the peer closed it (or died); pending data or nothing
     /// to read means it is there.
     fn check_alive(&self, peer: usize) -> Result<()> {
-        let p = self.peer(peer, "check_alive")?;
-        #[cfg(unix)]
-        {
-            use std::os::fd::AsRawFd;
-            let fd = p.lanes[0].control.as_raw_fd();
-            let mut byte = 0u8;
-            // SAFETY: a one-byte peek into a local; MSG_PEEK consumes
-            // nothing and MSG_DONTWAIT never blocks.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    (&mut byte as *mut u8).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            let closed = match n {
-                0 => Some("it closed its TCP connection".to_string()),
-                n if n > 0 => None,
-                _ => {
-                    let e = std::io::Error::last_os_error();
-                    match e.kind() {
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => None,
-                        kind => Some(format!("its TCP connection broke ({kind})")),
-                    }
-                }
-            };
-            if let Some(reason) = closed {
-                return Err(Error::PeerClosed {
-                    peer,
-                    during: "checking that it is alive".into(),
-                    reason,
-                });
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = p;
-        Ok(())
+        self.peek(peer, "checking that it is alive").map(|_| ())
+    }
+
+    /// Peeks at the first connection, where every message starts (a
+    /// striped one with its first stripe): pending bytes mean a message
+    /// is there.
+    fn has_data(&self, from: usize) -> Result<bool> {
+        self.peek(from, "waiting for a message from it")
     }
 
     fn abort(&self) {
