@@ -2,8 +2,9 @@
 # The sweeps behind the CPU backend's thresholds (cpu/algorithms/mod.rs),
 # each a series of `tensorcomm bench` runs with one tuning knob forced.
 # Usage: bash bench/cpu_sweeps.sh [path/to/tensorcomm] [what]
-#   what: arena-threads | arena-threshold | tcp-algorithms | tcp-lanes |
-#         ring-segments | small | all (default)
+#   what: arena-threads | arena-chunk | arena-threshold | tcp-algorithms |
+#         tcp-lanes | ring-segments | small | all (default)
+# REPS=N (default 1) repeats each sweep N times, interleaved, to show the noise.
 # Results go to stdout; bench/results/*.txt hold the ones quoted in code.
 set -uo pipefail
 tc="${1:-target/release/tensorcomm}"
@@ -15,6 +16,17 @@ if want arena-threads; then
   for n in 2 4 8; do for th in 2 3 4 6 8; do
     echo "## shm ranks=$n threads=$th"
     TENSORCOMM_SHM_ARENA_THREADS=$th run -n "$n" -b 256K -e 32M -f 2 --transport shm
+  done; done
+fi
+if want arena-chunk; then
+  # Threads per rank: half and all of the rank's share of the cores.
+  for rep in $(seq "${REPS:-1}"); do for n in 4 8; do
+    own=$(( $(nproc) / n )); [ "$own" -ge 1 ] || own=1
+    for chunk in 1M 2M 4M 8M; do for th in $(( (own + 1) / 2 )) "$own"; do
+      echo "## shm ranks=$n chunk=$chunk threads=$th rep=$rep"
+      TENSORCOMM_SHM_ARENA_CHUNK=$chunk TENSORCOMM_SHM_ARENA_THREADS=$th \
+        run -n "$n" -b 2M -e 32M -f 4 --transport shm
+    done; done
   done; done
 fi
 if want arena-threshold; then
