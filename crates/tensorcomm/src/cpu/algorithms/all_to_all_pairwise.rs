@@ -2,7 +2,8 @@
 //! block for rank `r + k` while receiving the block from rank `r - k`, both
 //! at once through [`Transport::send_recv`], so no pair can deadlock
 //! whatever the block sizes. Blocks may differ in size per peer (uneven
-//! all-to-all).
+//! all-to-all). They are sent from and received into where they live
+//! ([`ExchangeBlocks`]): nothing is staged.
 //!
 //! When the sizes are not known to agree (uneven splits), a first round of
 //! the same steps exchanges 16 bytes per pair: how much each side sends
@@ -10,74 +11,53 @@
 //! with [`Error::CollectiveMismatch`] before any data moves, instead of one
 //! side waiting for bytes that never come.
 
-use std::ops::Range;
 use std::time::Instant;
 
+use super::ExchangeBlocks;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
 
-/// Sends `send[send_offsets[p]..send_offsets[p + 1]]` to every rank `p` and
-/// receives rank `p`'s block for this rank into
-/// `recv[recv_offsets[p]..recv_offsets[p + 1]]`. Offsets have `world + 1`
-/// non-decreasing entries ending at the buffer's length. With
-/// `check_sizes`, the pairs first agree on the block sizes (see the module
-/// documentation); every rank must pass the same `check_sizes`.
+/// Sends block `p` of `blocks` to every rank `p` and receives rank `p`'s
+/// block for this rank into block `p` of `blocks`; this rank's own block
+/// is copied. With `check_sizes`, the pairs first agree on the block sizes
+/// (see the module documentation); every rank must pass the same
+/// `check_sizes`.
 pub fn all_to_all_pairwise(
     t: &dyn Transport,
-    send: &[u8],
-    send_offsets: &[usize],
-    recv: &mut [u8],
-    recv_offsets: &[usize],
+    blocks: &dyn ExchangeBlocks,
     check_sizes: bool,
     deadline: Instant,
 ) -> Result<()> {
     let (rank, world) = (t.rank(), t.world_size());
-    let block = |offsets: &[usize], len: usize, p: usize| -> Result<Range<usize>> {
-        let r = offsets[p]..offsets[p + 1];
-        if r.start > r.end || r.end > len {
-            return Err(Error::InvalidArgument(format!(
-                "all_to_all: expected block offsets within 0..={len}, found {offsets:?}"
-            )));
-        }
-        Ok(r)
-    };
-    for (name, offsets) in [("send", send_offsets), ("receive", recv_offsets)] {
-        if offsets.len() != world + 1 {
-            return Err(Error::InvalidArgument(format!(
-                "all_to_all: expected {} {name} offsets, found {}",
-                world + 1,
-                offsets.len()
-            )));
-        }
-    }
-    let own_out = block(send_offsets, send.len(), rank)?;
-    let own_in = block(recv_offsets, recv.len(), rank)?;
-    if own_out.len() != own_in.len() {
+    let own = blocks.send_len(rank);
+    if own != blocks.recv_len(rank) {
         return Err(Error::InvalidArgument(format!(
-            "all_to_all: expected the block this rank sends itself ({} bytes) to fit the block it receives from itself ({} bytes)",
-            own_out.len(),
-            own_in.len()
+            "all_to_all: expected the block this rank sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
+            blocks.recv_len(rank)
         )));
     }
-    recv[own_in].copy_from_slice(&send[own_out]);
+    let mut copied = Ok(());
+    blocks.read(rank, 0..own, &mut |src| {
+        copied = blocks.write(rank, 0..own, &mut |dst| dst.copy_from_slice(src));
+    })?;
+    copied?;
     if check_sizes {
-        let lens = |offsets: &[usize], len: usize| -> Result<Vec<usize>> {
-            (0..world)
-                .map(|p| block(offsets, len, p).map(|r| r.len()))
-                .collect()
-        };
-        agree_block_sizes(
-            t,
-            &lens(send_offsets, send.len())?,
-            &lens(recv_offsets, recv.len())?,
-            deadline,
-        )?;
+        let send_lens: Vec<usize> = (0..world).map(|p| blocks.send_len(p)).collect();
+        let recv_lens: Vec<usize> = (0..world).map(|p| blocks.recv_len(p)).collect();
+        agree_block_sizes(t, &send_lens, &recv_lens, deadline)?;
     }
     for k in 1..world {
         let (to, from) = ((rank + k) % world, (rank + world - k) % world);
-        let out = block(send_offsets, send.len(), to)?;
-        let into = block(recv_offsets, recv.len(), from)?;
-        t.send_recv(to, &send[out], from, &mut recv[into], deadline)?;
+        let (out, into) = (blocks.send_len(to), blocks.recv_len(from));
+        let mut moved = Ok(());
+        blocks.read(to, 0..out, &mut |src| {
+            let mut exchanged = Ok(());
+            let written = blocks.write(from, 0..into, &mut |dst| {
+                exchanged = t.send_recv(to, src, from, dst, deadline);
+            });
+            moved = written.and(exchanged);
+        })?;
+        moved?;
     }
     Ok(())
 }
@@ -132,7 +112,7 @@ pub fn agree_block_sizes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks};
+    use crate::cpu::algorithms::testing::{deadline, run_ranks, BlockBuffers};
 
     /// Bytes rank `from` sends rank `to`: uneven, some empty.
     fn len(from: usize, to: usize) -> usize {
@@ -143,32 +123,24 @@ mod tests {
         (from * 50 + to * 7 + i) as u8
     }
 
-    fn offsets(lens: impl Iterator<Item = usize>) -> Vec<usize> {
-        let mut out = vec![0];
-        for l in lens {
-            out.push(out.last().unwrap() + l);
-        }
-        out
-    }
-
     #[test]
     fn uneven_blocks_reach_every_peer_for_world_sizes_1_to_8() {
         for world in [1, 2, 3, 4, 8] {
             for check_sizes in [false, true] {
                 let results = run_ranks(world, |t| {
                     let r = t.rank();
-                    let send: Vec<u8> = (0..world)
-                        .flat_map(|to| (0..len(r, to)).map(move |i| byte(r, to, i)))
-                        .collect();
-                    let so = offsets((0..world).map(|to| len(r, to)));
-                    let ro = offsets((0..world).map(|from| len(from, r)));
-                    let mut recv = vec![0xEE; *ro.last().unwrap()];
-                    all_to_all_pairwise(t, &send, &so, &mut recv, &ro, check_sizes, deadline())
-                        .map(|()| recv)
+                    let blocks = BlockBuffers::new(
+                        (0..world)
+                            .map(|to| (0..len(r, to)).map(|i| byte(r, to, i)).collect())
+                            .collect(),
+                        (0..world).map(|from| len(from, r)),
+                    );
+                    all_to_all_pairwise(t, &blocks, check_sizes, deadline())
+                        .map(|()| blocks.received())
                 });
                 for (rank, got) in results.into_iter().enumerate() {
-                    let expected: Vec<u8> = (0..world)
-                        .flat_map(|from| (0..len(from, rank)).map(move |i| byte(from, rank, i)))
+                    let expected: Vec<Vec<u8>> = (0..world)
+                        .map(|from| (0..len(from, rank)).map(|i| byte(from, rank, i)).collect())
                         .collect();
                     assert_eq!(got.unwrap(), expected, "world {world} rank {rank}");
                 }
@@ -183,11 +155,11 @@ mod tests {
             let r = t.rank();
             let send_lens = [[2, 4, 2], [2, 2, 2], [2, 2, 2]][r];
             let recv_lens = [[2, 2, 2], [6, 2, 2], [2, 2, 2]][r];
-            let so = offsets(send_lens.into_iter());
-            let ro = offsets(recv_lens.into_iter());
-            let send = vec![r as u8; so[3]];
-            let mut recv = vec![0; ro[3]];
-            all_to_all_pairwise(t, &send, &so, &mut recv, &ro, true, deadline())
+            let blocks = BlockBuffers::new(
+                send_lens.iter().map(|&n| vec![r as u8; n]).collect(),
+                recv_lens.into_iter(),
+            );
+            all_to_all_pairwise(t, &blocks, true, deadline())
         });
         for (rank, r) in results.into_iter().enumerate() {
             match (rank, r) {

@@ -18,27 +18,13 @@
 //! at a time, so the caller's tensors need not be staged whole (and an
 //! input and an output sharing storage are never locked together).
 
-use std::ops::Range;
 use std::time::Instant;
 
 use super::arena_lanes::CallBarriers;
+use super::ExchangeBlocks;
 use crate::cpu::transport::shm::ShmArena;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
-
-/// The bytes one rank of an all-to-all sends and receives, block by block
-/// (one block per rank, its own included).
-pub trait ExchangeBlocks {
-    /// Bytes this rank sends rank `peer`.
-    fn send_len(&self, peer: usize) -> usize;
-    /// Bytes this rank receives from rank `peer`.
-    fn recv_len(&self, peer: usize) -> usize;
-    /// Runs `f` on `range` of the block for `peer` (within `send_len`).
-    fn read(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&[u8])) -> Result<()>;
-    /// Runs `f` on `range` of the block from `peer` (within `recv_len`),
-    /// which it fills.
-    fn write(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
-}
 
 /// Windows are multiples of a cache line where the arena allows.
 const WINDOW_ALIGN: usize = 64;
@@ -126,36 +112,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
-    use std::sync::Mutex;
-
-    /// Plain buffers: block p of `send` goes to rank p.
-    struct Buffers {
-        send: Vec<Vec<u8>>,
-        recv: Vec<Mutex<Vec<u8>>>,
-    }
-
-    impl ExchangeBlocks for Buffers {
-        fn send_len(&self, peer: usize) -> usize {
-            self.send[peer].len()
-        }
-        fn recv_len(&self, peer: usize) -> usize {
-            self.recv[peer].lock().unwrap().len()
-        }
-        fn read(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&[u8])) -> Result<()> {
-            f(&self.send[peer][range]);
-            Ok(())
-        }
-        fn write(
-            &self,
-            peer: usize,
-            range: Range<usize>,
-            f: &mut dyn FnMut(&mut [u8]),
-        ) -> Result<()> {
-            f(&mut self.recv[peer].lock().unwrap()[range]);
-            Ok(())
-        }
-    }
+    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store, BlockBuffers};
 
     /// Bytes rank `from` sends rank `to`: uneven, some empty, some of
     /// several steps (windows are 128 / world bytes here).
@@ -178,14 +135,12 @@ mod tests {
                 let mut out = Vec::new();
                 // 0: nothing moves; 1: within one window; 40: many steps.
                 for scale in [0, 1, 40] {
-                    let blocks = Buffers {
-                        send: (0..world)
+                    let blocks = BlockBuffers::new(
+                        (0..world)
                             .map(|to| (0..len(r, to, scale)).map(|i| byte(r, to, i)).collect())
                             .collect(),
-                        recv: (0..world)
-                            .map(|from| Mutex::new(vec![0xEE; len(from, r, scale)]))
-                            .collect(),
-                    };
+                        (0..world).map(|from| len(from, r, scale)),
+                    );
                     let longest = (0..world)
                         .flat_map(|a| (0..world).filter(move |&b| b != a).map(move |b| (a, b)))
                         .map(|(a, b)| len(a, b, scale))
@@ -193,13 +148,7 @@ mod tests {
                         .unwrap_or(0);
                     all_to_all_shm_arena(t, &arena, &blocks, longest, deadline())
                         .expect("all_to_all");
-                    out.push(
-                        blocks
-                            .recv
-                            .into_iter()
-                            .map(|m| m.into_inner().unwrap())
-                            .collect::<Vec<_>>(),
-                    );
+                    out.push(blocks.received());
                 }
                 out
             });

@@ -63,6 +63,7 @@ mod arena_lanes;
 mod broadcast_shm_arena;
 mod broadcast_tree;
 mod direct;
+mod exchange_blocks;
 mod gather_direct;
 mod halving_doubling;
 mod reduce_ring_gather;
@@ -83,11 +84,12 @@ use std::time::Instant;
 
 pub use all_to_all_pairwise::{agree_block_sizes, all_to_all_pairwise};
 #[cfg(target_os = "linux")]
-pub use all_to_all_shm_arena::{all_to_all_shm_arena, ExchangeBlocks};
+pub use all_to_all_shm_arena::all_to_all_shm_arena;
 #[cfg(target_os = "linux")]
 pub use broadcast_shm_arena::broadcast_shm_arena;
 pub use broadcast_tree::broadcast_tree;
 pub use direct::all_reduce_direct;
+pub use exchange_blocks::ExchangeBlocks;
 pub use gather_direct::gather_direct;
 pub use halving_doubling::all_reduce_halving_doubling;
 pub use reduce_ring_gather::reduce_ring_gather;

@@ -1,12 +1,14 @@
 //! Test harness for algorithms: a TCP mesh on loopback, one thread per
 //! rank, and an all-reduce checker against a scalar reference.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use half::bf16;
 
+use super::ExchangeBlocks;
 use crate::cpu::reduce::ReduceOp;
 use crate::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
 use crate::store::HashStore;
@@ -213,5 +215,48 @@ pub(crate) fn check_all_reduce_with<S>(
             }
             k += 1;
         }
+    }
+}
+
+/// An all-to-all's blocks in plain buffers: block `p` of `send` goes to
+/// rank `p`, block `p` of `recv` comes from it.
+pub(crate) struct BlockBuffers {
+    pub send: Vec<Vec<u8>>,
+    pub recv: Vec<Mutex<Vec<u8>>>,
+}
+
+impl BlockBuffers {
+    /// `send[p]` to send, and `recv_lens[p]` bytes of 0xEE to receive into.
+    pub fn new(send: Vec<Vec<u8>>, recv_lens: impl Iterator<Item = usize>) -> BlockBuffers {
+        BlockBuffers {
+            send,
+            recv: recv_lens.map(|n| Mutex::new(vec![0xEE; n])).collect(),
+        }
+    }
+
+    /// The received blocks.
+    pub fn received(self) -> Vec<Vec<u8>> {
+        self.recv
+            .into_iter()
+            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .collect()
+    }
+}
+
+impl ExchangeBlocks for BlockBuffers {
+    fn send_len(&self, peer: usize) -> usize {
+        self.send[peer].len()
+    }
+    fn recv_len(&self, peer: usize) -> usize {
+        self.recv[peer].lock().map_or(0, |b| b.len())
+    }
+    fn read(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&[u8])) -> Result<()> {
+        f(&self.send[peer][range]);
+        Ok(())
+    }
+    fn write(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let mut block = self.recv[peer].lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut block[range]);
+        Ok(())
     }
 }

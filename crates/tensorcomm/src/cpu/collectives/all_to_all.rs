@@ -1,5 +1,7 @@
 //! `all_to_all` (list form): `inputs[p]` of this rank into `outputs[r]` of
-//! rank `p`, where `r` is this rank, pairwise ([`all_to_all_pairwise`]).
+//! rank `p`, where `r` is this rank, pairwise ([`all_to_all_pairwise`]) or
+//! through the shared-memory arena, straight from and into the tensors
+//! ([`TensorBlocks`]).
 //! Tensors may differ in size per peer (uneven all-to-all), so the
 //! fingerprint covers only the dtype, and each pair agrees on its block
 //! sizes before data moves.
@@ -8,9 +10,6 @@
 use std::time::Instant;
 
 use super::exchange_blocks::TensorBlocks;
-#[cfg(target_os = "linux")]
-use super::scratch;
-use super::staging::{read_all, write_all};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
 #[cfg(target_os = "linux")]
@@ -62,6 +61,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            let blocks = TensorBlocks::lists(&inputs, &outputs)?;
             let mut check_sizes = true;
             #[cfg(target_os = "linux")]
             if let Some(arena) = &arena {
@@ -70,26 +70,13 @@ pub(crate) fn plan(
                 agree_block_sizes(t, &send_lens, &recv_lens, deadline)?;
                 let longest = longest_block(t, &send_lens, deadline)?;
                 if longest >= SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES {
-                    let blocks = TensorBlocks::lists(&inputs, &outputs)?;
                     all_to_all_shm_arena(t, arena, &blocks, longest, deadline)?;
                     return blocks.finish();
                 }
                 check_sizes = false;
             }
-            let send = read_all(&inputs)?;
-            let send_offsets = offsets(inputs.iter().map(Tensor::nbytes));
-            let recv_offsets = offsets(outputs.iter().map(Tensor::nbytes));
-            let mut recv = scratch::zeroed(recv_offsets[size]);
-            all_to_all_pairwise(
-                t,
-                &send,
-                &send_offsets,
-                &mut recv,
-                &recv_offsets,
-                check_sizes,
-                deadline,
-            )?;
-            write_all(&outputs, &recv)
+            all_to_all_pairwise(t, &blocks, check_sizes, deadline)?;
+            blocks.finish()
         }),
     })
 }

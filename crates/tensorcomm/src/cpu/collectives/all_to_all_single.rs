@@ -1,5 +1,7 @@
 //! `all_to_all_single`: rows of `input` (dim 0) split per peer and
-//! exchanged into rows of `output`, pairwise ([`all_to_all_pairwise`]).
+//! exchanged into rows of `output`, pairwise ([`all_to_all_pairwise`]) or
+//! through the shared-memory arena, straight from and into the tensors
+//! ([`TensorBlocks`]).
 //! With no split sizes, dim 0 is split equally; otherwise
 //! `input_split_sizes[p]` rows go to rank `p` and `output_split_sizes[p]`
 //! rows come from it (uneven). Both tensors have the same shape after dim
@@ -7,13 +9,10 @@
 //! splits are uneven; equal splits also cover the element count, while
 //! uneven ones have each pair agree on its block sizes before data moves.
 
+#[cfg(target_os = "linux")]
 use super::all_to_all::longest_block;
 use super::all_to_all::offsets;
-#[cfg(target_os = "linux")]
 use super::exchange_blocks::TensorBlocks;
-#[cfg(target_os = "linux")]
-use super::scratch;
-use super::staging::{read_into, write_from};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
 #[cfg(target_os = "linux")]
@@ -84,6 +83,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            let blocks = TensorBlocks::single(&input, &send_offsets, &output, &recv_offsets)?;
             let mut check_sizes = uneven;
             #[cfg(target_os = "linux")]
             if let Some(arena) = &arena {
@@ -97,26 +97,13 @@ pub(crate) fn plan(
                     send_lens.first().copied().unwrap_or(0)
                 };
                 if longest >= SHM_ARENA_ALL_TO_ALL_MIN_BLOCK_BYTES {
-                    let blocks =
-                        TensorBlocks::single(&input, &send_offsets, &output, &recv_offsets)?;
                     all_to_all_shm_arena(t, arena, &blocks, longest, deadline)?;
                     return blocks.finish();
                 }
                 check_sizes = false;
             }
-            let mut send = scratch::zeroed(input.nbytes());
-            read_into(&input, &mut send)?;
-            let mut recv = scratch::zeroed(output.nbytes());
-            all_to_all_pairwise(
-                t,
-                &send,
-                &send_offsets,
-                &mut recv,
-                &recv_offsets,
-                check_sizes,
-                deadline,
-            )?;
-            write_from(&output, &recv)
+            all_to_all_pairwise(t, &blocks, check_sizes, deadline)?;
+            blocks.finish()
         }),
     })
 }

@@ -1,9 +1,12 @@
 //! [`TensorBlocks`]: an all-to-all's blocks as byte ranges of the caller's
-//! tensors, for the shared-memory arena all-to-all, which reads and writes
-//! them a piece at a time instead of staging them whole.
+//! tensors, for the all-to-all algorithms (pairwise over the transport,
+//! through the shared-memory arena), which read and write them in place
+//! instead of staging them whole.
 //!
 //! Blocks are read straight from contiguous inputs and written straight
-//! into contiguous outputs. An input of another layout is copied once into
+//! into contiguous outputs. No block read shares storage with a block
+//! written (see below), so an algorithm may write one while it reads
+//! another. An input of another layout is copied once into
 //! a contiguous tensor first; an output of another layout gets a
 //! contiguous stand-in that [`TensorBlocks::finish`] copies back. When an
 //! output shares storage with an input, every input is copied first, so

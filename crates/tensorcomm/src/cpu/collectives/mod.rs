@@ -30,7 +30,6 @@ pub(crate) mod all_gather_into_tensor;
 pub(crate) mod all_reduce_coalesced;
 pub(crate) mod all_to_all;
 pub(crate) mod all_to_all_single;
-#[cfg(target_os = "linux")]
 mod exchange_blocks;
 pub(crate) mod gather;
 pub(crate) mod reduce;
