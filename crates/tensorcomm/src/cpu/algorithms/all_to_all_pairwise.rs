@@ -29,18 +29,7 @@ pub fn all_to_all_pairwise(
     deadline: Instant,
 ) -> Result<()> {
     let (rank, world) = (t.rank(), t.world_size());
-    let own = blocks.send_len(rank);
-    if own != blocks.recv_len(rank) {
-        return Err(Error::InvalidArgument(format!(
-            "all_to_all: expected the block this rank sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
-            blocks.recv_len(rank)
-        )));
-    }
-    let mut copied = Ok(());
-    blocks.read(rank, 0..own, &mut |src| {
-        copied = blocks.write(rank, 0..own, &mut |dst| dst.copy_from_slice(src));
-    })?;
-    copied?;
+    blocks.copy_own(rank)?;
     if check_sizes {
         let send_lens: Vec<usize> = (0..world).map(|p| blocks.send_len(p)).collect();
         let recv_lens: Vec<usize> = (0..world).map(|p| blocks.recv_len(p)).collect();

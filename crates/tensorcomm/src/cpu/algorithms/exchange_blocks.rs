@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// The bytes one rank of an all-to-all sends and receives, block by block
 /// (one block per rank, its own included), read and written in place.
@@ -52,4 +52,21 @@ pub trait ExchangeBlocks {
     /// Runs `f` on `range` of the block from `peer` (within `recv_len`),
     /// which it fills.
     fn write(&self, peer: usize, range: Range<usize>, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+
+    /// Copies the block `rank` sends itself into the block it receives
+    /// from itself, which must be as long.
+    fn copy_own(&self, rank: usize) -> Result<()> {
+        let own = self.send_len(rank);
+        if own != self.recv_len(rank) {
+            return Err(Error::InvalidArgument(format!(
+                "expected the block rank {rank} sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
+                self.recv_len(rank)
+            )));
+        }
+        let mut copied = Ok(());
+        self.read(rank, 0..own, &mut |src| {
+            copied = self.write(rank, 0..own, &mut |dst| dst.copy_from_slice(src));
+        })?;
+        copied
+    }
 }

@@ -1,19 +1,19 @@
 //! Direct gather: every rank sends its block straight to the root, which
-//! receives them in rank order. One step per non-root rank; the root's
+//! receives them in rank order, each into its place. One step per non-root rank; the root's
 //! link carries everything, as in any gather.
 
 use std::time::Instant;
 
+use super::ExchangeBlocks;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
 
-/// Collects every rank's `input` (all the same length) into `output` of
-/// rank `root`, rank `r`'s in block `r`. `output` is `world *
-/// input.len()` bytes on the root and ignored elsewhere.
+/// Collects every rank's block for `root` (`blocks.send_len(root)` bytes,
+/// the same on every rank) into the root's block from that rank, straight
+/// from and into where they live. Only the root receives.
 pub fn gather_direct(
     t: &dyn Transport,
-    input: &[u8],
-    output: &mut [u8],
+    blocks: &dyn ExchangeBlocks,
     root: usize,
     deadline: Instant,
 ) -> Result<()> {
@@ -24,22 +24,22 @@ pub fn gather_direct(
         )));
     }
     if rank != root {
-        return t.send(root, input, deadline);
-    }
-    let n = input.len();
-    if output.len() != world * n {
-        return Err(Error::InvalidArgument(format!(
-            "gather: expected an output of {world} x {n} bytes on the root, found {}",
-            output.len()
-        )));
+        let mut sent = Ok(());
+        blocks.read(root, 0..blocks.send_len(root), &mut |src| {
+            sent = t.send(root, src, deadline);
+        })?;
+        return sent;
     }
     for from in 0..world {
-        let block = &mut output[from * n..(from + 1) * n];
         if from == rank {
-            block.copy_from_slice(input);
-        } else {
-            t.recv(from, block, deadline)?;
+            blocks.copy_own(rank)?;
+            continue;
         }
+        let mut received = Ok(());
+        blocks.write(from, 0..blocks.recv_len(from), &mut |dst| {
+            received = t.recv(from, dst, deadline);
+        })?;
+        received?;
     }
     Ok(())
 }
@@ -47,7 +47,7 @@ pub fn gather_direct(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks};
+    use crate::cpu::algorithms::testing::{deadline, run_ranks, BlockBuffers};
 
     #[test]
     fn the_root_gets_every_block_in_rank_order() {
@@ -56,20 +56,19 @@ mod tests {
                 for n in [0usize, 5, 3000] {
                     let pattern = |r: usize, i: usize| (r * 17 + i * 3 + root) as u8;
                     let results = run_ranks(world, |t| {
-                        let input: Vec<u8> = (0..n).map(|i| pattern(t.rank(), i)).collect();
-                        let mut out = if t.rank() == root {
-                            vec![0xEE; world * n]
-                        } else {
-                            Vec::new()
-                        };
-                        gather_direct(t, &input, &mut out, root, deadline()).map(|()| out)
+                        let r = t.rank();
+                        let mut send = vec![Vec::new(); world];
+                        send[root] = (0..n).map(|i| pattern(r, i)).collect();
+                        let recv_len = |p: usize| if r == root || p == r { n } else { 0 };
+                        let blocks = BlockBuffers::new(send, (0..world).map(recv_len));
+                        gather_direct(t, &blocks, root, deadline()).map(|()| blocks.received())
                     });
-                    let expected: Vec<u8> = (0..world)
-                        .flat_map(|r| (0..n).map(move |i| pattern(r, i)))
-                        .collect();
                     for (rank, got) in results.into_iter().enumerate() {
                         let got = got.unwrap();
                         if rank == root {
+                            let expected: Vec<Vec<u8>> = (0..world)
+                                .map(|r| (0..n).map(|i| pattern(r, i)).collect())
+                                .collect();
                             assert_eq!(got, expected, "world {world} root {root} n {n}");
                         }
                     }
@@ -79,9 +78,10 @@ mod tests {
     }
 
     #[test]
-    fn a_wrong_output_length_on_the_root_is_refused() {
+    fn a_root_out_of_range_is_refused() {
         let results = run_ranks(1, |t| {
-            gather_direct(t, &[1, 2], &mut [0u8; 3], 0, deadline())
+            let blocks = BlockBuffers::new(vec![vec![1, 2]], [2].into_iter());
+            gather_direct(t, &blocks, 1, deadline())
         });
         assert!(matches!(results[0], Err(Error::InvalidArgument(_))));
     }

@@ -1,5 +1,5 @@
-//! Direct scatter: the root sends block `r` of its buffer straight to rank
-//! `r`, in rank order; every other rank receives once.
+//! Direct scatter: the root sends its block for rank `r` straight to rank
+//! `r`, in rank order; every other rank receives once, into its place.
 //!
 //! Before any data moves the root and every other rank exchange an empty
 //! message. Over a fingerprinting transport that message carries each
@@ -9,15 +9,16 @@
 
 use std::time::Instant;
 
+use super::ExchangeBlocks;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
 
-/// Copies block `r` of `input` on rank `root` (`world` blocks of
-/// `output.len()` bytes; ignored elsewhere) into `output` of rank `r`.
+/// Sends the root's block for each rank `r` (the same length for every
+/// rank) into rank `r`'s block from the root, straight from and into where
+/// they live. Only the root sends.
 pub fn scatter_direct(
     t: &dyn Transport,
-    input: &[u8],
-    output: &mut [u8],
+    blocks: &dyn ExchangeBlocks,
     root: usize,
     deadline: Instant,
 ) -> Result<()> {
@@ -29,25 +30,25 @@ pub fn scatter_direct(
     }
     if rank != root {
         t.send_recv(root, &[], root, &mut [], deadline)?;
-        return t.recv(root, output, deadline);
-    }
-    let n = output.len();
-    if input.len() != world * n {
-        return Err(Error::InvalidArgument(format!(
-            "scatter: expected an input of {world} x {n} bytes on the root, found {}",
-            input.len()
-        )));
+        let mut received = Ok(());
+        blocks.write(root, 0..blocks.recv_len(root), &mut |dst| {
+            received = t.recv(root, dst, deadline);
+        })?;
+        return received;
     }
     for from in (0..world).filter(|&r| r != rank) {
         t.send_recv(from, &[], from, &mut [], deadline)?;
     }
     for to in 0..world {
-        let block = &input[to * n..(to + 1) * n];
         if to == rank {
-            output.copy_from_slice(block);
-        } else {
-            t.send(to, block, deadline)?;
+            blocks.copy_own(rank)?;
+            continue;
         }
+        let mut sent = Ok(());
+        blocks.read(to, 0..blocks.send_len(to), &mut |src| {
+            sent = t.send(to, src, deadline);
+        })?;
+        sent?;
     }
     Ok(())
 }
@@ -55,7 +56,7 @@ pub fn scatter_direct(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks};
+    use crate::cpu::algorithms::testing::{deadline, run_ranks, BlockBuffers};
 
     #[test]
     fn every_rank_gets_its_block_of_the_roots_buffer() {
@@ -64,15 +65,22 @@ mod tests {
                 for n in [0usize, 6, 3000] {
                     let pattern = |r: usize, i: usize| (r * 29 + i * 5 + root) as u8;
                     let results = run_ranks(world, |t| {
-                        let input: Vec<u8> = if t.rank() == root {
-                            (0..world)
-                                .flat_map(|r| (0..n).map(move |i| pattern(r, i)))
-                                .collect()
-                        } else {
-                            Vec::new()
-                        };
-                        let mut out = vec![0xEE; n];
-                        scatter_direct(t, &input, &mut out, root, deadline()).map(|()| out)
+                        let r = t.rank();
+                        let send: Vec<Vec<u8>> = (0..world)
+                            .map(|to| {
+                                if r == root {
+                                    (0..n).map(|i| pattern(to, i)).collect()
+                                } else if to == r {
+                                    vec![0; n]
+                                } else {
+                                    Vec::new()
+                                }
+                            })
+                            .collect();
+                        let recv_len = |p: usize| if p == root || p == r { n } else { 0 };
+                        let blocks = BlockBuffers::new(send, (0..world).map(recv_len));
+                        scatter_direct(t, &blocks, root, deadline())
+                            .map(|()| blocks.received().swap_remove(root))
                     });
                     for (rank, got) in results.into_iter().enumerate() {
                         let expected: Vec<u8> = (0..n).map(|i| pattern(rank, i)).collect();
@@ -88,9 +96,10 @@ mod tests {
     }
 
     #[test]
-    fn a_wrong_input_length_on_the_root_is_refused() {
+    fn a_root_out_of_range_is_refused() {
         let results = run_ranks(1, |t| {
-            scatter_direct(t, &[1, 2, 3], &mut [0u8; 2], 0, deadline())
+            let blocks = BlockBuffers::new(vec![vec![1, 2]], [2].into_iter());
+            scatter_direct(t, &blocks, 1, deadline())
         });
         assert!(matches!(results[0], Err(Error::InvalidArgument(_))));
     }

@@ -1,12 +1,10 @@
 //! `gather`: every rank's `input` into `outputs[r]` of the root, directly
-//! ([`gather_direct`]). Only the root passes outputs. Every rank's input
+//! ([`gather_direct`]) or through the shared-memory arena, straight from
+//! and into the tensors ([`TensorBlocks`]). Only the root passes outputs. Every rank's input
 //! has the same dtype and shape, so the fingerprint covers both and the
 //! root.
 
-#[cfg(target_os = "linux")]
 use super::exchange_blocks::TensorBlocks;
-use super::scratch;
-use super::staging::{read_into, write_from};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::gather_direct;
 #[cfg(target_os = "linux")]
@@ -43,30 +41,24 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let n = input.nbytes();
-            // Through the arena from the broadcast's size per block: every
-            // rank sends its input to the root, the root receives them all.
+            // Every rank sends its input to the root, which receives them
+            // all, each into its output.
+            let mut sends = vec![None; size];
+            sends[root] = Some(&input);
+            let recvs: Vec<_> = if t.rank() == root {
+                outputs.iter().map(Some).collect()
+            } else {
+                vec![None; size]
+            };
+            let blocks = TensorBlocks::whole(&sends, &recvs)?;
+            // Through the arena from the broadcast's size per block.
             #[cfg(target_os = "linux")]
-            if let Some(arena) = arena.filter(|_| n >= SHM_ARENA_BROADCAST_MIN_BYTES) {
-                let mut sends = vec![None; size];
-                sends[root] = Some(&input);
-                let recvs: Vec<_> = if t.rank() == root {
-                    outputs.iter().map(Some).collect()
-                } else {
-                    vec![None; size]
-                };
-                let blocks = TensorBlocks::whole(&sends, &recvs)?;
-                all_to_all_shm_arena(t, &arena, &blocks, n, deadline)?;
+            if let Some(arena) = arena.filter(|_| input.nbytes() >= SHM_ARENA_BROADCAST_MIN_BYTES) {
+                all_to_all_shm_arena(t, &arena, &blocks, input.nbytes(), deadline)?;
                 return blocks.finish();
             }
-            let mut own = scratch::zeroed(n);
-            read_into(&input, &mut own)?;
-            let mut all = scratch::zeroed(if outputs.is_empty() { 0 } else { n * size });
-            gather_direct(t, &own, &mut all, root, deadline)?;
-            for (r, out) in outputs.iter().enumerate() {
-                write_from(out, &all[r * n..(r + 1) * n])?;
-            }
-            Ok(())
+            gather_direct(t, &blocks, root, deadline)?;
+            blocks.finish()
         }),
     })
 }

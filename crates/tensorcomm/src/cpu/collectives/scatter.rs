@@ -1,13 +1,11 @@
 //! `scatter`: `inputs[r]` of the root into `output` of rank `r`, directly
-//! ([`scatter_direct`]). Only the root passes inputs. Every rank's output
+//! ([`scatter_direct`]) or through the shared-memory arena, straight from
+//! and into the tensors ([`TensorBlocks`]). Only the root passes inputs. Every rank's output
 //! has the same dtype and shape, so the fingerprint covers both and the
 //! root.
 
-#[cfg(target_os = "linux")]
 use super::exchange_blocks::TensorBlocks;
 use super::gather::root_list;
-use super::scratch;
-use super::staging::{read_all, write_from};
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::scatter_direct;
 #[cfg(target_os = "linux")]
@@ -44,26 +42,24 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            // Through the arena from the broadcast's size per block: the root
-            // sends every rank its block, each rank receives one.
+            // The root sends every rank its block, each rank receives one.
+            let sends: Vec<_> = if t.rank() == root {
+                inputs.iter().map(Some).collect()
+            } else {
+                vec![None; size]
+            };
+            let mut recvs = vec![None; size];
+            recvs[root] = Some(&output);
+            let blocks = TensorBlocks::whole(&sends, &recvs)?;
+            // Through the arena from the broadcast's size per block.
             #[cfg(target_os = "linux")]
             if let Some(arena) = arena.filter(|_| output.nbytes() >= SHM_ARENA_BROADCAST_MIN_BYTES)
             {
-                let sends: Vec<_> = if t.rank() == root {
-                    inputs.iter().map(Some).collect()
-                } else {
-                    vec![None; size]
-                };
-                let mut recvs = vec![None; size];
-                recvs[root] = Some(&output);
-                let blocks = TensorBlocks::whole(&sends, &recvs)?;
                 all_to_all_shm_arena(t, &arena, &blocks, output.nbytes(), deadline)?;
                 return blocks.finish();
             }
-            let all = read_all(&inputs)?;
-            let mut own = scratch::zeroed(output.nbytes());
-            scatter_direct(t, &all, &mut own, root, deadline)?;
-            write_from(&output, &own)
+            scatter_direct(t, &blocks, root, deadline)?;
+            blocks.finish()
         }),
     })
 }
