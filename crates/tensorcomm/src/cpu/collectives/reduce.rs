@@ -5,8 +5,7 @@
 //! left unchanged. The fingerprint covers op, dtype, shape and
 //! root.
 
-use super::scratch;
-use super::staging::{read_into, write_from};
+use super::staging::{read_copy, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms;
 use crate::group::fingerprint::CollectiveKind;
@@ -38,8 +37,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let mut buf = scratch::zeroed(tensor.nbytes());
-            read_into(&tensor, &mut buf)?;
+            let mut buf = read_copy(&tensor)?;
             algorithms::reduce(t, &mut buf, dtype, op, root, deadline)?;
             if t.rank() == root {
                 write_from(&tensor, &buf)?;

@@ -4,8 +4,7 @@
 //! ([`reduce_scatter_ring`]). The fingerprint covers op, dtype and the
 //! output's shape.
 
-use super::scratch;
-use super::staging::{read_into, write_from};
+use super::staging::{read_copy, write_from};
 use super::{fingerprint, Planned};
 use crate::cpu::algorithms::reduce_scatter_ring;
 use crate::group::fingerprint::CollectiveKind;
@@ -37,8 +36,7 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
-            let mut buf = scratch::zeroed(input.nbytes());
-            read_into(&input, &mut buf)?;
+            let mut buf = read_copy(&input)?;
             reduce_scatter_ring(t, &mut buf, dtype, op, deadline)?;
             let n = output.nbytes();
             write_from(&output, &buf[t.rank() * n..(t.rank() + 1) * n])

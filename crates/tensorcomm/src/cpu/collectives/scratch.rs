@@ -22,18 +22,28 @@ thread_local! {
     static POOL: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A zero-filled byte buffer, returned to this thread's pool when dropped.
+/// A byte buffer, returned to this thread's pool when dropped.
 pub(super) struct Scratch {
     buf: Vec<u8>,
 }
 
 /// A buffer of `len` zero bytes, reusing one this thread kept if any.
 pub(super) fn zeroed(len: usize) -> Scratch {
+    let mut out = empty(len);
+    out.buf.resize(len, 0);
+    out
+}
+
+/// An empty buffer with room for `capacity` bytes, reusing one this
+/// thread kept if any: for a caller that fills it with
+/// [`Scratch::extend_from_slice`] (one pass over the bytes, where zeroing
+/// first would be two).
+pub(super) fn empty(capacity: usize) -> Scratch {
     let kept = POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
         // The smallest kept buffer that fits, else the largest (to grow).
         let fits = (0..pool.len())
-            .filter(|&i| pool[i].capacity() >= len)
+            .filter(|&i| pool[i].capacity() >= capacity)
             .min_by_key(|&i| pool[i].capacity());
         let pick = fits.or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].capacity()));
         pick.map(|i| pool.swap_remove(i))
@@ -41,12 +51,19 @@ pub(super) fn zeroed(len: usize) -> Scratch {
     let buf = match kept {
         Some(mut buf) => {
             buf.clear();
-            buf.resize(len, 0);
+            buf.reserve(capacity);
             buf
         }
-        None => vec![0u8; len],
+        None => Vec::with_capacity(capacity),
     };
     Scratch { buf }
+}
+
+impl Scratch {
+    /// Appends `bytes`.
+    pub(super) fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
 }
 
 impl Deref for Scratch {
@@ -101,6 +118,24 @@ mod tests {
         // Two at once are two buffers.
         let c = zeroed(10);
         assert_ne!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn an_empty_buffer_is_filled_by_appending_and_reused() {
+        std::thread::spawn(|| {
+            let ptr = {
+                let mut a = zeroed(4096);
+                a.fill(9);
+                a.as_ptr()
+            };
+            let mut b = empty(100);
+            assert_eq!(b.len(), 0);
+            b.extend_from_slice(&[1, 2, 3]);
+            assert_eq!(&b[..], &[1, 2, 3]);
+            assert_eq!(b.as_ptr(), ptr, "the kept buffer is reused");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -15,15 +15,24 @@ pub(super) fn read_into(t: &Tensor<'_>, dst: &mut [u8]) -> Result<()> {
     t.contiguous()?.with_bytes(|src| dst.copy_from_slice(src))
 }
 
-/// The elements of `t`, concatenated over `tensors`, in one buffer.
+/// The elements of `t`, concatenated over `tensors`, in one buffer
+/// (copied once: the buffer is not zeroed first).
 pub(super) fn read_all(tensors: &[Tensor<'_>]) -> Result<Scratch> {
-    let mut out = scratch::zeroed(tensors.iter().map(Tensor::nbytes).sum());
-    let mut at = 0;
+    let mut out = scratch::empty(tensors.iter().map(Tensor::nbytes).sum());
     for t in tensors {
-        read_into(t, &mut out[at..at + t.nbytes()])?;
-        at += t.nbytes();
+        if t.is_contiguous() {
+            t.with_bytes(|src| out.extend_from_slice(src))?;
+        } else {
+            t.contiguous()?
+                .with_bytes(|src| out.extend_from_slice(src))?;
+        }
     }
     Ok(out)
+}
+
+/// The elements of `t` in one buffer (see [`read_all`]).
+pub(super) fn read_copy(t: &Tensor<'_>) -> Result<Scratch> {
+    read_all(std::slice::from_ref(t))
 }
 
 /// Writes `src` (exactly `t.nbytes()` long) into the elements of `t`.
