@@ -37,6 +37,13 @@ pub(crate) fn plan(
     Ok(Planned {
         fingerprint: fp,
         body: Box::new(move |t, deadline| {
+            if t.rank() == root && tensor.is_contiguous() {
+                // The root's tensor ends as the result, whatever the
+                // algorithm leaves in it on the way: no copy.
+                return tensor
+                    .with_bytes_mut(|buf| algorithms::reduce(t, buf, dtype, op, root, deadline))?;
+            }
+            // Other ranks keep their tensor as it is.
             let mut buf = read_copy(&tensor)?;
             algorithms::reduce(t, &mut buf, dtype, op, root, deadline)?;
             if t.rank() == root {
