@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cpu::helper_threads::first_error;
 use crate::cpu::transport::shm::{Milestone, Progress, ShmArena};
@@ -61,7 +61,15 @@ pub(super) fn barrier_agreeing(
 
 /// How often [`barrier_with_every_peer`] asks after the peers it has
 /// already heard from.
-const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+const ALIVE_EVERY: Duration = Duration::from_millis(1);
+
+/// How long [`barrier_with_every_peer`] still waits for the peers it has
+/// not heard from once a peer it has heard from is gone. That peer may
+/// have left for good reason (it heard from everyone, finished the call
+/// and dropped its group) while a peer still to come was only slow; or
+/// it may have failed (it found a mismatch), and then the peers still to
+/// come never send.
+const GONE_GRACE: Duration = Duration::from_secs(2);
 
 /// A barrier in which every rank hears from every other: each sends
 /// `value` to every peer, then takes the peers' messages as they arrive,
@@ -74,9 +82,10 @@ const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
 /// a rank waiting here notices a closed link of any peer it has not heard
 /// from. So a mismatch fails the call promptly instead of leaving a rank
 /// waiting for a message the other path never sends. A peer heard from
-/// that fails later is noticed too (every millisecond or so, through
-/// [`Transport::check_alive`]). Past it, every rank has finished its
-/// previous call.
+/// that is gone later (asked every millisecond or so, through
+/// [`Transport::check_alive`]) fails the barrier if the peers still to
+/// come do not send within [`GONE_GRACE`]. Past it, every rank has
+/// finished its previous call.
 pub(super) fn barrier_with_every_peer(
     t: &dyn Transport,
     value: &[u8],
@@ -91,6 +100,8 @@ pub(super) fn barrier_with_every_peer(
     let mut theirs = vec![0u8; value.len()];
     let mut idle = 0u32;
     let mut asked = Instant::now();
+    // A peer heard from that has gone since, and when that was seen.
+    let mut gone: Option<(Instant, Error)> = None;
     while !waiting.is_empty() {
         // Past the deadline, the receive from a silent peer fails naming it.
         let late = Instant::now() >= deadline;
@@ -118,11 +129,17 @@ pub(super) fn barrier_with_every_peer(
             idle = 0;
             continue;
         }
-        if asked.elapsed() >= ALIVE_EVERY {
+        if gone.is_some() {
+            if let Some((_, e)) = gone.take_if(|(since, _)| since.elapsed() >= GONE_GRACE) {
+                return Err(e);
+            }
+        } else if asked.elapsed() >= ALIVE_EVERY {
             // A peer heard from may have failed since (it found the
-            // mismatch, say): its closed links say so.
-            for q in (0..world).filter(|q| *q != rank && !waiting.contains(q)) {
-                t.check_alive(q)?;
+            // mismatch, say), and the peers still to come then never
+            // send: its closed links say so (see GONE_GRACE).
+            let heard = (0..world).filter(|q| *q != rank && !waiting.contains(q));
+            if let Some(e) = heard.filter_map(|q| t.check_alive(q).err()).next() {
+                gone = Some((Instant::now(), e));
             }
             asked = Instant::now();
         }
@@ -306,4 +323,64 @@ pub(super) fn run_lanes<L: Send>(
         outcome
     });
     first_error(outcomes, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::algorithms::testing::{deadline, run_ranks};
+
+    /// Rank 2 runs the barrier's own steps but is held up for 50 ms
+    /// between its sends to ranks 0 and 1; rank 0 hears from everyone,
+    /// leaves and drops its transport (as a broadcast root with one chunk
+    /// may leave the whole call). Rank 1, which heard from rank 0 and still
+    /// waits for rank 2, passes: rank 0 left for good reason.
+    #[test]
+    fn a_peer_that_left_a_passed_barrier_does_not_fail_a_slower_rank() {
+        let results = run_ranks(3, |t| -> Result<()> {
+            let v = [1u8];
+            if t.rank() == 2 {
+                t.send(0, &v, deadline())?;
+                std::thread::sleep(Duration::from_millis(50));
+                t.send(1, &v, deadline())?;
+                let mut b = [0u8; 1];
+                t.recv(0, &mut b, deadline())?;
+                t.recv(1, &mut b, deadline())
+            } else {
+                barrier_with_every_peer(t, &v, &|_| "a barrier".into(), deadline())
+            }
+        });
+        for (rank, r) in results.iter().enumerate() {
+            assert!(r.is_ok(), "rank {rank}: {r:?}");
+        }
+    }
+
+    /// Rank 0 hears from everyone and leaves; rank 2 never sends rank 1
+    /// anything. Rank 1 fails within the grace after rank 0 is gone,
+    /// naming it, instead of waiting for its deadline.
+    #[test]
+    fn a_gone_peer_fails_a_barrier_whose_other_peers_never_come() {
+        let started = Instant::now();
+        let results = run_ranks(3, |t| -> Result<()> {
+            let v = [1u8];
+            match t.rank() {
+                2 => {
+                    t.send(0, &v, deadline())?;
+                    let mut b = [0u8; 1];
+                    t.recv(0, &mut b, deadline())?;
+                    // Stays until rank 1 has given up.
+                    std::thread::sleep(GONE_GRACE + Duration::from_secs(1));
+                    Ok(())
+                }
+                _ => barrier_with_every_peer(t, &v, &|_| "a barrier".into(), deadline()),
+            }
+        });
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(
+            matches!(results[1], Err(Error::PeerClosed { peer: 0, .. })),
+            "{:?}",
+            results[1]
+        );
+        assert!(started.elapsed() < GONE_GRACE + Duration::from_secs(5));
+    }
 }
