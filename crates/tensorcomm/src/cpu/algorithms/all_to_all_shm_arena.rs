@@ -15,8 +15,8 @@
 //! first, and the call itself leaves the arena unfenced.
 //!
 //! The blocks are read and written through [`ExchangeBlocks`], one piece
-//! at a time, so the caller's tensors need not be staged whole (and an
-//! input and an output sharing storage are never locked together).
+//! at a time, so the caller's tensors need not be staged whole; the own
+//! block is copied straight across ([`ExchangeBlocks::copy_own`]).
 
 use std::time::Instant;
 
@@ -28,9 +28,6 @@ use crate::{Error, Result};
 
 /// Windows are multiples of a cache line where the arena allows.
 const WINDOW_ALIGN: usize = 64;
-
-/// The own block goes through a buffer of at most this many bytes.
-const OWN_PIECE: usize = 1 << 20;
 
 /// Exchanges `blocks` between the ranks of `t` through `arena` (shared by
 /// exactly those ranks). `longest` is the longest block any rank sends any
@@ -57,20 +54,7 @@ pub fn all_to_all_shm_arena(
             arena.chunk()
         )));
     }
-    let own = blocks.send_len(rank);
-    if own != blocks.recv_len(rank) {
-        return Err(Error::InvalidArgument(format!(
-            "all_to_all: expected the block this rank sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
-            blocks.recv_len(rank)
-        )));
-    }
-    let mut bounce = vec![0u8; own.min(OWN_PIECE)];
-    for start in (0..own).step_by(OWN_PIECE) {
-        let piece = start..own.min(start + OWN_PIECE);
-        let buf = &mut bounce[..piece.len()];
-        blocks.read(rank, piece.clone(), &mut |b| buf.copy_from_slice(b))?;
-        blocks.write(rank, piece, &mut |b| b.copy_from_slice(buf))?;
-    }
+    blocks.copy_own(rank)?;
     if world == 1 || longest == 0 {
         return Ok(());
     }

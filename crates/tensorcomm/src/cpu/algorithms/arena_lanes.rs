@@ -4,7 +4,6 @@
 //! the same kind of call, and lanes (one per thread of a rank) that wait,
 //! in the arena's progress counters, for the same lane of other ranks.
 //!
-//!
 //! Every call through the arena opens with [`barrier_with_every_peer`]:
 //! each rank takes the arena or the transport by the size of its own
 //! tensors, so a rank whose size differs from the others' may take the
@@ -16,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cpu::helper_threads::first_error;
-use crate::cpu::transport::shm::{Milestone, Progress, ShmArena};
+use crate::cpu::transport::shm::{Backoff, Milestone, Progress, ShmArena};
 use crate::cpu::transport::Transport;
 use crate::cpu::HelperThreads;
 use crate::{Error, Result};
@@ -46,17 +45,30 @@ pub(super) fn barrier_agreeing(
         let to = (rank + distance) % world;
         let from = (rank + world - distance) % world;
         t.send_recv(to, value, from, &mut theirs, deadline)?;
-        if theirs != value {
-            return Err(Error::CollectiveMismatch {
-                rank,
-                peer: from,
-                mine: what(value),
-                theirs: what(&theirs),
-            });
-        }
+        agrees(rank, from, value, &theirs, what)?;
         distance *= 2;
     }
     Ok(())
+}
+
+/// [`Error::CollectiveMismatch`] naming `peer` and both values (`what`
+/// describes one) unless `theirs`, heard from `peer`, is `mine`.
+fn agrees(
+    rank: usize,
+    peer: usize,
+    mine: &[u8],
+    theirs: &[u8],
+    what: &dyn Fn(&[u8]) -> String,
+) -> Result<()> {
+    if theirs == mine {
+        return Ok(());
+    }
+    Err(Error::CollectiveMismatch {
+        rank,
+        peer,
+        mine: what(mine),
+        theirs: what(theirs),
+    })
 }
 
 /// How often [`barrier_with_every_peer`] asks after the peers it has
@@ -98,7 +110,7 @@ pub(super) fn barrier_with_every_peer(
     }
     let mut waiting: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
     let mut theirs = vec![0u8; value.len()];
-    let mut idle = 0u32;
+    let mut backoff = Backoff::new();
     let mut asked = Instant::now();
     // A peer heard from that has gone since, and when that was seen.
     let mut gone: Option<(Instant, Error)> = None;
@@ -111,14 +123,7 @@ pub(super) fn barrier_with_every_peer(
             let q = waiting[i];
             if late || t.has_data(q)? {
                 t.recv(q, &mut theirs, deadline)?;
-                if theirs != value {
-                    return Err(Error::CollectiveMismatch {
-                        rank,
-                        peer: q,
-                        mine: what(value),
-                        theirs: what(&theirs),
-                    });
-                }
+                agrees(rank, q, value, &theirs, what)?;
                 waiting.swap_remove(i);
                 heard = true;
             } else {
@@ -126,7 +131,7 @@ pub(super) fn barrier_with_every_peer(
             }
         }
         if heard {
-            idle = 0;
+            backoff.reset();
             continue;
         }
         if gone.is_some() {
@@ -143,14 +148,7 @@ pub(super) fn barrier_with_every_peer(
             }
             asked = Instant::now();
         }
-        idle = idle.saturating_add(1);
-        if idle < 256 {
-            std::hint::spin_loop();
-        } else if idle < 4096 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        backoff.snooze();
     }
     Ok(())
 }

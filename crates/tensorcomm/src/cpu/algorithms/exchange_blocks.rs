@@ -3,7 +3,9 @@
 //! tensors) instead of in staged copies.
 
 use std::ops::Range;
+use std::time::Instant;
 
+use crate::cpu::transport::Transport;
 use crate::{Error, Result};
 
 /// The bytes one rank of an all-to-all sends and receives, block by block
@@ -59,7 +61,7 @@ pub trait ExchangeBlocks {
         let own = self.send_len(rank);
         if own != self.recv_len(rank) {
             return Err(Error::InvalidArgument(format!(
-                "expected the block rank {rank} sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
+                "all_to_all: expected the block rank {rank} sends itself ({own} bytes) to fit the block it receives from itself ({} bytes)",
                 self.recv_len(rank)
             )));
         }
@@ -69,4 +71,34 @@ pub trait ExchangeBlocks {
         })?;
         copied
     }
+}
+
+/// Sends all of `blocks`' block for rank `to` over `t`, straight from
+/// where it lives.
+pub(super) fn send_block(
+    t: &dyn Transport,
+    blocks: &dyn ExchangeBlocks,
+    to: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let mut sent = Ok(());
+    blocks.read(to, 0..blocks.send_len(to), &mut |src| {
+        sent = t.send(to, src, deadline);
+    })?;
+    sent
+}
+
+/// Receives all of `blocks`' block from rank `from` over `t`, straight
+/// into where it lives.
+pub(super) fn recv_block(
+    t: &dyn Transport,
+    blocks: &dyn ExchangeBlocks,
+    from: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let mut received = Ok(());
+    blocks.write(from, 0..blocks.recv_len(from), &mut |dst| {
+        received = t.recv(from, dst, deadline);
+    })?;
+    received
 }

@@ -1,9 +1,10 @@
 //! Direct gather: every rank sends its block straight to the root, which
-//! receives them in rank order, each into its place. One step per non-root rank; the root's
-//! link carries everything, as in any gather.
+//! receives them in rank order, each into its place. One step per non-root
+//! rank; the root's link carries everything, as in any gather.
 
 use std::time::Instant;
 
+use super::exchange_blocks::{recv_block, send_block};
 use super::ExchangeBlocks;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
@@ -24,22 +25,14 @@ pub fn gather_direct(
         )));
     }
     if rank != root {
-        let mut sent = Ok(());
-        blocks.read(root, 0..blocks.send_len(root), &mut |src| {
-            sent = t.send(root, src, deadline);
-        })?;
-        return sent;
+        return send_block(t, blocks, root, deadline);
     }
     for from in 0..world {
         if from == rank {
             blocks.copy_own(rank)?;
             continue;
         }
-        let mut received = Ok(());
-        blocks.write(from, 0..blocks.recv_len(from), &mut |dst| {
-            received = t.recv(from, dst, deadline);
-        })?;
-        received?;
+        recv_block(t, blocks, from, deadline)?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use super::exchange_blocks::{recv_block, send_block};
 use super::ExchangeBlocks;
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
@@ -30,11 +31,7 @@ pub fn scatter_direct(
     }
     if rank != root {
         t.send_recv(root, &[], root, &mut [], deadline)?;
-        let mut received = Ok(());
-        blocks.write(root, 0..blocks.recv_len(root), &mut |dst| {
-            received = t.recv(root, dst, deadline);
-        })?;
-        return received;
+        return recv_block(t, blocks, root, deadline);
     }
     for from in (0..world).filter(|&r| r != rank) {
         t.send_recv(from, &[], from, &mut [], deadline)?;
@@ -44,11 +41,7 @@ pub fn scatter_direct(
             blocks.copy_own(rank)?;
             continue;
         }
-        let mut sent = Ok(());
-        blocks.read(to, 0..blocks.send_len(to), &mut |src| {
-            sent = t.send(to, src, deadline);
-        })?;
-        sent?;
+        send_block(t, blocks, to, deadline)?;
     }
     Ok(())
 }

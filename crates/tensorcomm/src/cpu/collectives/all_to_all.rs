@@ -81,7 +81,6 @@ pub(crate) fn plan(
     })
 }
 
-/// Running sums of `lens`, starting at 0.
 /// The longest block any rank of `t` sends another, given this rank's
 /// block lengths (`send_lens[p]` for rank `p`): a small all-reduce.
 #[cfg(target_os = "linux")]
@@ -100,6 +99,7 @@ pub(super) fn longest_block(
     Ok(i64::from_ne_bytes(word).max(0) as usize)
 }
 
+/// Running sums of `lens`, starting at 0.
 pub(super) fn offsets(lens: impl Iterator<Item = usize>) -> Vec<usize> {
     let mut out = vec![0];
     let mut at = 0;

@@ -6,9 +6,9 @@
 //! Blocks are read straight from contiguous inputs and written straight
 //! into contiguous outputs. No block read shares storage with a block
 //! written (see below), so an algorithm may write one while it reads
-//! another. An input of another layout is copied once into
-//! a contiguous tensor first; an output of another layout gets a
-//! contiguous stand-in that [`TensorBlocks::finish`] copies back. When an
+//! another. An input of another layout is copied once into a contiguous
+//! tensor first; an output of another layout gets a contiguous stand-in
+//! that [`TensorBlocks::finish`] copies back. When an
 //! output shares storage with an input, every input is copied first, so
 //! that results arriving early never overwrite data still to be sent.
 

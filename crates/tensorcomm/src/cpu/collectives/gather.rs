@@ -1,8 +1,8 @@
 //! `gather`: every rank's `input` into `outputs[r]` of the root, directly
 //! ([`gather_direct`]) or through the shared-memory arena, straight from
-//! and into the tensors ([`TensorBlocks`]). Only the root passes outputs. Every rank's input
-//! has the same dtype and shape, so the fingerprint covers both and the
-//! root.
+//! and into the tensors ([`TensorBlocks`]). Only the root passes outputs.
+//! Every rank's input has the same dtype and shape, so the fingerprint
+//! covers both and the root.
 
 use super::exchange_blocks::TensorBlocks;
 use super::{fingerprint, GroupArena, Planned};

@@ -1,8 +1,8 @@
 //! `scatter`: `inputs[r]` of the root into `output` of rank `r`, directly
 //! ([`scatter_direct`]) or through the shared-memory arena, straight from
-//! and into the tensors ([`TensorBlocks`]). Only the root passes inputs. Every rank's output
-//! has the same dtype and shape, so the fingerprint covers both and the
-//! root.
+//! and into the tensors ([`TensorBlocks`]). Only the root passes inputs.
+//! Every rank's output has the same dtype and shape, so the fingerprint
+//! covers both and the root.
 
 use super::exchange_blocks::TensorBlocks;
 use super::gather::root_list;

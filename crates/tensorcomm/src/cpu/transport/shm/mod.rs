@@ -45,6 +45,7 @@ pub use arena::{arena_chunk, Milestone, Progress, ShmArena, ARENA_MAX_LANES, DEF
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
 pub use symmetric::{SymmetricMemory, SymmetricRegistry};
+pub(crate) use wait::Backoff;
 
 /// A good ring capacity per direction: 4 MiB, enough to stream large
 /// messages without the two sides waiting on each other.

@@ -25,7 +25,7 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_millis(1);
 pub(super) const MAX_SIGNAL_SLEEP: Duration = Duration::from_millis(20);
 
 /// The waiting state of one blocked call.
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     since: Instant,
     sleep: Duration,
 }
