@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::algorithms::{all_reduce_with, AllReduceAlgorithm};
-use tensorcomm::cpu::reduce::ReduceOp;
+use tensorcomm::cpu::reduce_kernels::ReduceOp;
 use tensorcomm::cpu::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, Transport, TransportChoice,
 };

@@ -3,7 +3,7 @@
 //! over the [`Transport`](transport::Transport) trait.
 //!
 //! ```
-//! use tensorcomm::cpu::reduce::{reduce_into, ReduceOp};
+//! use tensorcomm::cpu::reduce_kernels::{reduce_into, ReduceOp};
 //! use tensorcomm::tensor::DType;
 //!
 //! let mut acc: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
@@ -17,7 +17,7 @@ pub mod algorithms;
 pub mod backend;
 mod collectives;
 mod helper_threads;
-pub mod reduce;
+pub mod reduce_kernels;
 pub mod transport;
 
 mod monitored_barrier;

@@ -1,5 +1,5 @@
-//! What the shared-memory all-reduces (`shm_arena.rs`, staged through the
-//! arena; `shm_symmetric.rs`, straight out of symmetric memory) have in
+//! What the shared-memory all-reduces (`all_reduce_shm_arena.rs`, staged through the
+//! arena; `all_reduce_shm_symmetric.rs`, straight out of symmetric memory) have in
 //! common: the barrier that opens a call and checks that every rank makes
 //! the same kind of call, and lanes (one per thread of a rank) that wait,
 //! in the arena's progress counters, for the same lane of other ranks.

@@ -33,7 +33,7 @@
 //! ```
 //! use std::{sync::Arc, thread, time::{Duration, Instant}};
 //! use tensorcomm::cpu::algorithms::all_reduce;
-//! use tensorcomm::cpu::reduce::ReduceOp;
+//! use tensorcomm::cpu::reduce_kernels::ReduceOp;
 //! use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions};
 //! use tensorcomm::store::HashStore;
 //! use tensorcomm::tensor::DType;
@@ -54,6 +54,14 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod all_gather_ring;
+mod all_reduce_direct;
+mod all_reduce_halving_doubling;
+mod all_reduce_ring;
+#[cfg(target_os = "linux")]
+mod all_reduce_shm_arena;
+#[cfg(target_os = "linux")]
+mod all_reduce_shm_symmetric;
 mod all_to_all_pairwise;
 #[cfg(target_os = "linux")]
 mod all_to_all_shm_arena;
@@ -62,48 +70,40 @@ mod arena_lanes;
 #[cfg(target_os = "linux")]
 mod broadcast_shm_arena;
 mod broadcast_tree;
-mod direct;
 mod exchange_blocks;
 mod gather_direct;
-mod halving_doubling;
 mod reduce_ring_gather;
+mod reduce_scatter_ring;
 mod reduce_tree;
-mod ring;
-mod ring_all_gather;
-mod ring_reduce_scatter;
 mod scatter_direct;
-#[cfg(target_os = "linux")]
-mod shm_arena;
-#[cfg(target_os = "linux")]
-mod shm_symmetric;
 #[cfg(test)]
 pub(crate) mod testing;
 
 use std::ops::Range;
 use std::time::Instant;
 
+pub use all_gather_ring::all_gather_ring;
+pub use all_reduce_direct::all_reduce_direct;
+pub use all_reduce_halving_doubling::all_reduce_halving_doubling;
+pub use all_reduce_ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
+#[cfg(target_os = "linux")]
+pub use all_reduce_shm_arena::{all_reduce_shm_arena, reduce_to_root_shm_arena, ArenaThreads};
+#[cfg(target_os = "linux")]
+pub use all_reduce_shm_symmetric::{all_reduce_shm_symmetric, SymmetricBytes};
 pub use all_to_all_pairwise::{agree_block_sizes, all_to_all_pairwise};
 #[cfg(target_os = "linux")]
 pub use all_to_all_shm_arena::all_to_all_shm_arena;
 #[cfg(target_os = "linux")]
 pub use broadcast_shm_arena::broadcast_shm_arena;
 pub use broadcast_tree::broadcast_tree;
-pub use direct::all_reduce_direct;
 pub use exchange_blocks::ExchangeBlocks;
 pub use gather_direct::gather_direct;
-pub use halving_doubling::all_reduce_halving_doubling;
 pub use reduce_ring_gather::reduce_ring_gather;
+pub use reduce_scatter_ring::reduce_scatter_ring;
 pub use reduce_tree::reduce_tree;
-pub use ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
-pub use ring_all_gather::all_gather_ring;
-pub use ring_reduce_scatter::reduce_scatter_ring;
 pub use scatter_direct::scatter_direct;
-#[cfg(target_os = "linux")]
-pub use shm_arena::{all_reduce_shm_arena, reduce_to_root_shm_arena, ArenaThreads};
-#[cfg(target_os = "linux")]
-pub use shm_symmetric::{all_reduce_shm_symmetric, SymmetricBytes};
 
-use super::reduce::ReduceOp;
+use super::reduce_kernels::ReduceOp;
 use super::transport::Transport;
 use crate::tensor::DType;
 use crate::Result;

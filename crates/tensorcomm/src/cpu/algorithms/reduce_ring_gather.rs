@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
+use super::all_reduce_ring::{ring_reduce_scatter_pass, RingChunks};
 use super::block_offsets;
-use super::ring::{ring_reduce_scatter_pass, RingChunks};
-use crate::cpu::reduce::{finish, ReduceOp};
+use crate::cpu::reduce_kernels::{finish, ReduceOp};
 use crate::cpu::transport::Transport;
 use crate::tensor::DType;
 use crate::{Error, Result};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use half::bf16;
 
 use super::ExchangeBlocks;
-use crate::cpu::reduce::ReduceOp;
+use crate::cpu::reduce_kernels::ReduceOp;
 use crate::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
 use crate::store::HashStore;
 use crate::tensor::DType;

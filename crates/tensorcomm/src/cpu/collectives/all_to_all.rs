@@ -9,7 +9,7 @@
 #[cfg(target_os = "linux")]
 use std::time::Instant;
 
-use super::exchange_blocks::TensorBlocks;
+use super::tensor_blocks::TensorBlocks;
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
 #[cfg(target_os = "linux")]

@@ -12,7 +12,7 @@
 #[cfg(target_os = "linux")]
 use super::all_to_all::longest_block;
 use super::all_to_all::offsets;
-use super::exchange_blocks::TensorBlocks;
+use super::tensor_blocks::TensorBlocks;
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::all_to_all_pairwise;
 #[cfg(target_os = "linux")]

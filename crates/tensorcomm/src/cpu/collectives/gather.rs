@@ -4,7 +4,7 @@
 //! Every rank's input has the same dtype and shape, so the fingerprint
 //! covers both and the root.
 
-use super::exchange_blocks::TensorBlocks;
+use super::tensor_blocks::TensorBlocks;
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::gather_direct;
 #[cfg(target_os = "linux")]

@@ -9,7 +9,7 @@
 //! Where the group has a shared-memory arena, `reduce` (in the backend)
 //! and large `all_to_all`, `all_to_all_single`, `gather` and `scatter` go
 //! through it instead; the last four then read and write the tensors a
-//! piece at a time (`exchange_blocks.rs`) rather than staging them whole.
+//! piece at a time (`tensor_blocks.rs`) rather than staging them whole.
 //!
 //! Tensors travel as their elements in logical (row-major) order, so
 //! inputs and outputs may have any dense layout, and outputs may alias
@@ -30,12 +30,12 @@ pub(crate) mod all_gather_into_tensor;
 pub(crate) mod all_reduce_coalesced;
 pub(crate) mod all_to_all;
 pub(crate) mod all_to_all_single;
-mod exchange_blocks;
 pub(crate) mod gather;
 pub(crate) mod reduce;
 pub(crate) mod reduce_scatter;
 pub(crate) mod reduce_scatter_tensor;
 pub(crate) mod scatter;
+mod tensor_blocks;
 
 /// The group's shared-memory arena, for the collectives that can move
 /// their data through it (all ranks on one host, shared memory on).

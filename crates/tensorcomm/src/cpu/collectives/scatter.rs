@@ -4,8 +4,8 @@
 //! Every rank's output has the same dtype and shape, so the fingerprint
 //! covers both and the root.
 
-use super::exchange_blocks::TensorBlocks;
 use super::gather::root_list;
+use super::tensor_blocks::TensorBlocks;
 use super::{fingerprint, GroupArena, Planned};
 use crate::cpu::algorithms::scatter_direct;
 #[cfg(target_os = "linux")]

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use super::group_segment::{connect_group_segment, Purpose};
 use super::segment::Segment;
 use super::wait::Backoff;
-use crate::cpu::reduce::{reduce_into, ReduceOp};
+use crate::cpu::reduce_kernels::{reduce_into, ReduceOp};
 use crate::store::Store;
 use crate::tensor::DType;
 use crate::{Error, Result};

@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use super::{block_offsets, split_read_write};
-use crate::cpu::reduce::{finish, reduce_into, ReduceOp};
+use crate::cpu::reduce_kernels::{finish, reduce_into, ReduceOp};
 use crate::cpu::transport::Transport;
 use crate::tensor::DType;
 use crate::Result;

@@ -8,7 +8,7 @@
 //! chunks (`chunked.rs`) so the compiler vectorises them.
 //!
 //! ```
-//! use tensorcomm::cpu::reduce::{finish, reduce_into, ReduceOp};
+//! use tensorcomm::cpu::reduce_kernels::{finish, reduce_into, ReduceOp};
 //! use tensorcomm::tensor::DType;
 //!
 //! let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
@@ -93,7 +93,7 @@ fn unreachable_bitwise() {}
 /// ([`ReduceOp::check_dtype`]) or buffers of different lengths.
 ///
 /// ```
-/// use tensorcomm::cpu::reduce::{reduce_into, ReduceOp};
+/// use tensorcomm::cpu::reduce_kernels::{reduce_into, ReduceOp};
 /// use tensorcomm::tensor::DType;
 /// let mut acc = vec![0b1100u8, 1];
 /// reduce_into(ReduceOp::Bxor, DType::U8, &mut acc, &[0b1010, 1])?;
@@ -170,7 +170,7 @@ fn combine_any(op: ReduceOp, dtype: DType, acc: &mut [u8], other: &[u8]) {
 /// leave the buffer as it is.
 ///
 /// ```
-/// use tensorcomm::cpu::reduce::{finish, ReduceOp};
+/// use tensorcomm::cpu::reduce_kernels::{finish, ReduceOp};
 /// use tensorcomm::tensor::DType;
 /// let mut buf = 3.0f64.to_ne_bytes().to_vec();
 /// finish(ReduceOp::PremulSum(0.5), DType::F64, &mut buf, 4)?;

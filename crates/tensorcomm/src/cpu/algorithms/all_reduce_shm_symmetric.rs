@@ -8,7 +8,7 @@
 //!
 //! Per rank and byte of message, with `N` ranks: about `2 - 1/N` bytes
 //! read and `1` written, against `3 - 1/N` and `2` for the arena's staged
-//! copy (`shm_arena.rs`).
+//! copy (`all_reduce_shm_arena.rs`).
 //!
 //! As in the staged arena, lane `i` of every rank owns part `i` of every
 //! share, and lanes order their work with the arena's progress counters
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use super::arena_lanes::{run_lanes, ArenaCall, LaneWaiter};
 use super::{block_offsets, ArenaThreads};
-use crate::cpu::reduce::{finish, reduce_into, ReduceOp};
+use crate::cpu::reduce_kernels::{finish, reduce_into, ReduceOp};
 use crate::cpu::transport::shm::{Progress, ShmArena, SymmetricMemory, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;
 use crate::tensor::DType;

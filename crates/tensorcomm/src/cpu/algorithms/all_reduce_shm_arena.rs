@@ -67,7 +67,7 @@ use std::time::Instant;
 
 use super::arena_lanes::{run_lanes, ArenaCall, LaneWaiter};
 use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
-use crate::cpu::reduce::{finish, ReduceOp};
+use crate::cpu::reduce_kernels::{finish, ReduceOp};
 use crate::cpu::transport::shm::{Progress, ShmArena, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;
 use crate::cpu::HelperThreads;

@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use super::ring::{ring_reduce_scatter_pass, RingChunks, RING_SEGMENT_BYTES};
-use crate::cpu::reduce::{finish, ReduceOp};
+use super::all_reduce_ring::{ring_reduce_scatter_pass, RingChunks, RING_SEGMENT_BYTES};
+use crate::cpu::reduce_kernels::{finish, ReduceOp};
 use crate::cpu::transport::Transport;
 use crate::tensor::DType;
 use crate::{Error, Result};

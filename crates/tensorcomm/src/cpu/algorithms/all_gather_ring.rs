@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::ring::{ring_all_gather_pass, RingChunks, RING_SEGMENT_BYTES};
+use super::all_reduce_ring::{ring_all_gather_pass, RingChunks, RING_SEGMENT_BYTES};
 use crate::cpu::transport::Transport;
 use crate::{Error, Result};
 

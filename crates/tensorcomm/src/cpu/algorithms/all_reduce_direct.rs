@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::cpu::reduce::{finish, reduce_into, ReduceOp};
+use crate::cpu::reduce_kernels::{finish, reduce_into, ReduceOp};
 use crate::cpu::transport::Transport;
 use crate::tensor::DType;
 use crate::Result;
