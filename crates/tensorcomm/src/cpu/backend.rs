@@ -42,6 +42,7 @@ use super::algorithms::{
     SymmetricBytes, SHM_ARENA_BROADCAST_MIN_BYTES, SHM_ARENA_REDUCE_MIN_BYTES,
 };
 use super::collectives;
+use super::fingerprinted::Fingerprinted;
 use super::monitored_barrier::monitored_barrier;
 use super::p2p::P2p;
 use super::sparse_all_reduce::all_reduce_sparse;
@@ -53,9 +54,7 @@ use super::transport::{
 #[cfg(target_os = "linux")]
 use super::HelperThreads;
 use crate::group::failure_report::FailureBoard;
-use crate::group::fingerprint::{
-    reduce_code, shape_hash, CollectiveKind, Fingerprint, Fingerprinted,
-};
+use crate::group::fingerprint::{reduce_code, shape_hash, CollectiveKind, Fingerprint};
 use crate::group::validate::{check_dense_host, check_peer_rank, check_root};
 use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseSlot, SparseWork};
 use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};

@@ -16,6 +16,7 @@
 pub mod algorithms;
 pub mod backend;
 mod collectives;
+mod fingerprinted;
 mod helper_threads;
 pub mod reduce_kernels;
 pub mod transport;

@@ -1,0 +1,175 @@
+//! A transport that carries the collective's fingerprint in front of the
+//! first message to each peer and checks the one in front of the first
+//! message from each peer (see [`Fingerprint`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use super::transport::Transport;
+use crate::group::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use crate::{Error, Result};
+
+/// Messages up to this size are sent in one write with the fingerprint in
+/// front (one copy of a small buffer, no extra round trip); larger ones
+/// send the fingerprint first as its own small message. Small enough that
+/// the whole write always fits the socket buffers of an idle connection,
+/// so a pair sending to each other cannot block on it.
+const COMBINE_MAX: usize = 4 << 10;
+
+/// A transport that puts this rank's fingerprint in front of the first
+/// message to each peer and checks the one in front of the first message
+/// from each peer.
+pub(crate) struct Fingerprinted<'a> {
+    inner: &'a dyn Transport,
+    mine: Fingerprint,
+    encoded: [u8; FINGERPRINT_LEN],
+    sent: Vec<AtomicBool>,
+    received: Vec<AtomicBool>,
+    /// The first peer whose fingerprint differed from this rank's, with
+    /// the bytes it sent (for the failure report of `group/failure_report.rs`).
+    mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
+}
+
+impl<'a> Fingerprinted<'a> {
+    pub(crate) fn new(inner: &'a dyn Transport, mine: Fingerprint) -> Self {
+        let n = inner.world_size();
+        Fingerprinted {
+            inner,
+            mine,
+            encoded: mine.encode(),
+            sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            received: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            mismatched: OnceLock::new(),
+        }
+    }
+
+    /// The first peer whose fingerprint differed from this rank's and the
+    /// encoded fingerprint it sent; `None` while every check has passed.
+    pub(crate) fn mismatched(&self) -> Option<(usize, [u8; FINGERPRINT_LEN])> {
+        self.mismatched.get().copied()
+    }
+
+    fn first_send(&self, to: usize) -> bool {
+        self.sent
+            .get(to)
+            .is_some_and(|s| !s.swap(true, Ordering::Relaxed))
+    }
+
+    fn first_recv(&self, from: usize) -> bool {
+        self.received
+            .get(from)
+            .is_some_and(|s| !s.swap(true, Ordering::Relaxed))
+    }
+
+    fn check(&self, from: usize, theirs: &[u8; FINGERPRINT_LEN]) -> Result<()> {
+        if theirs == &self.encoded {
+            return Ok(());
+        }
+        let _ = self.mismatched.set((from, *theirs));
+        let described = match Fingerprint::decode(theirs) {
+            Some(fp) => fp.to_string(),
+            None => format!("unrecognised fingerprint bytes {theirs:?}"),
+        };
+        Err(Error::CollectiveMismatch {
+            rank: self.inner.rank(),
+            peer: from,
+            mine: self.mine.to_string(),
+            theirs: described,
+        })
+    }
+
+    /// Reads and checks the peer's fingerprint on its own: a message of the
+    /// wrong length cannot make this rank wait for bytes that never come.
+    fn check_header(&self, from: usize, deadline: Instant) -> Result<()> {
+        let mut theirs = [0u8; FINGERPRINT_LEN];
+        self.inner.recv(from, &mut theirs, deadline)?;
+        self.check(from, &theirs)
+    }
+
+    fn with_header(&self, data: &[u8]) -> Vec<u8> {
+        let mut staged = Vec::with_capacity(FINGERPRINT_LEN + data.len());
+        staged.extend_from_slice(&self.encoded);
+        staged.extend_from_slice(data);
+        staged
+    }
+}
+
+impl Transport for Fingerprinted<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn send(&self, to: usize, data: &[u8], deadline: Instant) -> Result<()> {
+        if !self.first_send(to) {
+            return self.inner.send(to, data, deadline);
+        }
+        if data.len() <= COMBINE_MAX {
+            return self.inner.send(to, &self.with_header(data), deadline);
+        }
+        self.inner.send(to, &self.encoded, deadline)?;
+        self.inner.send(to, data, deadline)
+    }
+
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
+    fn check_alive(&self, peer: usize) -> Result<()> {
+        self.inner.check_alive(peer)
+    }
+
+    fn has_data(&self, from: usize) -> Result<bool> {
+        self.inner.has_data(from)
+    }
+
+    fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
+        if self.first_recv(from) {
+            self.check_header(from, deadline)?;
+        }
+        self.inner.recv(from, buf, deadline)
+    }
+
+    fn send_recv(
+        &self,
+        to: usize,
+        data: &[u8],
+        from: usize,
+        buf: &mut [u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        let (header_out, header_in) = (self.first_send(to), self.first_recv(from));
+        match (header_out, header_in) {
+            (false, false) => self.inner.send_recv(to, data, from, buf, deadline),
+            (true, false) if data.len() <= COMBINE_MAX => {
+                self.inner
+                    .send_recv(to, &self.with_header(data), from, buf, deadline)
+            }
+            (true, false) => {
+                self.inner.send(to, &self.encoded, deadline)?;
+                self.inner.send_recv(to, data, from, buf, deadline)
+            }
+            (true, true) if data.len() <= COMBINE_MAX => {
+                // Everything goes out while the peer's fingerprint comes in;
+                // the rest of its message is already on its way.
+                let mut theirs = [0u8; FINGERPRINT_LEN];
+                self.inner
+                    .send_recv(to, &self.with_header(data), from, &mut theirs, deadline)?;
+                self.check(from, &theirs)?;
+                self.inner.recv(from, buf, deadline)
+            }
+            (out, true) => {
+                let header: &[u8] = if out { &self.encoded } else { &[] };
+                let mut theirs = [0u8; FINGERPRINT_LEN];
+                self.inner
+                    .send_recv(to, header, from, &mut theirs, deadline)?;
+                self.check(from, &theirs)?;
+                self.inner.send_recv(to, data, from, buf, deadline)
+            }
+        }
+    }
+}
