@@ -39,6 +39,7 @@ mod flight_recorder;
 mod new_group;
 mod reduce_op;
 mod sparse_work;
+pub(crate) mod turn;
 pub(crate) mod validate;
 mod work;
 

@@ -1,0 +1,65 @@
+//! Call order: a group's queued collectives and whose turn it is to run.
+
+use std::sync::{Condvar, Mutex, PoisonError};
+
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// A queued collective, run once by whichever comes first: the group's
+/// thread reaching it in the queue, or a caller waiting on its `Work`.
+pub(crate) struct QueuedJob {
+    pub(crate) job: Mutex<Option<Job>>,
+}
+
+impl QueuedJob {
+    /// Runs the job unless another thread has already taken it.
+    pub(crate) fn run_once(&self) {
+        let job = self
+            .job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(job) = job {
+            job();
+        }
+    }
+}
+
+/// Whose turn it is: the sequence number of the next collective to run.
+/// Jobs may be taken out of order (a waiter takes its own), so each waits
+/// here for its turn before running.
+#[derive(Default)]
+pub(crate) struct Turn {
+    next: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Turn {
+    /// Blocks until collective `seq` may run; dropping the returned guard
+    /// (also on a panic) hands the turn to `seq + 1`.
+    pub(crate) fn wait_for(&self, seq: u64) -> TurnGuard<'_> {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        while *next != seq {
+            next = self
+                .changed
+                .wait(next)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        TurnGuard { turn: self }
+    }
+}
+
+/// The running collective's turn; passes it on when dropped.
+pub(crate) struct TurnGuard<'a> {
+    turn: &'a Turn,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        *self
+            .turn
+            .next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        self.turn.changed.notify_all();
+    }
+}
