@@ -204,6 +204,17 @@ pub enum Error {
         mine: String,
         theirs: String,
     },
+    /// Ranks of one group read different values of a variable that every
+    /// rank must share (see [`crate::env_vars`]), found when the group is
+    /// created.
+    #[error("{variable} differs between ranks of the group: rank {rank} has {mine:?}, rank {peer} has {theirs:?}; every rank must set the same value")]
+    TuningMismatch {
+        variable: String,
+        rank: usize,
+        mine: String,
+        peer: usize,
+        theirs: String,
+    },
     /// A collective failed on this rank; `ranks` are the peers that did not
     /// arrive or whose connection failed.
     #[error("{op} (sequence number {seq}) failed on rank {rank}; ranks {ranks:?} did not arrive: {source}")]

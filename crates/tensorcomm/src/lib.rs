@@ -1,17 +1,30 @@
 //! tensorcomm moves and reduces tensors between GPUs and between processes.
 //!
 //! It is the Rust counterpart of PyTorch's `torch.cuda.comm` and
-//! `torch.distributed`. This crate is built in layers that depend only on the
-//! layers below them:
+//! `torch.distributed`. The everyday API is at the crate root:
+//! [`init_process_group`], [`ProcessGroup`], [`Work`], [`ReduceOp`],
+//! [`Backend`], [`Tensor`], [`Error`]. The crate is built in layers that
+//! depend only on the layers below them:
 //!
-//! - [`tensor`]: dtypes, devices, dense and sparse tensor handles.
-//! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
-//! - `cuda` (feature `cuda`, on by default): the CUDA runtime layer and
-//!   `cuda::comm`, single-process multi-GPU broadcast/scatter/gather/reduce.
+//! - [`init`]: `init_process_group`, above every backend: meets the other
+//!   ranks and builds the default group of the chosen [`Backend`].
+//! - [`group`]: the engine every backend shares: the [`ProcessGroup`]
+//!   trait, validation of a call's arguments, sequence numbers,
+//!   fingerprints and the mismatch check, call order, timeouts, failure
+//!   reports through the store, the flight recorder, and [`Work`]. It
+//!   defines the narrow trait a backend implements (run one validated,
+//!   sequenced collective) and imports no backend.
+//! - [`cpu`]: the CPU backend: collectives (one file each) over
+//!   algorithms (one file each), chosen in one place (`cpu/select.rs`),
+//!   over transports (TCP, shared memory).
+//! - `cuda` (feature `cuda`, on by default): `cuda::comm`, single-process
+//!   multi-GPU broadcast/scatter/gather/reduce, over `cuda::runtime`, the
+//!   only module that calls CUDA.
 //! - [`rendezvous`]: turning an init method (`env://`, `tcp://`, `file://`)
 //!   into a rank, a world size and a connected store.
-//! - [`cpu`]: transports (TCP), reduction kernels and collective algorithms
-//!   of the CPU backend.
+//! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
+//! - [`tensor`]: dtypes, devices, dense and sparse tensor handles.
+//! - [`env_vars`]: every `TENSORCOMM_*` variable, its default and meaning.
 //!
 //! ```
 //! use tensorcomm::store::{HashStore, Store};
@@ -28,14 +41,19 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod env_vars;
 pub mod error;
 pub mod group;
+pub mod init;
 pub mod rendezvous;
 pub mod store;
 pub mod tensor;
 pub mod tuning;
 
 pub use error::{Error, Result};
+pub use group::{Backend, ProcessGroup, ReduceOp, Work};
+pub use init::{init_process_group, init_process_group_with, InitOptions};
+pub use tensor::Tensor;
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../../../README.md")]

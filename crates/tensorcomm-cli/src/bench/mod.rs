@@ -40,8 +40,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::transport::{TransportChoice, TRANSPORT_ENV};
-use tensorcomm::group::{init_process_group, Backend, ProcessGroup, ReduceOp};
 use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp};
 
 pub use row::Row;
 

@@ -17,8 +17,12 @@ pub mod algorithms;
 pub mod backend;
 mod collectives;
 mod fingerprinted;
+#[cfg(target_os = "linux")]
+mod group_arena;
+mod group_backend;
 mod helper_threads;
 pub mod reduce_kernels;
+pub(crate) mod select;
 pub mod transport;
 
 mod monitored_barrier;

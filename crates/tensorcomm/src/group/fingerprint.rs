@@ -13,9 +13,9 @@ pub(crate) const FINGERPRINT_LEN: usize = 32;
 
 /// Which collective a fingerprint describes.
 ///
-/// Codes 20-30 are the collectives of `cpu/collectives/`; what their
-/// fingerprints cover is said there, per op (for uneven `all_to_all` and
-/// `all_to_all_single` only what every rank shares).
+/// What each kind's fingerprint covers is said in `group/collective.rs`
+/// (for uneven `all_to_all` and `all_to_all_single` only what every rank
+/// shares).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CollectiveKind {
     AllReduce = 1,
@@ -32,6 +32,8 @@ pub(crate) enum CollectiveKind {
     AllToAll = 28,
     AllToAllSingle = 29,
     AllReduceCoalesced = 30,
+    AllGatherIntoTensorCoalesced = 31,
+    ReduceScatterTensorCoalesced = 32,
     MonitoredBarrier = 64,
     AllReduceSparse = 65,
 }
@@ -53,6 +55,8 @@ impl CollectiveKind {
             CollectiveKind::AllToAll => "all_to_all",
             CollectiveKind::AllToAllSingle => "all_to_all_single",
             CollectiveKind::AllReduceCoalesced => "all_reduce_coalesced",
+            CollectiveKind::AllGatherIntoTensorCoalesced => "all_gather_into_tensor_coalesced",
+            CollectiveKind::ReduceScatterTensorCoalesced => "reduce_scatter_tensor_coalesced",
             CollectiveKind::MonitoredBarrier => "monitored_barrier",
             CollectiveKind::AllReduceSparse => "all_reduce_sparse",
         }
@@ -85,6 +89,8 @@ impl CollectiveKind {
             28 => CollectiveKind::AllToAll,
             29 => CollectiveKind::AllToAllSingle,
             30 => CollectiveKind::AllReduceCoalesced,
+            31 => CollectiveKind::AllGatherIntoTensorCoalesced,
+            32 => CollectiveKind::ReduceScatterTensorCoalesced,
             64 => CollectiveKind::MonitoredBarrier,
             65 => CollectiveKind::AllReduceSparse,
             _ => return None,

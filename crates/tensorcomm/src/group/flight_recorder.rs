@@ -10,7 +10,7 @@
 //! `TENSORCOMM_FLIGHT_RECORDER_DIR` when that is set, to stderr otherwise.
 //!
 //! ```
-//! use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+//! use tensorcomm::{init_process_group, Backend, ReduceOp};
 //! use tensorcomm::tensor::Tensor;
 //!
 //! let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;

@@ -21,7 +21,7 @@
 //! [`Error::GroupBroken`].
 //!
 //! ```
-//! use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+//! use tensorcomm::{init_process_group, Backend, ReduceOp};
 //! use tensorcomm::tensor::Tensor;
 //!
 //! let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
@@ -33,6 +33,9 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+pub(crate) mod backend;
+pub(crate) mod collective;
+pub(crate) mod engine;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;
@@ -43,7 +46,6 @@ pub(crate) mod turn;
 pub(crate) mod validate;
 mod work;
 
-use std::net::UdpSocket;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,8 +60,6 @@ pub(crate) use new_group::{check_group_ranks, subgroup_prefix};
 pub(crate) use sparse_work::SparseSlot;
 pub use sparse_work::SparseWork;
 
-use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
-use crate::rendezvous::{self, InitMethod, StoreAddress};
 use crate::tensor::{DType, SparseTensor, Tensor};
 use crate::{Error, Result};
 
@@ -108,6 +108,50 @@ pub trait ProcessGroup: Send + Sync {
 
     /// The backend running the collectives.
     fn backend(&self) -> Backend;
+
+    /// The global rank (rank in the default group) of each rank of this
+    /// group, in group-rank order.
+    fn global_ranks(&self) -> Vec<usize>;
+
+    /// The global rank of this group's rank `group_rank` (c10d's
+    /// `get_global_rank`); an error naming the group's size when it has no
+    /// such rank.
+    ///
+    /// ```
+    /// use tensorcomm::{init_process_group, Backend};
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// assert_eq!(pg.get_global_rank(0)?, 0);
+    /// assert!(pg.get_global_rank(1).is_err());
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    fn get_global_rank(&self, group_rank: usize) -> Result<usize> {
+        let ranks = self.global_ranks();
+        ranks.get(group_rank).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "get_global_rank: expected a group rank in 0..{}, found {group_rank}",
+                ranks.len()
+            ))
+        })
+    }
+
+    /// This group's rank of global rank `global_rank` (c10d's
+    /// `get_group_rank`); an error when that rank is not in the group.
+    ///
+    /// ```
+    /// use tensorcomm::{init_process_group, Backend};
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// assert_eq!(pg.get_group_rank(0)?, 0);
+    /// assert!(pg.get_group_rank(3).is_err());
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    fn get_group_rank(&self, global_rank: usize) -> Result<usize> {
+        let ranks = self.global_ranks();
+        ranks.iter().position(|&r| r == global_rank).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+            "get_group_rank: expected a global rank of this group ({ranks:?}), found {global_rank}"
+        ))
+        })
+    }
 
     /// Reduces `tensor` over all ranks with `op`; every rank gets the result
     /// in place.
@@ -215,6 +259,16 @@ pub trait ProcessGroup: Send + Sync {
         timeout: Option<Duration>,
     ) -> Result<Work>;
 
+    /// [`all_gather_into_tensor`](ProcessGroup::all_gather_into_tensor) of
+    /// several pairs (one dtype) as one collective: `outputs[i]` receives
+    /// every rank's `inputs[i]` (FSDP's form).
+    fn all_gather_into_tensor_coalesced(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
     /// Copies `input` of every rank `r` into `outputs[r]` of rank `root`.
     /// Only the root passes `outputs` (one per rank, each of the input's
     /// dtype and shape); the others pass `None`.
@@ -254,6 +308,17 @@ pub trait ProcessGroup: Send + Sync {
         &self,
         output: &Tensor<'static>,
         input: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work>;
+
+    /// [`reduce_scatter_tensor`](ProcessGroup::reduce_scatter_tensor) of
+    /// several pairs (one dtype) as one collective: `outputs[i]` receives
+    /// this rank's block of every rank's `inputs[i]` reduced (FSDP's form).
+    fn reduce_scatter_tensor_coalesced(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
         op: ReduceOp,
         timeout: Option<Duration>,
     ) -> Result<Work>;
@@ -407,59 +472,4 @@ pub trait ProcessGroup: Send + Sync {
     /// [`DEFAULT_FLIGHT_RECORDER_SIZE`] and the environment variables beside
     /// it).
     fn flight_recorder_json(&self) -> String;
-}
-
-/// Meets the other ranks through `init_method` (`env://`,
-/// `tcp://host:port?rank=R&world_size=W`, `file:///path?rank=R&world_size=W`)
-/// and builds the default process group of `backend` over them. Setup
-/// waits at most [`DEFAULT_COLLECTIVE_TIMEOUT`] for the others.
-///
-/// ```
-/// use tensorcomm::group::{init_process_group, Backend};
-/// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
-/// assert_eq!((pg.rank(), pg.size()), (0, 1));
-/// # Ok::<(), tensorcomm::Error>(())
-/// ```
-pub fn init_process_group(backend: Backend, init_method: &str) -> Result<Arc<dyn ProcessGroup>> {
-    let method = InitMethod::parse(init_method, |name| std::env::var(name).ok())?;
-    let rdzv = rendezvous::connect(&method, DEFAULT_COLLECTIVE_TIMEOUT)?;
-    let advertise_host = match &method.address {
-        StoreAddress::Tcp { host, port } => local_address_towards(host, *port),
-        StoreAddress::File { .. } => "127.0.0.1".to_string(),
-    };
-    match backend {
-        Backend::Cpu => {
-            let options = CpuOptions {
-                advertise_host,
-                ..CpuOptions::default()
-            };
-            let pg = ProcessGroupCpu::new(
-                rdzv.store,
-                "tensorcomm/pg/default",
-                rdzv.rank,
-                rdzv.world_size,
-                &options,
-            )?;
-            Ok(Arc::new(pg))
-        }
-    }
-}
-
-/// The address of this host's interface that routes towards `host` (the
-/// store's host), found without sending anything; loopback when `host` is
-/// loopback or no route is found.
-fn local_address_towards(host: &str, port: u16) -> String {
-    let loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
-    if loopback {
-        return "127.0.0.1".into();
-    }
-    let target = rendezvous::host_port(host, port);
-    let bind = if host.contains(':') {
-        "[::]:0"
-    } else {
-        "0.0.0.0:0"
-    };
-    UdpSocket::bind(bind)
-        .and_then(|s| s.connect(&target).and_then(|()| s.local_addr()))
-        .map_or_else(|_| "127.0.0.1".into(), |a| a.ip().to_string())
 }

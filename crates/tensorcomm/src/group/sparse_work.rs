@@ -14,7 +14,7 @@ pub(crate) type SparseSlot = Arc<Mutex<Option<SparseTensor>>>;
 /// A sparse all-reduce in flight (or finished).
 ///
 /// ```
-/// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+/// use tensorcomm::{init_process_group, Backend, ReduceOp};
 /// use tensorcomm::tensor::{SparseTensor, Tensor};
 ///
 /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;

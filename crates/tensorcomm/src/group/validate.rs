@@ -1,16 +1,22 @@
 //! Argument checks every collective runs on the calling rank before
 //! anything is sent or a sequence number is taken.
 
+use super::collective::Capabilities;
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
-/// The tensor must be on the host and dense (contiguous or a permutation
-/// of it, such as channels-last): its span of bytes is what travels.
-pub(crate) fn check_dense_host(op: &str, tensor: &Tensor<'_>) -> Result<()> {
-    if !tensor.device().is_cpu() {
+/// The tensor must be on a device the backend takes (`caps`) and dense
+/// (contiguous or a permutation of it, such as channels-last): its span of
+/// bytes is what travels.
+pub(crate) fn check_dense(op: &str, tensor: &Tensor<'_>, caps: Capabilities) -> Result<()> {
+    if !caps.accepts(tensor.device()) {
         return Err(Error::InvalidCollective {
             op: op.into(),
-            reason: format!("expected a host tensor, found one on {}", tensor.device()),
+            reason: format!(
+                "expected {}, found one on {}",
+                caps.expected(),
+                tensor.device()
+            ),
         });
     }
     if !tensor.is_non_overlapping_and_dense() {
@@ -73,14 +79,15 @@ pub(crate) fn check_per_rank(op: &str, what: &str, len: usize, size: usize) -> R
 }
 
 /// `tensor` (named `what`, such as `output_tensors[2]`) must be a dense
-/// host tensor of `dtype`.
+/// tensor of `dtype` on a device of `caps`.
 pub(crate) fn check_dtype_of(
     op: &str,
     what: &str,
     tensor: &Tensor<'_>,
     dtype: DType,
+    caps: Capabilities,
 ) -> Result<()> {
-    check_dense_host(op, tensor)?;
+    check_dense(op, tensor, caps)?;
     if tensor.dtype() != dtype {
         return Err(Error::DTypeMismatch {
             context: format!("{op}: {what}"),
@@ -98,8 +105,9 @@ pub(crate) fn check_like(
     what: &str,
     tensor: &Tensor<'_>,
     like: &Tensor<'_>,
+    caps: Capabilities,
 ) -> Result<()> {
-    check_dtype_of(op, what, tensor, like.dtype())?;
+    check_dtype_of(op, what, tensor, like.dtype(), caps)?;
     if tensor.shape() != like.shape() {
         return Err(Error::ShapeMismatch {
             context: format!("{op}: {what}"),
@@ -120,8 +128,9 @@ pub(crate) fn check_gathered(
     big: &Tensor<'_>,
     small: &Tensor<'_>,
     size: usize,
+    caps: Capabilities,
 ) -> Result<()> {
-    check_dtype_of(op, what, big, small.dtype())?;
+    check_dtype_of(op, what, big, small.dtype(), caps)?;
     let stacked: Vec<usize> = std::iter::once(size)
         .chain(small.shape().iter().copied())
         .collect();

@@ -44,7 +44,7 @@ impl Completion {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+/// use tensorcomm::{init_process_group, Backend, ReduceOp};
 /// use tensorcomm::tensor::Tensor;
 ///
 /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;

@@ -66,7 +66,18 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::arena_lanes::{run_lanes, ArenaCall, LaneWaiter};
-use super::{block_offsets, SHM_ARENA_MIN_STEP_BYTES, SHM_ARENA_STEP_BYTES_PER_THREAD};
+use super::block_offsets;
+
+/// An arena all-reduce moves the message in steps of at most this many
+/// bytes per thread of a rank (within [`SHM_ARENA_MIN_STEP_BYTES`] and the
+/// arena's chunk): every step costs a barrier over the group (the steps
+/// are pipelined), so many threads get bigger steps.
+const SHM_ARENA_STEP_BYTES_PER_THREAD: usize = 512 << 10;
+
+/// The smallest step of an arena all-reduce (unless the arena's chunk is
+/// smaller): 1 MiB, the step size measured in bench/results/gloo-h200x2.txt.
+const SHM_ARENA_MIN_STEP_BYTES: usize = 1 << 20;
+
 use crate::cpu::reduce_kernels::{finish, ReduceOp};
 use crate::cpu::transport::shm::{Progress, ShmArena, ARENA_MAX_LANES};
 use crate::cpu::transport::Transport;

@@ -1,38 +1,28 @@
 //! `all_gather_into_tensor`: every rank's `input` concatenated (or
 //! stacked) along dim 0 into one `output` of `world` times its size, over
-//! the ring ([`all_gather_ring`](crate::cpu::algorithms::all_gather_ring)). The fingerprint covers dtype and the
-//! input's shape.
+//! the ring ([`all_gather_ring`](crate::cpu::algorithms::all_gather_ring));
+//! and its coalesced form (FSDP's), one such gather per pair of tensors in
+//! one collective.
 
 use super::all_gather::gather_bytes;
 use super::staging::write_from;
-use super::{fingerprint, Planned};
-use crate::group::fingerprint::CollectiveKind;
-use crate::group::validate::{check_dense_host, check_gathered};
+use super::Ctx;
 use crate::tensor::Tensor;
 use crate::Result;
 
-pub(crate) fn plan(
-    size: usize,
-    output: &Tensor<'static>,
-    input: &Tensor<'static>,
-) -> Result<Planned> {
-    const OP: &str = "all_gather_into_tensor";
-    check_dense_host(OP, input)?;
-    check_gathered(OP, "output_tensor", output, input, size)?;
-    let fp = fingerprint(
-        CollectiveKind::AllGatherIntoTensor,
-        None,
-        input.dtype(),
-        0,
-        input.numel(),
-        &[input.shape()],
-    );
-    let (output, input) = (output.clone(), input.clone());
-    Ok(Planned {
-        fingerprint: fp,
-        body: Box::new(move |t, deadline| {
-            let buf = gather_bytes(t, &input, size, deadline)?;
-            write_from(&output, &buf)
-        }),
-    })
+pub(super) fn run(ctx: &Ctx<'_>, output: &Tensor<'static>, input: &Tensor<'static>) -> Result<()> {
+    let buf = gather_bytes(ctx.t, input, ctx.deadline)?;
+    write_from(output, &buf)
+}
+
+/// `outputs[i]` gathers every rank's `inputs[i]`, one pair after another.
+pub(super) fn run_coalesced(
+    ctx: &Ctx<'_>,
+    outputs: &[Tensor<'static>],
+    inputs: &[Tensor<'static>],
+) -> Result<()> {
+    for (output, input) in outputs.iter().zip(inputs) {
+        run(ctx, output, input)?;
+    }
+    Ok(())
 }

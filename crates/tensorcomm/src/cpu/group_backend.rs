@@ -1,0 +1,60 @@
+//! The CPU backend as the engine sees it ([`GroupBackend`]): the group's
+//! transport, point-to-point links, algorithm choices and shared-memory
+//! arena, and how one collective runs over them, with this rank's
+//! fingerprint carried in front of its first message to each peer.
+
+use std::sync::Arc;
+
+use super::collectives::{self, Ctx};
+use super::fingerprinted::Fingerprinted;
+#[cfg(target_os = "linux")]
+use super::group_arena::GroupArena;
+use super::monitored_barrier::monitored_barrier;
+use super::p2p::P2p;
+use super::select::Selection;
+use super::transport::{RoutedTransport, Transport};
+use crate::group::backend::{Call, GroupBackend};
+use crate::group::collective::Collective;
+use crate::Result;
+
+/// See the module docs.
+pub(crate) struct CpuBackend {
+    pub(crate) transport: RoutedTransport,
+    pub(crate) p2p: Arc<P2p>,
+    pub(crate) select: Selection,
+    /// The group's arena when every rank is on this host and reached over
+    /// shared memory.
+    #[cfg(target_os = "linux")]
+    pub(crate) arena: Option<Arc<GroupArena>>,
+}
+
+impl GroupBackend for CpuBackend {
+    fn run(&self, collective: Collective, call: &Call) -> Result<()> {
+        if let Collective::MonitoredBarrier { wait_all, wait } = collective {
+            // Over the point-to-point links, tagged with the sequence
+            // number (the same on every rank).
+            return monitored_barrier(&self.p2p, call.fingerprint.seq, wait_all, wait);
+        }
+        let t = Fingerprinted::new(&self.transport, call.fingerprint);
+        let ctx = Ctx {
+            t: &t,
+            deadline: call.deadline,
+            select: &self.select,
+            #[cfg(target_os = "linux")]
+            arena: self.arena.as_deref(),
+            #[cfg(not(target_os = "linux"))]
+            arena: None,
+        };
+        let outcome = collectives::run(&ctx, collective);
+        if outcome.is_err() {
+            if let Some((peer, theirs)) = t.mismatched() {
+                call.report_mismatch(peer, theirs);
+            }
+        }
+        outcome
+    }
+
+    fn abort(&self) {
+        self.transport.abort();
+    }
+}

@@ -1,0 +1,241 @@
+//! Every `TENSORCOMM_*` environment variable tensorcomm reads, in one
+//! registry: its name, default and what it does. Code reads a variable
+//! through its entry here; the README's table is written from
+//! [`markdown_table`] (a test keeps the two equal).
+//!
+//! Variables that choose how a process group's collectives run
+//! ([`EnvVar::agreed`]) are read once, when the group is created, and
+//! every rank must see the same value: a rank whose value differs gets
+//! [`Error::TuningMismatch`](crate::Error::TuningMismatch) naming the
+//! variable and both values at creation, and a value that does not parse
+//! fails creation with [`Error::BadValue`](crate::Error::BadValue) naming
+//! it.
+//!
+//! ```
+//! use tensorcomm::env_vars::{VARIABLES, TRANSPORT};
+//! assert!(VARIABLES.iter().any(|v| v.name == TRANSPORT.name));
+//! assert_eq!(TRANSPORT.default, "auto");
+//! assert!(tensorcomm::env_vars::markdown_table().contains("`TENSORCOMM_TRANSPORT`"));
+//! ```
+
+/// One environment variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnvVar {
+    /// Its name.
+    pub name: &'static str,
+    /// What applies when it is unset.
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+    /// True if every rank of a process group must see the same value
+    /// (checked at group creation).
+    pub agreed: bool,
+}
+
+impl EnvVar {
+    /// Its value, if set (and valid Unicode).
+    ///
+    /// ```
+    /// assert_eq!(tensorcomm::env_vars::LAUNCHED.name, "TENSORCOMM_LAUNCHED");
+    /// let _maybe = tensorcomm::env_vars::LAUNCHED.get();
+    /// ```
+    pub fn get(&self) -> Option<String> {
+        std::env::var(self.name).ok()
+    }
+}
+
+/// `TENSORCOMM_LOG`.
+pub const LOG: EnvVar = EnvVar {
+    name: "TENSORCOMM_LOG",
+    default: "off",
+    doc: "log filter of the `tensorcomm` command (`debug` shows connections, algorithm choices and timings)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_TRANSPORT`.
+pub const TRANSPORT: EnvVar = EnvVar {
+    name: "TENSORCOMM_TRANSPORT",
+    default: "auto",
+    doc: "CPU groups: `auto` (shared memory between ranks of one host, TCP across hosts), `tcp` (TCP only) or `shm` (shared memory required)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_TCP_LANES`.
+pub const TCP_LANES: EnvVar = EnvVar {
+    name: "TENSORCOMM_TCP_LANES",
+    default: "from the cores per rank, up to 4",
+    doc: "TCP connections per pair of ranks (1 to 8; rank 0's value wins); messages from 256 KiB travel over them as parallel stripes",
+    agreed: false,
+};
+
+/// `TENSORCOMM_SHM_ARENA_THREADS`.
+pub const SHM_ARENA_THREADS: EnvVar = EnvVar {
+    name: "TENSORCOMM_SHM_ARENA_THREADS",
+    default: "by size, ranks and the fewest cores of any rank",
+    doc: "threads per rank (1 to 64) of the shared-memory all-reduce and reduce",
+    agreed: true,
+};
+
+/// `TENSORCOMM_SHM_ARENA_CHUNK`.
+pub const SHM_ARENA_CHUNK: EnvVar = EnvVar {
+    name: "TENSORCOMM_SHM_ARENA_CHUNK",
+    default: "4M at 2 ranks, 2M at 3-4, 1M from 5",
+    doc: "step buffer per rank of the shared-memory arena (4K to 64M)",
+    agreed: true,
+};
+
+/// `TENSORCOMM_SHM_ARENA_MIN`.
+pub const SHM_ARENA_MIN: EnvVar = EnvVar {
+    name: "TENSORCOMM_SHM_ARENA_MIN",
+    default: "4K at 2-3 ranks, 2K at 4-7, 1K from 8",
+    doc: "size above which an all-reduce takes the shared-memory arena",
+    agreed: true,
+};
+
+/// `TENSORCOMM_CPU_ALL_REDUCE`.
+pub const CPU_ALL_REDUCE: EnvVar = EnvVar {
+    name: "TENSORCOMM_CPU_ALL_REDUCE",
+    default: "by size and ranks",
+    doc: "forces the all-reduce over the transport: `direct`, `halving_doubling` or `ring`",
+    agreed: true,
+};
+
+/// `TENSORCOMM_RING_SEGMENT`.
+pub const RING_SEGMENT: EnvVar = EnvVar {
+    name: "TENSORCOMM_RING_SEGMENT",
+    default: "1M",
+    doc: "segment of the ring all-reduce and reduce (4K to 64M)",
+    agreed: true,
+};
+
+/// `TENSORCOMM_FLIGHT_RECORDER_SIZE`.
+pub const FLIGHT_RECORDER_SIZE: EnvVar = EnvVar {
+    name: "TENSORCOMM_FLIGHT_RECORDER_SIZE",
+    default: "64",
+    doc: "collectives each group's flight recorder keeps (0 turns it off)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_FLIGHT_RECORDER_DIR`.
+pub const FLIGHT_RECORDER_DIR: EnvVar = EnvVar {
+    name: "TENSORCOMM_FLIGHT_RECORDER_DIR",
+    default: "unset: no file",
+    doc: "folder where a failed collective's flight record is written",
+    agreed: false,
+};
+
+/// `TENSORCOMM_STORE_TOKEN`.
+pub const STORE_TOKEN: EnvVar = EnvVar {
+    name: "TENSORCOMM_STORE_TOKEN",
+    default: "unset: no secret",
+    doc: "shared secret the TCP store's server asks of every client",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CACHE_DIR`.
+pub const CACHE_DIR: EnvVar = EnvVar {
+    name: "TENSORCOMM_CACHE_DIR",
+    default: "$XDG_CACHE_HOME/tensorcomm/kernels, else ~/.cache/tensorcomm/kernels",
+    doc: "where compiled CUDA kernels are cached",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CUDA_COPY`.
+pub const CUDA_COPY: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_COPY",
+    default: "auto",
+    doc: "`cuda::comm` copies between GPUs with `kernel`, copy engines (`ce`) or either by size (`auto`)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CUDA_CE_MIN`.
+pub const CUDA_CE_MIN: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_CE_MIN",
+    default: "4M",
+    doc: "smallest range between two GPUs that `auto` gives the copy engines",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CUDA_CE_STREAMS`.
+pub const CUDA_CE_STREAMS: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_CE_STREAMS",
+    default: "1",
+    doc: "streams a copy-engine copy is spread over",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CUDA_ONE_LAUNCH_MAX`.
+pub const CUDA_ONE_LAUNCH_MAX: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_ONE_LAUNCH_MAX",
+    default: "4M",
+    doc: "`cuda::comm` calls moving at most this many bytes copy in one kernel launch",
+    agreed: false,
+};
+
+/// `TENSORCOMM_LAUNCHED`.
+pub const LAUNCHED: EnvVar = EnvVar {
+    name: "TENSORCOMM_LAUNCHED",
+    default: "unset",
+    doc: "set to 1 by `tensorcomm run` for the ranks it starts",
+    agreed: false,
+};
+
+/// Every variable, in the README's order.
+pub const VARIABLES: &[EnvVar] = &[
+    LOG,
+    TRANSPORT,
+    TCP_LANES,
+    SHM_ARENA_THREADS,
+    SHM_ARENA_CHUNK,
+    SHM_ARENA_MIN,
+    CPU_ALL_REDUCE,
+    RING_SEGMENT,
+    FLIGHT_RECORDER_SIZE,
+    FLIGHT_RECORDER_DIR,
+    STORE_TOKEN,
+    CACHE_DIR,
+    CUDA_COPY,
+    CUDA_CE_MIN,
+    CUDA_CE_STREAMS,
+    CUDA_ONE_LAUNCH_MAX,
+    LAUNCHED,
+];
+
+/// The README's table of [`VARIABLES`] (Markdown).
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| variable | default | what it does | every rank the same |\n| --- | --- | --- | --- |\n",
+    );
+    for v in VARIABLES {
+        let agreed = if v.agreed { "yes" } else { "" };
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            v.name, v.default, v.doc, agreed
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_unique_and_prefixed() {
+        let mut names: Vec<_> = VARIABLES.iter().map(|v| v.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("TENSORCOMM_")));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), VARIABLES.len());
+    }
+
+    #[test]
+    fn the_readme_table_is_the_registrys() {
+        let readme = include_str!("../../../README.md");
+        let table = markdown_table();
+        assert!(
+            readme.contains(&table),
+            "README.md's environment table differs from the registry; it should read:\n{table}"
+        );
+    }
+}

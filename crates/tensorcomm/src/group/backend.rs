@@ -1,0 +1,56 @@
+//! The narrow trait a backend implements: run one validated, sequenced
+//! collective to its end on the calling thread, and close its connections
+//! when the group breaks. Everything else of a collective's life (queue,
+//! turns, sequence numbers, deadlines, failure reports, the flight
+//! recorder) is the [`Engine`](super::engine::Engine)'s.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use super::collective::Collective;
+use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use crate::Result;
+
+/// One collective as the engine hands it to a backend: its fingerprint
+/// (sequence number filled in) and deadline, and where the backend says
+/// which peer's fingerprint differed when it finds a mismatch.
+pub(crate) struct Call {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) deadline: Instant,
+    mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
+}
+
+impl Call {
+    pub(crate) fn new(fingerprint: Fingerprint, deadline: Instant) -> Self {
+        Call {
+            fingerprint,
+            deadline,
+            mismatched: OnceLock::new(),
+        }
+    }
+
+    /// Records that `peer` sent the fingerprint `theirs`, unlike this
+    /// rank's (the first report is kept); the engine's failure report
+    /// carries it to every rank.
+    pub(crate) fn report_mismatch(&self, peer: usize, theirs: [u8; FINGERPRINT_LEN]) {
+        let _ = self.mismatched.set((peer, theirs));
+    }
+
+    /// The peer whose fingerprint differed, and what it sent.
+    pub(crate) fn mismatched(&self) -> Option<(usize, [u8; FINGERPRINT_LEN])> {
+        self.mismatched.get().copied()
+    }
+}
+
+/// What a backend does for the engine.
+pub(crate) trait GroupBackend: Send + Sync + 'static {
+    /// Runs `collective` (validated, its turn come) on the calling thread
+    /// until it completes, fails or passes `call.deadline`. On a mismatch
+    /// found through its own messages it calls [`Call::report_mismatch`]
+    /// before returning the error.
+    fn run(&self, collective: Collective, call: &Call) -> Result<()>;
+
+    /// Closes this rank's connections so the other ranks fail promptly;
+    /// called once, after a failure has been posted.
+    fn abort(&self);
+}

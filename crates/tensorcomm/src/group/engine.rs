@@ -1,0 +1,191 @@
+//! The engine: one collective's life on this rank, the same for every
+//! backend. A validated call takes the next sequence number and joins the
+//! group's queue; it runs on the group's own thread, or on a caller that
+//! waits on its [`Work`] before that thread reaches it (so call-then-wait
+//! costs no thread hand-off), always after every earlier collective of the
+//! group. On failure the engine breaks the group (later calls fail with
+//! [`Error::GroupBroken`]), posts the root cause to the store before the
+//! backend closes its connections (so every rank names the same cause),
+//! and returns [`Error::CollectiveFailed`] naming the op, the sequence
+//! number and the peers involved. The flight recorder sees every step.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::backend::{Call, GroupBackend};
+use super::collective::{Collective, Validated};
+use super::failure_report::FailureBoard;
+use super::fingerprint::Fingerprint;
+use super::turn::{Job, QueuedJob, Turn};
+use super::{FlightRecorder, Work};
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// What the group's thread shares with the callers.
+struct Shared {
+    rank: usize,
+    backend: Arc<dyn GroupBackend>,
+    /// The collective whose failure broke the group, if any.
+    broken: Mutex<Option<(String, u64)>>,
+    recorder: FlightRecorder,
+    turn: Turn,
+    /// Where a failed collective posts its root cause before the backend
+    /// closes its connections (see `failure_report.rs`).
+    failures: FailureBoard,
+}
+
+/// The next sequence number and the queue to the group's thread, under one
+/// lock so that sequence order is queue order.
+struct Queue {
+    next_seq: u64,
+    jobs: Sender<Arc<QueuedJob>>,
+}
+
+/// Runs a group's collectives through its backend (see the module docs).
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    queue: Mutex<Queue>,
+    timeout: Duration,
+}
+
+impl Engine {
+    /// The engine of rank `rank` of a group whose store keys start with
+    /// `key_prefix`, running collectives through `backend` with `timeout`
+    /// unless a call says otherwise; starts the group's thread.
+    pub(crate) fn start(
+        backend: Arc<dyn GroupBackend>,
+        store: Arc<dyn Store>,
+        key_prefix: &str,
+        rank: usize,
+        recorder: FlightRecorder,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let (jobs, incoming) = channel::<Arc<QueuedJob>>();
+        std::thread::Builder::new()
+            .name(format!("tensorcomm-pg-rank{rank}"))
+            .spawn(move || {
+                for job in incoming {
+                    job.run_once();
+                }
+            })
+            .map_err(|e| Error::io("starting the process group's thread", e))?;
+        Ok(Engine {
+            shared: Arc::new(Shared {
+                rank,
+                backend,
+                broken: Mutex::new(None),
+                recorder,
+                turn: Turn::default(),
+                failures: FailureBoard::new(store, key_prefix),
+            }),
+            queue: Mutex::new(Queue { next_seq: 0, jobs }),
+            timeout,
+        })
+    }
+
+    /// The timeout of a call that names none.
+    pub(crate) fn default_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The flight recorder's record of this group, as JSON.
+    pub(crate) fn flight_recorder_json(&self) -> String {
+        self.shared.recorder.to_json()
+    }
+
+    /// Takes the next sequence number and queues `call` to run under it,
+    /// on the group's thread or on a thread that waits on the returned
+    /// `Work` first; either way after every earlier collective of the
+    /// group.
+    pub(crate) fn submit(&self, call: Validated, timeout: Option<Duration>) -> Result<Work> {
+        let Validated {
+            mut fingerprint,
+            collective,
+        } = call;
+        let deadline = Instant::now() + timeout.unwrap_or(self.timeout);
+        let (work, completion) = Work::new();
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        fingerprint.seq = queue.next_seq;
+        self.shared.recorder.queued(&fingerprint);
+        let shared = self.shared.clone();
+        let job: Job = Box::new(move || {
+            let outcome = {
+                let _turn = shared.turn.wait_for(fingerprint.seq);
+                let outcome = run(&shared, Call::new(fingerprint, deadline), collective);
+                shared.recorder.finished(fingerprint.seq, &outcome);
+                outcome
+            };
+            completion.complete(outcome)
+        });
+        let job = Arc::new(QueuedJob {
+            job: Mutex::new(Some(job)),
+        });
+        let runner = job.clone();
+        let work = work.with_runner(Box::new(move || runner.run_once()));
+        if queue.jobs.send(job).is_err() {
+            return Ok(Work::done(Err(Error::GroupBroken {
+                op: fingerprint.kind.name().into(),
+                seq: fingerprint.seq,
+            })));
+        }
+        queue.next_seq += 1;
+        Ok(work)
+    }
+}
+
+/// Runs one collective (on the group's thread or a waiting caller's):
+/// refuses to run on a broken group, and on failure settles the cause
+/// through the store, closes the backend's connections and names the op,
+/// sequence number and peers.
+fn run(shared: &Shared, call: Call, collective: Collective) -> Result<()> {
+    let fp = call.fingerprint;
+    let op = fp.kind.name();
+    if let Some((op, seq)) = shared
+        .broken
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+    {
+        return Err(Error::GroupBroken { op, seq });
+    }
+    shared.recorder.started(fp.seq);
+    let started = Instant::now();
+    let outcome = shared.backend.run(collective, &call);
+    tracing::debug!(
+        op,
+        seq = fp.seq,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        ok = outcome.is_ok(),
+        "collective"
+    );
+    outcome.map_err(|source| fail(shared, &fp, &call, source))
+}
+
+/// Breaks the group after collective `fp` failed with `source`: posts the
+/// report before the connections close (so a rank that fails because they
+/// closed finds it), closes them, and names what failed.
+fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
+    let op = fp.kind.name();
+    *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
+    let source = shared
+        .failures
+        .settle(fp, shared.rank, source, call.mismatched());
+    shared.backend.abort();
+    let ranks = match &source {
+        Error::PeerClosed { peer, .. }
+        | Error::PeerTimeout { peer, .. }
+        | Error::PeerIo { peer, .. }
+        | Error::PeerProtocol { peer, .. }
+        | Error::CollectiveMismatch { peer, .. } => vec![*peer],
+        Error::RanksMissing { missing, .. } => missing.clone(),
+        _ => Vec::new(),
+    };
+    Error::CollectiveFailed {
+        op: op.into(),
+        seq: fp.seq,
+        rank: shared.rank,
+        ranks,
+        source: Box::new(source),
+    }
+}

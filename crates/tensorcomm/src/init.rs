@@ -1,0 +1,115 @@
+//! Starting a job's process groups, above every backend: meet the other
+//! ranks through an init method and build the default group of the chosen
+//! [`Backend`] (c10d's `init_process_group`), with c10d's options.
+
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use crate::cpu::transport::TransportChoice;
+use crate::group::{Backend, ProcessGroup, DEFAULT_COLLECTIVE_TIMEOUT};
+use crate::rendezvous::{self, InitMethod, StoreAddress};
+use crate::Result;
+
+/// How [`init_process_group_with`] sets up the default group.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    /// The default timeout of every collective of the group (and of its
+    /// setup): c10d's `timeout`.
+    pub timeout: Duration,
+    /// The group's name, which namespaces its keys in the store: c10d's
+    /// `group_name`. Two default groups in one job need two names.
+    pub group_name: String,
+    /// Which transport the CPU backend uses between ranks.
+    pub transport: TransportChoice,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+            group_name: "default".into(),
+            transport: TransportChoice::default(),
+        }
+    }
+}
+
+/// Meets the other ranks through `init_method` (`env://`,
+/// `tcp://host:port?rank=R&world_size=W`, `file:///path?rank=R&world_size=W`)
+/// and builds the default process group of `backend` over them, with
+/// [`InitOptions::default`]: collectives and setup time out after
+/// [`DEFAULT_COLLECTIVE_TIMEOUT`].
+///
+/// ```
+/// use tensorcomm::{init_process_group, Backend};
+/// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+/// assert_eq!((pg.rank(), pg.size()), (0, 1));
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn init_process_group(backend: Backend, init_method: &str) -> Result<Arc<dyn ProcessGroup>> {
+    init_process_group_with(backend, init_method, &InitOptions::default())
+}
+
+/// [`init_process_group`] with `options`. `backend` may also be given by
+/// its c10d name (`"gloo"`, `"cpu"`), parsed with [`str::parse`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tensorcomm::{init_process_group_with, Backend, InitOptions};
+///
+/// let options = InitOptions {
+///     timeout: Duration::from_secs(60),
+///     group_name: "trainer".into(),
+///     ..InitOptions::default()
+/// };
+/// let backend: Backend = "gloo".parse()?;
+/// let pg = init_process_group_with(backend, "tcp://127.0.0.1:0?rank=0&world_size=1", &options)?;
+/// assert_eq!(pg.backend(), Backend::Cpu);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn init_process_group_with(
+    backend: Backend,
+    init_method: &str,
+    options: &InitOptions,
+) -> Result<Arc<dyn ProcessGroup>> {
+    let method = InitMethod::parse(init_method, |name| std::env::var(name).ok())?;
+    let rdzv = rendezvous::connect(&method, options.timeout)?;
+    let advertise_host = match &method.address {
+        StoreAddress::Tcp { host, port } => local_address_towards(host, *port),
+        StoreAddress::File { .. } => "127.0.0.1".to_string(),
+    };
+    let key_prefix = format!("tensorcomm/pg/{}", options.group_name);
+    match backend {
+        Backend::Cpu => {
+            let cpu = CpuOptions {
+                advertise_host,
+                timeout: options.timeout,
+                transport: options.transport,
+                ..CpuOptions::default()
+            };
+            let pg =
+                ProcessGroupCpu::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &cpu)?;
+            Ok(Arc::new(pg))
+        }
+    }
+}
+
+/// The address of this host's interface that routes towards `host` (the
+/// store's host), found without sending anything; loopback when `host` is
+/// loopback or no route is found.
+fn local_address_towards(host: &str, port: u16) -> String {
+    let loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
+    if loopback {
+        return "127.0.0.1".into();
+    }
+    let target = rendezvous::host_port(host, port);
+    let bind = if host.contains(':') {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    UdpSocket::bind(bind)
+        .and_then(|s| s.connect(&target).and_then(|()| s.local_addr()))
+        .map_or_else(|_| "127.0.0.1".into(), |a| a.ip().to_string())
+}
