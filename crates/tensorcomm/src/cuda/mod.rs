@@ -9,4 +9,5 @@
 //! without one every call returns [`Error::NoCuda`](crate::Error::NoCuda).
 
 pub mod comm;
+pub(crate) mod kernels;
 pub mod runtime;

@@ -15,7 +15,7 @@ use super::dense::{checked_numel, Tensor};
 use super::layout::Layout;
 use super::storage::{self, Memory, Storage};
 use super::{DType, Device, Element};
-use crate::cuda::runtime::kernels::{self, StridedArgs, MAX_DIMS};
+use crate::cuda::kernels::{self, StridedArgs, MAX_DIMS};
 use crate::cuda::runtime::{
     self, context, copy_dtod_async, copy_dtoh_sync, copy_htod_sync, Context, DeviceBuffer,
     DevicePtr, PinnedBuffer,

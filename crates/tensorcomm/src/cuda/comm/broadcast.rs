@@ -1,6 +1,7 @@
 //! broadcast, broadcast_out, broadcast_coalesced.
 
-use crate::cuda::runtime::{self, kernels};
+use crate::cuda::kernels;
+use crate::cuda::runtime;
 use crate::tensor::{Device, Tensor};
 use crate::Result;
 

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::cuda::runtime::kernels::{self, CopyDesc};
+use crate::cuda::kernels::{self, CopyDesc};
 use crate::cuda::runtime::{self, Context, DevicePtr, Stream};
 use crate::tensor::{Device, Tensor};
 use crate::Result;

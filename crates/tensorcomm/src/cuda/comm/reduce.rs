@@ -1,6 +1,7 @@
 //! reduce_add, reduce_add_coalesced.
 
-use crate::cuda::runtime::{self, kernels, DevicePtr};
+use crate::cuda::kernels;
+use crate::cuda::runtime::{self, DevicePtr};
 use crate::tensor::{Device, Layout, Tensor};
 use crate::Result;
 

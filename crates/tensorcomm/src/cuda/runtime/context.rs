@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::{sys, CudaContext};
 
 use super::driver::{check, ensure_driver};
-use super::kernels::Kernels;
 use super::memory::Pool;
 use super::stream::Stream;
+use crate::cuda::kernels::Kernels;
 use crate::{Error, Result};
 
 /// One GPU: its primary context, properties, internal stream, buffer pool

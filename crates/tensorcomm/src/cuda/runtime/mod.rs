@@ -30,10 +30,9 @@
 //! ```
 
 mod context;
-mod driver;
-pub(crate) mod kernels;
+pub(crate) mod driver;
 mod memory;
-mod nvrtc;
+pub(crate) mod nvrtc;
 mod stream;
 
 pub use context::{context, device_count, Context, COPY_STREAMS};

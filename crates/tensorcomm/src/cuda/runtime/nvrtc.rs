@@ -173,7 +173,7 @@ mod tests {
             println!("skipped: NVRTC is not installed on this machine");
             return;
         }
-        let bin = compile("tensorcomm", super::super::kernels::SOURCE, "sm_90").unwrap();
+        let bin = compile("tensorcomm", crate::cuda::kernels::SOURCE, "sm_90").unwrap();
         assert!(bin.starts_with(b"\x7fELF"), "a CUBIN is an ELF image");
         match compile(
             "broken",

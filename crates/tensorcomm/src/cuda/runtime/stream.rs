@@ -106,7 +106,7 @@ impl Stream {
         &self.inner
     }
 
-    pub(super) fn cu_stream(&self) -> sys::CUstream {
+    pub(crate) fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
     }
 }

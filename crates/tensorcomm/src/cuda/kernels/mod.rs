@@ -1,17 +1,15 @@
 //! tensorcomm's own kernels (`kernels.cu`) and their launchers: a
 //! multi-tensor byte copy, a strided element copy and an element-wise sum
 //! of up to eight inputs. Pointers may point into other GPUs' memory where
-//! peer access is enabled ([`enable_peer_access`](super::enable_peer_access)).
+//! peer access is enabled ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)).
 
 use std::ffi::{c_void, CString};
 
 use cudarc::driver::{result, sys};
 
-use super::context::Context;
-use super::driver::check;
-use super::memory::DevicePtr;
-use super::nvrtc;
-use super::stream::Stream;
+use crate::cuda::runtime::driver::check;
+use crate::cuda::runtime::nvrtc;
+use crate::cuda::runtime::{Context, DevicePtr, Stream};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -123,7 +121,7 @@ const REDUCE_NAMES: [(DType, &str); 9] = [
 ];
 
 impl Kernels {
-    pub(super) fn load(ctx: &Context) -> Result<Kernels> {
+    pub(crate) fn load(ctx: &Context) -> Result<Kernels> {
         let image = nvrtc::cubin("tensorcomm", SOURCE, &ctx.arch())?;
         ctx.bind()?;
         // SAFETY: `image` is a complete CUBIN produced by NVRTC for this
