@@ -3,18 +3,35 @@
 //! of up to eight inputs. Pointers may point into other GPUs' memory where
 //! peer access is enabled ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)).
 
-use std::ffi::{c_void, CString};
-
-use cudarc::driver::{result, sys};
-
-use crate::cuda::runtime::driver::check;
-use crate::cuda::runtime::nvrtc;
-use crate::cuda::runtime::{Context, DevicePtr, Stream};
+use crate::cuda::runtime::{Context, DevicePtr, Function, KernelArg, Program, Stream};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
 /// The CUDA C source of the kernels.
-pub(crate) const SOURCE: &str = include_str!("kernels.cu");
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// The kernels `SOURCE` defines.
+const KERNELS: &[&str] = &[
+    "multi_copy",
+    "strided_copy",
+    "reduce_add_f32",
+    "reduce_add_f64",
+    "reduce_add_f16",
+    "reduce_add_bf16",
+    "reduce_add_i8",
+    "reduce_add_u8",
+    "reduce_add_i32",
+    "reduce_add_i64",
+    "reduce_add_bool",
+];
+
+/// The kernels' program, built once per device on first use.
+static PROGRAM: Program = Program::new("tensorcomm", SOURCE, KERNELS);
+
+/// The kernel `name` of [`PROGRAM`] on `ctx`'s GPU.
+fn kernel(ctx: &Context, name: &str) -> Result<Function> {
+    PROGRAM.module(ctx)?.kernel(name)
+}
 
 /// Ranges one `multi_copy` launch takes (`MAX_COPY` in kernels.cu).
 pub(crate) const MAX_COPY: usize = 96;
@@ -86,99 +103,19 @@ struct ReduceArgs {
     vector: u64,
 }
 
-/// A loaded module's functions. `CUfunction` handles are plain handles that
-/// any thread may use with the context current.
-pub(crate) struct Kernels {
-    _module: Module,
-    multi_copy: Function,
-    strided_copy: Function,
-    reduce_add: [Function; 9],
-}
-
-struct Module(sys::CUmodule);
-// SAFETY: a module handle is a context-wide handle, usable from any thread.
-unsafe impl Send for Module {}
-// SAFETY: as above; the handle is never mutated.
-unsafe impl Sync for Module {}
-
-#[derive(Clone, Copy)]
-struct Function(sys::CUfunction);
-// SAFETY: a function handle is a context-wide handle, usable from any thread.
-unsafe impl Send for Function {}
-// SAFETY: as above; the handle is never mutated.
-unsafe impl Sync for Function {}
-
-const REDUCE_NAMES: [(DType, &str); 9] = [
-    (DType::F32, "reduce_add_f32"),
-    (DType::F64, "reduce_add_f64"),
-    (DType::F16, "reduce_add_f16"),
-    (DType::BF16, "reduce_add_bf16"),
-    (DType::I8, "reduce_add_i8"),
-    (DType::U8, "reduce_add_u8"),
-    (DType::I32, "reduce_add_i32"),
-    (DType::I64, "reduce_add_i64"),
-    (DType::Bool, "reduce_add_bool"),
-];
-
-impl Kernels {
-    pub(crate) fn load(ctx: &Context) -> Result<Kernels> {
-        let image = nvrtc::cubin("tensorcomm", SOURCE, &ctx.arch())?;
-        ctx.bind()?;
-        // SAFETY: `image` is a complete CUBIN produced by NVRTC for this
-        // device's architecture; the driver copies it during the call.
-        let module = check("cuModuleLoadData", unsafe {
-            result::module::load_data(image.as_ptr().cast())
-        })?;
-        let module = Module(module);
-        let get = |name: &str| -> Result<Function> {
-            let cname = CString::new(name).map_err(|_| Error::InvalidArgument(name.into()))?;
-            // SAFETY: `module` is loaded and `cname` a valid C string.
-            check("cuModuleGetFunction", unsafe {
-                result::module::get_function(module.0, cname)
-            })
-            .map(Function)
-        };
-        let multi_copy = get("multi_copy")?;
-        let strided_copy = get("strided_copy")?;
-        let mut reduce_add = [multi_copy; 9];
-        for (slot, (_, name)) in reduce_add.iter_mut().zip(REDUCE_NAMES) {
-            *slot = get(name)?;
-        }
-        Ok(Kernels {
-            _module: module,
-            multi_copy,
-            strided_copy,
-            reduce_add,
-        })
+/// The sum kernel for `dtype`.
+fn reduce_add_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "reduce_add_f32",
+        DType::F64 => "reduce_add_f64",
+        DType::F16 => "reduce_add_f16",
+        DType::BF16 => "reduce_add_bf16",
+        DType::I8 => "reduce_add_i8",
+        DType::U8 => "reduce_add_u8",
+        DType::I32 => "reduce_add_i32",
+        DType::I64 => "reduce_add_i64",
+        DType::Bool => "reduce_add_bool",
     }
-}
-
-fn launch<P>(
-    ctx: &Context,
-    f: Function,
-    grid: u32,
-    block: u32,
-    stream: &Stream,
-    params: &mut [*mut c_void],
-    _keep: &P,
-) -> Result<()> {
-    ctx.bind()?;
-    // SAFETY: `f` belongs to `ctx`'s module; each parameter points at a
-    // live value of the type the kernel declares (the #[repr(C)] mirrors
-    // above), kept alive by the caller for the duration of this call (the
-    // driver copies parameters at launch). The device addresses inside were
-    // taken from live buffers that the caller keeps until the stream is
-    // synchronised.
-    check("cuLaunchKernel", unsafe {
-        result::launch_kernel(
-            f.0,
-            (grid.max(1), 1, 1),
-            (block, 1, 1),
-            0,
-            stream.cu_stream(),
-            params,
-        )
-    })
 }
 
 /// Groups ranges into launches of at most [`MAX_COPY`], dropping empty
@@ -214,7 +151,7 @@ pub(crate) fn multi_copy(ctx: &Context, streams: &[&Stream], descs: &[CopyDesc])
             "multi_copy: expected at least one stream".into(),
         ));
     }
-    let kernels = ctx.kernels()?;
+    let function = kernel(ctx, "multi_copy")?;
     let max_blocks = u64::from(ctx.sm_count()) * 4;
     let total_bytes: u64 = descs.iter().map(|d| d.bytes).sum();
     let chunk_size = chunk_bytes(total_bytes, max_blocks);
@@ -229,19 +166,11 @@ pub(crate) fn multi_copy(ctx: &Context, streams: &[&Stream], descs: &[CopyDesc])
         args.d[..batch.len()].copy_from_slice(&batch);
         let total = starts.last().copied().unwrap_or(0);
         let grid = total.min(max_blocks) as u32;
-        let mut chunk = chunk_size;
-        let mut params = [
-            (&mut args as *mut CopyBatch).cast::<c_void>(),
-            (&mut chunk as *mut u64).cast::<c_void>(),
-        ];
-        launch(
-            ctx,
-            kernels.multi_copy,
+        function.launch(
+            stream,
             grid,
             512,
-            stream,
-            &mut params,
-            &args,
+            &[KernelArg::new(&args), KernelArg::new(&chunk_size)],
         )?;
     }
     Ok(())
@@ -249,22 +178,13 @@ pub(crate) fn multi_copy(ctx: &Context, streams: &[&Stream], descs: &[CopyDesc])
 
 /// Queues an element copy between two strided layouts of `numel` elements
 /// (see [`StridedArgs`]); same preconditions as [`multi_copy`].
-pub(crate) fn strided_copy(ctx: &Context, stream: &Stream, mut args: StridedArgs) -> Result<()> {
+pub(crate) fn strided_copy(ctx: &Context, stream: &Stream, args: StridedArgs) -> Result<()> {
     if args.numel == 0 {
         return Ok(());
     }
-    let kernels = ctx.kernels()?;
+    let function = kernel(ctx, "strided_copy")?;
     let grid = args.numel.div_ceil(256).min(u64::from(ctx.sm_count()) * 8) as u32;
-    let mut params = [(&mut args as *mut StridedArgs).cast::<c_void>()];
-    launch(
-        ctx,
-        kernels.strided_copy,
-        grid,
-        256,
-        stream,
-        &mut params,
-        &(),
-    )
+    function.launch(stream, grid, 256, &[KernelArg::new(&args)])
 }
 
 /// Queues `dst = sum(srcs)` element-wise over `numel` elements of `dtype`
@@ -287,11 +207,7 @@ pub(crate) fn reduce_add(
     if numel == 0 {
         return Ok(());
     }
-    let kernels = ctx.kernels()?;
-    let index = REDUCE_NAMES
-        .iter()
-        .position(|(d, _)| *d == dtype)
-        .unwrap_or(0);
+    let function = kernel(ctx, reduce_add_name(dtype))?;
     let mut args = ReduceArgs {
         dst: dst.0,
         src: [0; MAX_SRC],
@@ -313,16 +229,7 @@ pub(crate) fn reduce_add(
     };
     let threads = (numel as u64).div_ceil(per_thread);
     let grid = threads.div_ceil(256).min(u64::from(ctx.sm_count()) * 8) as u32;
-    let mut params = [(&mut args as *mut ReduceArgs).cast::<c_void>()];
-    launch(
-        ctx,
-        kernels.reduce_add[index],
-        grid,
-        256,
-        stream,
-        &mut params,
-        &(),
-    )
+    function.launch(stream, grid, 256, &[KernelArg::new(&args)])
 }
 
 #[cfg(test)]
@@ -360,6 +267,26 @@ mod tests {
         assert_eq!(chunk_bytes(1024, 528), 8 << 10);
         assert_eq!(chunk_bytes(16 << 20, 528), 24 << 10);
         assert_eq!(chunk_bytes(100, 0), 8 << 10);
+    }
+
+    #[test]
+    fn every_declared_kernel_is_in_the_source_and_every_dtype_has_a_sum() {
+        for name in KERNELS {
+            let signature = format!("extern \"C\" __global__ void {name}(");
+            assert!(SOURCE.contains(&signature), "{name} is not in kernels.cu");
+        }
+        for dtype in DType::ALL {
+            assert!(KERNELS.contains(&reduce_add_name(dtype)), "{dtype}");
+        }
+    }
+
+    #[test]
+    fn the_source_compiles_where_nvrtc_is_present() {
+        match PROGRAM.compile("sm_90") {
+            Ok(bin) => assert!(bin.starts_with(b"\x7fELF"), "a CUBIN is an ELF image"),
+            Err(Error::NoCuda { reason }) => println!("skipped: {reason}"),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[test]

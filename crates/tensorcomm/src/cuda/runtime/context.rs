@@ -7,11 +7,10 @@ use cudarc::driver::{sys, CudaContext};
 use super::driver::{check, ensure_driver};
 use super::memory::Pool;
 use super::stream::Stream;
-use crate::cuda::kernels::Kernels;
 use crate::{Error, Result};
 
-/// One GPU: its primary context, properties, internal stream, buffer pool
-/// and compiled kernels. Obtained from [`context`]; shared by everything
+/// One GPU: its primary context, properties, internal streams and buffer
+/// pool. Obtained from [`context`]; shared by everything
 /// that runs on the device.
 pub struct Context {
     pub(super) inner: Arc<CudaContext>,
@@ -22,7 +21,6 @@ pub struct Context {
     stream: OnceLock<Stream>,
     copy_streams: [OnceLock<Stream>; COPY_STREAMS],
     pub(super) pool: Pool,
-    kernels: OnceLock<std::result::Result<Kernels, String>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -105,7 +103,6 @@ impl Context {
             stream: OnceLock::new(),
             copy_streams: Default::default(),
             pool: Pool::default(),
-            kernels: OnceLock::new(),
         })
     }
 
@@ -175,19 +172,6 @@ impl Context {
     /// A new non-blocking stream on this device.
     pub fn new_stream(&self) -> Result<Stream> {
         Stream::on(self)
-    }
-
-    /// The compiled kernels of this device (compiled or read from the disk
-    /// cache on first use).
-    pub(crate) fn kernels(&self) -> Result<&Kernels> {
-        let loaded = self
-            .kernels
-            .get_or_init(|| Kernels::load(self).map_err(|e| e.to_string()));
-        loaded.as_ref().map_err(|log| Error::Nvrtc {
-            kernel: "tensorcomm kernels".into(),
-            arch: self.arch(),
-            log: log.clone(),
-        })
     }
 
     /// Frees the device buffers cached for reuse (see [`DeviceBuffer`](super::DeviceBuffer)).

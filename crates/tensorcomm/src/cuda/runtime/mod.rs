@@ -30,9 +30,10 @@
 //! ```
 
 mod context;
-pub(crate) mod driver;
+mod driver;
 mod memory;
-pub(crate) mod nvrtc;
+mod module;
+mod nvrtc;
 mod stream;
 
 pub use context::{context, device_count, Context, COPY_STREAMS};
@@ -41,3 +42,4 @@ pub use nvrtc::cache_dir;
 pub use stream::{Event, Stream};
 
 pub(crate) use memory::{copy_dtod_async, copy_dtoh_sync, copy_htod_sync, cudarc_slice_parts};
+pub(crate) use module::{Function, KernelArg, Program};

@@ -106,7 +106,12 @@ impl Stream {
         &self.inner
     }
 
-    pub(crate) fn cu_stream(&self) -> sys::CUstream {
+    /// Makes the stream's context current on the calling thread.
+    pub(super) fn bind(&self) -> Result<()> {
+        check("cuCtxSetCurrent", self.inner.context().bind_to_thread())
+    }
+
+    pub(super) fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
     }
 }
