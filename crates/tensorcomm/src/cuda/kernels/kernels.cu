@@ -1,6 +1,7 @@
 // tensorcomm's CUDA kernels, compiled at run time by NVRTC once per GPU
-// architecture and cached on disk (see nvrtc.rs). Structures passed by value
-// mirror the #[repr(C)] structs in kernels.rs.
+// architecture and cached on disk (see cuda/runtime/nvrtc.rs). Structures
+// passed by value mirror the #[repr(C)] structs of multi_copy.rs,
+// strided_copy.rs and reduce_add.rs.
 
 typedef unsigned long long u64;
 typedef long long i64;
