@@ -1,7 +1,11 @@
-//! CUDA: the runtime layer and single-process multi-GPU communication.
+//! CUDA: the runtime layer, tensorcomm's kernels and single-process
+//! multi-GPU communication.
 //!
 //! - [`runtime`]: contexts, streams, events, device and pinned memory, peer
-//!   access, NVRTC kernels — the only place that touches cudarc's raw API.
+//!   access, run-time compiled (NVRTC) programs — the only place that
+//!   touches cudarc's raw API. It wraps CUDA and knows nothing of tensors.
+//! - [`kernels`]: tensorcomm's own CUDA C kernels (copies and sums) and
+//!   their launchers, built on [`runtime`].
 //! - [`comm`]: `torch.cuda.comm` for Rust — broadcast, scatter, gather and
 //!   reduce between the GPUs of one process.
 //!
@@ -9,5 +13,5 @@
 //! without one every call returns [`Error::NoCuda`](crate::Error::NoCuda).
 
 pub mod comm;
-pub(crate) mod kernels;
+pub mod kernels;
 pub mod runtime;

@@ -1,13 +1,45 @@
-//! tensorcomm's own kernels (`kernels.cu`) and their launchers: a
-//! multi-tensor byte copy, a strided element copy and an element-wise sum
-//! of up to eight inputs. Pointers may point into other GPUs' memory where
-//! peer access is enabled ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)).
+//! tensorcomm's own CUDA C kernels (`kernels.cu`) and their launchers,
+//! one file each:
+//!
+//! - `multi_copy`: many byte ranges copied in one launch (`cuda::comm`'s
+//!   broadcast, scatter and gather of many tensors),
+//! - `strided_copy`: one tensor copied between two strided layouts
+//!   ([`Tensor::copy_from`](crate::tensor::Tensor::copy_from) on a GPU),
+//! - `reduce_add`: the element-wise sum of up to eight inputs, one kernel
+//!   per dtype ([`cuda::comm::reduce_add`](crate::cuda::comm::reduce_add)).
+//!
+//! Pointers may point into other GPUs' memory where peer access is enabled
+//! ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)). The
+//! source is compiled with NVRTC once per GPU architecture (and cached on
+//! disk, see [`cache_dir`](crate::cuda::runtime::cache_dir)) and loaded once
+//! per device, on first use or ahead of time with [`load`]. The launchers
+//! are crate-internal: they take raw device addresses.
+//!
+//! ```
+//! use tensorcomm::cuda::{kernels, runtime};
+//! // Build the kernels at start-up, so that the first copy or sum does not
+//! // wait for NVRTC.
+//! match runtime::device_count() {
+//!     Ok(n) => {
+//!         for i in 0..n {
+//!             match kernels::load(i) {
+//!                 Ok(()) => println!("cuda:{i}: kernels loaded"),
+//!                 Err(tensorcomm::Error::NoCuda { reason }) => println!("no NVRTC: {reason}"),
+//!                 Err(e) => return Err(e),
+//!             }
+//!         }
+//!     }
+//!     Err(tensorcomm::Error::NoCuda { reason }) => println!("no GPU here: {reason}"),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok::<(), tensorcomm::Error>(())
+//! ```
 
 mod multi_copy;
 mod reduce_add;
 mod strided_copy;
 
-use crate::cuda::runtime::{Context, Function, Program};
+use crate::cuda::runtime::{self, Context, Function, Program};
 use crate::Result;
 
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
@@ -34,6 +66,24 @@ const KERNELS: &[&str] = &[
 
 /// The kernels' program, built once per device on first use.
 static PROGRAM: Program = Program::new("tensorcomm", SOURCE, KERNELS);
+
+/// Compiles tensorcomm's kernels for GPU `device` (or reads them from the
+/// disk cache) and loads them, if that has not happened yet; otherwise
+/// they are built by the first operation that needs them. Without a
+/// driver, such a GPU or NVRTC this is [`Error::NoCuda`](crate::Error::NoCuda);
+/// a source that does not compile is [`Error::Nvrtc`](crate::Error::Nvrtc).
+///
+/// ```
+/// match tensorcomm::cuda::kernels::load(0) {
+///     Ok(()) => println!("cuda:0 is ready"),
+///     Err(tensorcomm::Error::NoCuda { reason }) => println!("no CUDA: {reason}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn load(device: usize) -> Result<()> {
+    PROGRAM.module(&*runtime::context(device)?).map(|_| ())
+}
 
 /// The kernel `name` of [`PROGRAM`] on `ctx`'s GPU.
 fn kernel(ctx: &Context, name: &str) -> Result<Function> {

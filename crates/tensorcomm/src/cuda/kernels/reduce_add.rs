@@ -35,7 +35,7 @@ fn reduce_add_name(dtype: DType) -> &'static str {
 
 /// Queues `dst = sum(srcs)` element-wise over `numel` elements of `dtype`
 /// (at most [`MAX_SRC`] inputs; `dst` may be one of them). Same
-/// preconditions as [`multi_copy`](super::multi_copy).
+/// preconditions as [`multi_copy`](super::multi_copy()).
 pub(crate) fn reduce_add(
     ctx: &Context,
     stream: &Stream,

@@ -22,7 +22,7 @@ pub(crate) struct StridedArgs {
 
 /// Queues an element copy between two strided layouts of `numel` elements
 /// (see [`StridedArgs`]); same preconditions as
-/// [`multi_copy`](super::multi_copy).
+/// [`multi_copy`](super::multi_copy()).
 pub(crate) fn strided_copy(ctx: &Context, stream: &Stream, args: StridedArgs) -> Result<()> {
     if args.numel == 0 {
         return Ok(());

@@ -1,4 +1,6 @@
 //! The CUDA runtime layer: the only module that calls cudarc's raw API.
+//! It wraps CUDA and nothing else: it knows no tensors or dtypes and holds
+//! no kernels of its own (tensorcomm's are in `cuda::kernels`).
 //!
 //! - devices and their primary contexts ([`context`], [`device_count`]),
 //! - streams and events ([`Stream`], [`Event`]),
@@ -6,8 +8,9 @@
 //!   per-device cache for reuse ([`DeviceBuffer`]), and pinned host memory
 //!   ([`PinnedBuffer`]),
 //! - peer access ([`enable_peer_access`]) and copies between GPUs,
-//! - NVRTC kernels compiled once per architecture and cached on disk
-//!   ([`cache_dir`]).
+//! - CUDA C programs compiled at run time with NVRTC, once per architecture
+//!   and cached on disk ([`cache_dir`]), loaded once per device, and their
+//!   kernels launched (crate-internal: `Program`, `Function`).
 //!
 //! Every CUDA failure is a typed error ([`Error::Cuda`](crate::Error::Cuda),
 //! [`Error::Nvrtc`](crate::Error::Nvrtc)). On a machine without a driver,

@@ -1,5 +1,5 @@
 //! CUDA C programs compiled at run time: each is compiled once per GPU
-//! architecture (see [`nvrtc`](super::nvrtc)), loaded once per device as a
+//! architecture (see [`nvrtc`]), loaded once per device as a
 //! module, its kernels looked up once, then launched.
 //!
 //! The runtime does not know what a program computes. Its owner (for
