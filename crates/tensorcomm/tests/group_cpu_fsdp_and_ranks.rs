@@ -64,7 +64,11 @@ fn coalesced_reduce_scatters_give_each_rank_its_block(choice: TransportChoice) {
             .wait()
             .unwrap();
         // Sums: [3, 4, 6, 9] and [1, 1].
-        let first = if pg.rank() == 0 { [3.0, 4.0] } else { [6.0, 9.0] };
+        let first = if pg.rank() == 0 {
+            [3.0, 4.0]
+        } else {
+            [6.0, 9.0]
+        };
         assert_eq!(outputs[0].to_vec::<f32>().unwrap(), first);
         assert_eq!(outputs[1].to_vec::<f32>().unwrap(), [1.0]);
     });
@@ -97,7 +101,10 @@ fn coalesced_forms_refuse_unpaired_lists_and_stay_usable(choice: TransportChoice
         );
         // Nothing was sent: the group still runs collectives.
         let t = Tensor::from_vec(vec![1i64], &[1]).unwrap();
-        pg.all_reduce(&t, ReduceOp::Sum, None).unwrap().wait().unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert_eq!(t.to_vec::<i64>().unwrap(), [2]);
     });
 }
@@ -114,8 +121,14 @@ fn subgroups_translate_ranks_both_ways(choice: TransportChoice) {
         assert_eq!(odd.global_ranks(), [1, 3]);
         assert_eq!(odd.get_global_rank(1).unwrap(), 3);
         assert_eq!(odd.get_group_rank(1).unwrap(), 0);
-        assert!(matches!(odd.get_group_rank(2), Err(Error::InvalidArgument(_))));
-        assert!(matches!(odd.get_global_rank(2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            odd.get_group_rank(2),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            odd.get_global_rank(2),
+            Err(Error::InvalidArgument(_))
+        ));
         // A sub-group of the sub-group keeps translating to global ranks.
         let last = odd.new_group(&[1]).unwrap();
         if pg.rank() == 3 {

@@ -139,8 +139,8 @@ impl ProcessGroupCpu {
         global_ranks: Vec<usize>,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
-        let select = Selection::from_env(size)?;
-        select.agree(&*store, key_prefix, rank, size, options.timeout)?;
+        let select =
+            Selection::agreed_from_env(&*store, key_prefix, (rank, size), options.timeout)?;
         let routed = |lanes, shm_capacity| RoutedTransportOptions {
             choice: options.transport,
             tcp: TcpTransportOptions {

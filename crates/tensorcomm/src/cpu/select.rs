@@ -1,7 +1,7 @@
 //! Where the CPU backend chooses its algorithms: every size, world and
 //! transport threshold, and every `TENSORCOMM_*` override of them, read
-//! once when a group is created ([`Selection::from_env`]) and agreed
-//! across its ranks ([`Selection::agree`]): a rank with another value
+//! once when a group is created ([`Selection::agreed_from_env`]) and agreed
+//! across its ranks ([`agree`]): a rank with another value
 //! fails creation naming the variable and both values, instead of taking
 //! another path later and hanging. The measurements behind each threshold
 //! are in `bench/results/`, named where the threshold is.
@@ -271,6 +271,9 @@ pub(crate) fn select_all_reduce(nbytes: usize, world_size: usize) -> AllReduceAl
         AllReduceAlgorithm::HalvingDoubling
     }
 }
+/// The raw values of the variables every rank must share, by name.
+pub(crate) type RawValues = Vec<(&'static str, Option<String>)>;
+
 /// The CPU backend's choices for one group (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Selection {
@@ -285,8 +288,6 @@ pub(crate) struct Selection {
     arena_threads: Option<usize>,
     /// `TENSORCOMM_SHM_ARENA_CHUNK`, or the arena's default for the world.
     arena_chunk: usize,
-    /// The raw values of the agreed variables, as read.
-    raw: Vec<(&'static str, Option<String>)>,
 }
 
 /// A size in `var` within `range`, or a [`Error::BadValue`] naming it.
@@ -308,15 +309,28 @@ impl Selection {
     /// The choices for a group of `world` ranks, with the overrides `var`
     /// finds (an environment lookup); a value that does not parse is a
     /// [`Error::BadValue`] naming the variable.
-    pub(crate) fn from_vars(world: usize, var: &dyn Fn(&EnvVar) -> Option<String>) -> Result<Self> {
-        let agreed = [
+    #[cfg(test)]
+    fn from_vars(world: usize, var: &dyn Fn(&EnvVar) -> Option<String>) -> Result<Self> {
+        Selection::parse(world, Selection::raw_from_vars(var))
+    }
+
+    /// The raw values of the agreed variables, as `var` finds them.
+    pub(crate) fn raw_from_vars(var: &dyn Fn(&EnvVar) -> Option<String>) -> RawValues {
+        [
             CPU_ALL_REDUCE,
             RING_SEGMENT,
             SHM_ARENA_MIN,
             SHM_ARENA_THREADS,
             SHM_ARENA_CHUNK,
-        ];
-        let raw: Vec<_> = agreed.iter().map(|v| (v.name, var(v))).collect();
+        ]
+        .iter()
+        .map(|v| (v.name, var(v)))
+        .collect()
+    }
+
+    /// The choices `raw` asks for; a value that does not parse is a
+    /// [`Error::BadValue`] naming the variable.
+    pub(crate) fn parse(world: usize, raw: RawValues) -> Result<Self> {
         let get = |v: &EnvVar| {
             raw.iter()
                 .find(|(n, _)| *n == v.name)
@@ -357,67 +371,24 @@ impl Selection {
             arena_all_reduce_min,
             arena_threads,
             arena_chunk,
-            raw,
         })
     }
 
-    /// [`Selection::from_vars`] over this process's environment.
-    pub(crate) fn from_env(world: usize) -> Result<Self> {
-        Selection::from_vars(world, &|v| v.get())
-    }
-
-    /// Checks that every one of the `size` ranks read the same overrides:
-    /// each rank posts its raw values under `{key_prefix}/selection/{rank}`
-    /// and reads every other's; the first difference fails every rank that
-    /// sees it with [`Error::TuningMismatch`].
-    pub(crate) fn agree(
-        &self,
+    /// The choices for a group of `world` ranks from this process's
+    /// environment, once every one of the `size` ranks has posted its raw
+    /// values through `store` and found them equal ([`agree`]): a rank
+    /// with a value that does not parse fails after posting it, so the
+    /// others fail promptly too (naming the difference) instead of waiting
+    /// for its post.
+    pub(crate) fn agreed_from_env(
         store: &dyn Store,
         key_prefix: &str,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
         timeout: Duration,
-    ) -> Result<()> {
-        if size < 2 {
-            return Ok(());
-        }
-        let key = |r: usize| format!("{key_prefix}/selection/{r}");
-        let mine = self.encode();
-        store.set(&key(rank), mine.as_bytes())?;
-        for peer in (0..size).filter(|&r| r != rank) {
-            let theirs =
-                String::from_utf8_lossy(&store.get_timeout(&key(peer), timeout)?).into_owned();
-            if theirs == mine {
-                continue;
-            }
-            let theirs_of = |name: &str| {
-                theirs
-                    .lines()
-                    .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-                    .map(str::to_string)
-            };
-            for (name, value) in &self.raw {
-                let mine_v = value.clone().unwrap_or_else(|| "unset".into());
-                let theirs_v = theirs_of(name).unwrap_or_else(|| "missing".into());
-                if mine_v != theirs_v {
-                    return Err(Error::TuningMismatch {
-                        variable: (*name).into(),
-                        rank,
-                        mine: mine_v,
-                        peer,
-                        theirs: theirs_v,
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn encode(&self) -> String {
-        self.raw
-            .iter()
-            .map(|(n, v)| format!("{n}={}\n", v.as_deref().unwrap_or("unset")))
-            .collect()
+    ) -> Result<Self> {
+        let raw = Selection::raw_from_vars(&|v| v.get());
+        agree(&raw, store, key_prefix, rank, size, timeout)?;
+        Selection::parse(size, raw)
     }
 
     /// The all-reduce over the transport for `nbytes`.
@@ -510,6 +481,58 @@ impl Selection {
     pub(crate) fn arena_chunk(&self) -> usize {
         self.arena_chunk
     }
+}
+
+/// Checks that every one of the `size` ranks read the same overrides:
+/// each rank posts its raw values under `{key_prefix}/selection/{rank}`
+/// and reads every other's; the first difference fails every rank that
+/// sees it with [`Error::TuningMismatch`].
+pub(crate) fn agree(
+    raw: &RawValues,
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+) -> Result<()> {
+    if size < 2 {
+        return Ok(());
+    }
+    let key = |r: usize| format!("{key_prefix}/selection/{r}");
+    let mine = encode(raw);
+    store.set(&key(rank), mine.as_bytes())?;
+    for peer in (0..size).filter(|&r| r != rank) {
+        let theirs = String::from_utf8_lossy(&store.get_timeout(&key(peer), timeout)?).into_owned();
+        if theirs == mine {
+            continue;
+        }
+        let theirs_of = |name: &str| {
+            theirs
+                .lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+                .map(str::to_string)
+        };
+        for (name, value) in raw {
+            let mine_v = value.clone().unwrap_or_else(|| "unset".into());
+            let theirs_v = theirs_of(name).unwrap_or_else(|| "missing".into());
+            if mine_v != theirs_v {
+                return Err(Error::TuningMismatch {
+                    variable: (*name).into(),
+                    rank,
+                    mine: mine_v,
+                    peer,
+                    theirs: theirs_v,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode(raw: &RawValues) -> String {
+    raw.iter()
+        .map(|(n, v)| format!("{n}={}\n", v.as_deref().unwrap_or("unset")))
+        .collect()
 }
 
 /// The arena's slot half for `world` ranks, unless overridden.
@@ -608,10 +631,10 @@ mod tests {
     fn ranks_with_other_overrides_are_named_at_creation() {
         let store = HashStore::new();
         let t = Duration::from_secs(5);
-        let a = Selection::from_vars(2, &vars(&[("TENSORCOMM_SHM_ARENA_THREADS", "2")])).unwrap();
-        let b = Selection::from_vars(2, &vars(&[])).unwrap();
-        store.set("g/selection/1", b.encode().as_bytes()).unwrap();
-        match a.agree(&store, "g", 0, 2, t) {
+        let a = Selection::raw_from_vars(&vars(&[("TENSORCOMM_SHM_ARENA_THREADS", "2")]));
+        let b = Selection::raw_from_vars(&vars(&[]));
+        store.set("g/selection/1", encode(&b).as_bytes()).unwrap();
+        match agree(&a, &store, "g", 0, 2, t) {
             Err(Error::TuningMismatch {
                 variable,
                 rank,
@@ -626,7 +649,7 @@ mod tests {
             other => panic!("expected TuningMismatch, found {other:?}"),
         }
         let store = HashStore::new();
-        store.set("g/selection/1", b.encode().as_bytes()).unwrap();
-        b.agree(&store, "g", 0, 2, t).unwrap();
+        store.set("g/selection/1", encode(&b).as_bytes()).unwrap();
+        agree(&b, &store, "g", 0, 2, t).unwrap();
     }
 }
