@@ -4,6 +4,8 @@
 //! address, the timeout, what was expected and what was found. Messages
 //! read as "expected X, found Y".
 
+mod clone;
+
 use std::time::Duration;
 
 use crate::tensor::DType;
