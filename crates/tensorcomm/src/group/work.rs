@@ -1,28 +1,59 @@
-//! `Work`: the handle a collective returns.
+//! `Work`: the handle a collective returns, completed on the host or on a
+//! device.
+
+mod device_event;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::Result;
+pub use device_event::DeviceEvent;
+
+use crate::{Error, Result};
+
+/// How long [`Work::wait_timeout`] sleeps between queries of a device event.
+const DEVICE_POLL: Duration = Duration::from_micros(100);
 
 /// Where a collective's outcome is left by the thread running it.
 #[derive(Default)]
 pub(crate) struct Completion {
-    outcome: Mutex<Option<Result<()>>>,
+    state: Mutex<State>,
     done: Condvar,
     /// The rank a receive got its message from, set before it completes.
     source: OnceLock<usize>,
 }
 
+#[derive(Default)]
+struct State {
+    /// The host outcome, once known. It is stored, not taken, so every
+    /// taker gets a copy ([`Error`] is `Clone`); an error of the device
+    /// event replaces a success.
+    outcome: Option<Result<()>>,
+    /// Device work that a successful outcome still waits on.
+    event: Option<Arc<dyn DeviceEvent>>,
+}
+
 impl Completion {
-    fn lock(&self) -> MutexGuard<'_, Option<Result<()>>> {
-        self.outcome.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the outcome and wakes every waiter.
+    /// Records the outcome and wakes every waiter. Only the first outcome
+    /// counts; a later one is ignored.
     pub(crate) fn complete(&self, outcome: Result<()>) {
-        *self.lock() = Some(outcome);
-        self.done.notify_all();
+        self.finish(outcome, None);
+    }
+
+    /// Records the host outcome of work that, on success, still runs on a
+    /// device until `event` has passed, and wakes every waiter (see
+    /// [`Work`] for what waiting means then). On failure `event` is
+    /// dropped.
+    #[allow(
+        dead_code,
+        reason = "for device backends; no backend completes on a device yet"
+    )]
+    pub(crate) fn complete_on_device(&self, outcome: Result<()>, event: Arc<dyn DeviceEvent>) {
+        let event = outcome.is_ok().then_some(event);
+        self.finish(outcome, event);
     }
 
     /// Records the outcome of a receive, with the rank the message came
@@ -33,6 +64,64 @@ impl Completion {
         });
         self.complete(outcome);
     }
+
+    fn finish(&self, outcome: Result<()>, event: Option<Arc<dyn DeviceEvent>>) {
+        {
+            let mut state = self.lock();
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(outcome);
+            state.event = event;
+        }
+        self.done.notify_all();
+    }
+
+    /// Blocks until the host outcome is known; gives it, with the device
+    /// event a success still waits on.
+    fn wait_host(&self) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        let mut state = self.lock();
+        loop {
+            if let Some(outcome) = &state.outcome {
+                return outcome.clone().map(|()| state.event.clone());
+            }
+            state = self
+                .done
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// True once the host outcome is known and the device event, if any,
+    /// has passed (or failed: its error is then the outcome). Never blocks.
+    fn is_settled(&self) -> bool {
+        let event = {
+            let state = self.lock();
+            if state.outcome.is_none() {
+                return false;
+            }
+            state.event.clone()
+        };
+        match event.map(|event| event.query()) {
+            None | Some(Ok(true)) => true,
+            Some(Ok(false)) => false,
+            Some(Err(e)) => {
+                self.device_failed(e);
+                true
+            }
+        }
+    }
+
+    /// Makes `error`, raised by the device event, the outcome of a work
+    /// that had succeeded on the host, and gives it back.
+    fn device_failed(&self, error: Error) -> Error {
+        let mut state = self.lock();
+        if matches!(state.outcome, Some(Ok(()))) {
+            state.outcome = Some(Err(error.clone()));
+        }
+        state.event = None;
+        error
+    }
 }
 
 /// A collective in flight (or finished): c10d's `Work`.
@@ -41,6 +130,20 @@ impl Completion {
 /// returns at once with a `Work`. A backend may run a collective on the
 /// thread that calls [`Work::wait`] when it has not started yet (the CPU
 /// backend does, to save a thread hand-off).
+///
+/// A collective finishes on the host (the CPU backend), or its host part
+/// finishes and its device part is still queued on a device behind a
+/// [`DeviceEvent`] (a device backend). For host-only work, [`wait`] and
+/// [`synchronize`] are the same. For device work they follow c10d's NCCL
+/// backend: [`wait`] makes the caller's current stream wait for the device
+/// work and returns without blocking on it; [`synchronize`] also blocks
+/// the host until the device work is done; [`is_completed`] is true only
+/// once the device work is done. An error of the device event is the
+/// work's error.
+///
+/// [`wait`]: Work::wait
+/// [`synchronize`]: Work::synchronize
+/// [`is_completed`]: Work::is_completed
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,12 +163,26 @@ impl Completion {
 pub struct Work {
     completion: Arc<Completion>,
     /// Runs the collective on the waiting thread if nobody has started it
-    /// yet (and does nothing otherwise); called by [`Work::wait`].
-    runner: Option<Runner>,
+    /// yet (and does nothing otherwise); taken by the first waiter.
+    runner: Option<SharedRunner>,
+    /// Set once [`Work::result`] has handed the outcome out.
+    result_taken: bool,
 }
 
 /// See [`Work::with_runner`].
 pub(crate) type Runner = Box<dyn FnOnce() + Send>;
+
+/// A [`Runner`] that any of several waiters may take and run.
+type SharedRunner = Arc<Mutex<Option<Runner>>>;
+
+/// Runs the collective behind `runner` on this thread unless another
+/// waiter already took it.
+fn run_pending(runner: &SharedRunner) {
+    let job = runner.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(job) = job {
+        job();
+    }
+}
 
 impl std::fmt::Debug for Work {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -82,6 +199,7 @@ impl Work {
             Work {
                 completion: completion.clone(),
                 runner: None,
+                result_taken: false,
             },
             completion,
         )
@@ -91,7 +209,7 @@ impl Work {
     /// which must run it if no other thread has started it and return at
     /// once otherwise.
     pub(crate) fn with_runner(mut self, runner: Runner) -> Self {
-        self.runner = Some(runner);
+        self.runner = Some(Arc::new(Mutex::new(Some(runner))));
         self
     }
 
@@ -102,53 +220,148 @@ impl Work {
         work
     }
 
-    /// True once the collective has finished, successfully or not.
+    /// True once the collective has finished, successfully or not: its
+    /// host outcome is known and its device work, if any, is done.
+    ///
+    /// ```
+    /// use tensorcomm::group::{init_process_group, Backend};
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let work = pg.barrier(None)?;
+    /// while !work.is_completed() {
+    ///     std::thread::yield_now(); // the group's thread runs it
+    /// }
+    /// work.wait()?;
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
     pub fn is_completed(&self) -> bool {
-        self.completion.lock().is_some()
+        self.completion.is_settled()
     }
 
-    /// Waits at most `timeout` for the collective to finish; true if it has.
-    /// The collective's own timeout still bounds it when this returns false.
+    /// Waits at most `timeout` for the collective to finish as
+    /// [`is_completed`](Work::is_completed) means it (polling a device
+    /// event, if any); true if it has. The collective's own timeout still
+    /// bounds it when this returns false. Does not run the collective on
+    /// this thread.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tensorcomm::group::{init_process_group, Backend};
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let work = pg.barrier(None)?;
+    /// assert!(work.wait_timeout(Duration::from_secs(10)));
+    /// work.wait()?;
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut guard = self.completion.lock();
-        while guard.is_none() {
+        let mut state = self.completion.lock();
+        while state.outcome.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            guard = self
+            state = self
                 .completion
                 .done
-                .wait_timeout(guard, left)
+                .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        true
-    }
-
-    /// Waits for the collective and returns its outcome.
-    pub fn wait(mut self) -> Result<()> {
-        if let Some(runner) = self.runner.take() {
-            runner();
-        }
-        let mut guard = self.completion.lock();
+        drop(state);
         loop {
-            if let Some(outcome) = guard.take() {
-                return outcome;
+            if self.completion.is_settled() {
+                return true;
             }
-            guard = self
-                .completion
-                .done
-                .wait(guard)
-                .unwrap_or_else(PoisonError::into_inner);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(DEVICE_POLL));
         }
     }
 
-    /// The outcome if the collective has finished (taking it: a second call
-    /// returns `None`), without waiting.
+    /// Waits for the collective's host outcome and returns it; for device
+    /// work that succeeded, also makes the caller's current stream wait for
+    /// the device work (the host does not wait for it: see
+    /// [`synchronize`](Work::synchronize)).
+    ///
+    /// ```
+    /// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+    /// use tensorcomm::tensor::Tensor;
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let t = Tensor::from_vec(vec![3i32, 4], &[2])?;
+    /// pg.all_reduce(&t, ReduceOp::Max, None)?.wait()?;
+    /// assert_eq!(t.to_vec::<i32>()?, [3, 4]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn wait(self) -> Result<()> {
+        if let Some(event) = self.wait_host()? {
+            event
+                .wait_on_current_stream()
+                .map_err(|e| self.completion.device_failed(e))?;
+        }
+        Ok(())
+    }
+
+    /// [`wait`](Work::wait), then blocks the host until the device work,
+    /// if any, is done: c10d's `Work::synchronize`. For host-only work it
+    /// is `wait`.
+    ///
+    /// ```
+    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::tensor::Tensor;
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let t = Tensor::from_vec(vec![1u8, 2, 3], &[3])?;
+    /// pg.broadcast(&t, 0, None)?.synchronize()?;
+    /// assert_eq!(t.to_vec::<u8>()?, [1, 2, 3]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn synchronize(self) -> Result<()> {
+        if let Some(event) = self.wait_host()? {
+            event
+                .wait_on_current_stream()
+                .and_then(|()| event.synchronize())
+                .map_err(|e| self.completion.device_failed(e))?;
+        }
+        Ok(())
+    }
+
+    /// Runs the collective on this thread if nobody has started it, then
+    /// waits for its host outcome.
+    fn wait_host(&self) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        if let Some(runner) = &self.runner {
+            run_pending(runner);
+        }
+        self.completion.wait_host()
+    }
+
+    /// The outcome if the collective has finished as
+    /// [`is_completed`](Work::is_completed) means it, without waiting; the
+    /// first call that finds it gives it, later calls give `None`.
+    /// [`wait`](Work::wait) still gives the outcome after this.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tensorcomm::group::{init_process_group, Backend};
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let mut work = pg.barrier(None)?;
+    /// assert!(work.wait_timeout(Duration::from_secs(10)));
+    /// assert!(work.result().expect("finished").is_ok());
+    /// assert!(work.result().is_none());
+    /// work.wait()?;
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
     pub fn result(&mut self) -> Option<Result<()>> {
-        self.completion.lock().take()
+        if self.result_taken || !self.completion.is_settled() {
+            return None;
+        }
+        self.result_taken = true;
+        self.completion.lock().outcome.clone()
     }
 
     /// The rank a finished receive (`recv`, `recv_any_source`) got its
@@ -184,3 +397,6 @@ impl Work {
         self.completion.source.get().copied()
     }
 }
+
+#[cfg(test)]
+mod tests;
