@@ -258,6 +258,10 @@ pub enum Error {
         tag: u64,
         reason: String,
     },
+    /// A [`WorkFuture`](crate::group::WorkFuture) got no value: a `then`
+    /// callback panicked, or the work was dropped before it finished.
+    #[error("Work future failed: {reason}")]
+    FutureFailed { reason: String },
     /// `monitored_barrier`: ranks that did not reach rank 0 in time.
     #[error("monitored_barrier: ranks {missing:?} did not arrive at rank 0 within {timeout:?}")]
     RanksMissing {

@@ -259,6 +259,9 @@ impl Clone for Error {
                 tag: *tag,
                 reason: reason.clone(),
             },
+            Error::FutureFailed { reason } => Error::FutureFailed {
+                reason: reason.clone(),
+            },
             Error::RanksMissing { missing, timeout } => Error::RanksMissing {
                 missing: missing.clone(),
                 timeout: *timeout,

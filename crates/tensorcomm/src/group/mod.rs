@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use reduce_op::ReduceOp;
-pub use work::{DeviceEvent, Work};
+pub use work::{DeviceEvent, Work, WorkFuture};
 
 pub(crate) use flight_recorder::FlightRecorder;
 pub use flight_recorder::{

@@ -1,12 +1,14 @@
 //! `Work`: the handle a collective returns, completed on the host or on a
-//! device.
+//! device, and the futures chained on it.
 
 mod device_event;
+mod future;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use device_event::DeviceEvent;
+pub use future::WorkFuture;
 
 use crate::{Error, Result};
 
@@ -30,7 +32,12 @@ struct State {
     outcome: Option<Result<()>>,
     /// Device work that a successful outcome still waits on.
     event: Option<Arc<dyn DeviceEvent>>,
+    /// Run once with the outcome: the futures of this work.
+    hooks: Vec<Hook>,
 }
+
+/// See [`Completion::on_complete`].
+type Hook = Box<dyn FnOnce(Result<()>, Option<Arc<dyn DeviceEvent>>) + Send>;
 
 impl Completion {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -66,15 +73,34 @@ impl Completion {
     }
 
     fn finish(&self, outcome: Result<()>, event: Option<Arc<dyn DeviceEvent>>) {
-        {
+        let hooks = {
             let mut state = self.lock();
             if state.outcome.is_some() {
                 return;
             }
-            state.outcome = Some(outcome);
-            state.event = event;
-        }
+            state.outcome = Some(outcome.clone());
+            state.event = event.clone();
+            std::mem::take(&mut state.hooks)
+        };
         self.done.notify_all();
+        for hook in hooks {
+            hook(outcome.clone(), event.clone());
+        }
+    }
+
+    /// Runs `hook` with the outcome (and the device event a success still
+    /// waits on): at once on this thread if it is known, else on the
+    /// thread that completes the work, after the waiters are woken.
+    fn on_complete(&self, hook: Hook) {
+        let mut state = self.lock();
+        match &state.outcome {
+            Some(outcome) => {
+                let (outcome, event) = (outcome.clone(), state.event.clone());
+                drop(state);
+                hook(outcome, event);
+            }
+            None => state.hooks.push(hook),
+        }
     }
 
     /// Blocks until the host outcome is known; gives it, with the device
@@ -330,6 +356,39 @@ impl Work {
         Ok(())
     }
 
+    /// A future of this work's outcome (c10d's `Work::getFuture`), to
+    /// chain callbacks on with [`WorkFuture::then`], as DDP communication
+    /// hooks do. Waiting on the future (or on any future chained after it)
+    /// runs the collective on the waiting thread if nobody has started it,
+    /// as [`wait`](Work::wait) does. The work and each of its futures get
+    /// the same outcome; an error is cloned for each of them.
+    ///
+    /// ```
+    /// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+    /// use tensorcomm::tensor::Tensor;
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let t = Tensor::from_vec(vec![1.5f64, 2.5], &[2])?;
+    /// let work = pg.all_reduce(&t, ReduceOp::Sum, None)?;
+    /// let sum = work.get_future().then({
+    ///     let t = t.clone();
+    ///     move |outcome| {
+    ///         outcome?;
+    ///         Ok(t.to_vec::<f64>()?.iter().sum::<f64>())
+    ///     }
+    /// });
+    /// assert_eq!(sum.wait()?, 4.0);
+    /// work.wait()?; // the same outcome
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn get_future(&self) -> WorkFuture<()> {
+        let (future, promise) = WorkFuture::pending(self.runner.clone());
+        self.completion.on_complete(Box::new(move |outcome, event| {
+            promise.complete(outcome, event)
+        }));
+        future
+    }
+
     /// Runs the collective on this thread if nobody has started it, then
     /// waits for its host outcome.
     fn wait_host(&self) -> Result<Option<Arc<dyn DeviceEvent>>> {
@@ -398,5 +457,7 @@ impl Work {
     }
 }
 
+#[cfg(test)]
+mod future_tests;
 #[cfg(test)]
 mod tests;

@@ -6,13 +6,13 @@ use super::*;
 /// A device event flipped by hand, counting the calls made on it; each
 /// method fails with an error of its own when told to.
 #[derive(Default)]
-struct FakeEvent {
-    done: AtomicBool,
+pub(super) struct FakeEvent {
+    pub(super) done: AtomicBool,
     queries: AtomicUsize,
     stream_waits: AtomicUsize,
     synchronizes: AtomicUsize,
     fail_query: AtomicBool,
-    fail_stream_wait: AtomicBool,
+    pub(super) fail_stream_wait: AtomicBool,
     fail_synchronize: AtomicBool,
 }
 
@@ -55,14 +55,15 @@ impl DeviceEvent for FakeEvent {
 
 /// A work whose host part succeeded and whose device part waits on a new
 /// fake event.
-fn device_work() -> (Work, Arc<FakeEvent>) {
+pub(super) fn device_work() -> (Work, Arc<FakeEvent>) {
     let (work, completion) = Work::new();
     let event = Arc::new(FakeEvent::default());
     completion.complete_on_device(Ok(()), event.clone());
     (work, event)
 }
 
-fn calls(event: &FakeEvent) -> (usize, usize) {
+/// (stream waits, host synchronizes) made on `event`.
+pub(super) fn calls(event: &FakeEvent) -> (usize, usize) {
     (
         event.stream_waits.load(Ordering::SeqCst),
         event.synchronizes.load(Ordering::SeqCst),
