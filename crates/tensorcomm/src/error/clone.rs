@@ -213,6 +213,19 @@ impl Clone for Error {
                 mine: mine.clone(),
                 theirs: theirs.clone(),
             },
+            Error::TuningMismatch {
+                variable,
+                rank,
+                mine,
+                peer,
+                theirs,
+            } => Error::TuningMismatch {
+                variable: variable.clone(),
+                rank: *rank,
+                mine: mine.clone(),
+                peer: *peer,
+                theirs: theirs.clone(),
+            },
             Error::CollectiveFailed {
                 op,
                 seq,
