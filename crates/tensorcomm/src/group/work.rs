@@ -250,7 +250,7 @@ impl Work {
     /// host outcome is known and its device work, if any, is done.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
     /// let work = pg.barrier(None)?;
@@ -272,7 +272,7 @@ impl Work {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
     /// let work = pg.barrier(None)?;
@@ -314,7 +314,7 @@ impl Work {
     /// [`synchronize`](Work::synchronize)).
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+    /// use tensorcomm::{init_process_group, Backend, ReduceOp};
     /// use tensorcomm::tensor::Tensor;
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
@@ -337,7 +337,7 @@ impl Work {
     /// is `wait`.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     /// use tensorcomm::tensor::Tensor;
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
@@ -364,7 +364,7 @@ impl Work {
     /// the same outcome; an error is cloned for each of them.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+    /// use tensorcomm::{init_process_group, Backend, ReduceOp};
     /// use tensorcomm::tensor::Tensor;
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
@@ -405,7 +405,7 @@ impl Work {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
     /// let mut work = pg.barrier(None)?;

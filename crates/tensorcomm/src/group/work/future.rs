@@ -34,7 +34,7 @@ use crate::{Error, Result};
 /// (unless making the stream wait failed: the callback gets that error).
 ///
 /// ```
-/// use tensorcomm::group::{init_process_group, Backend, ReduceOp};
+/// use tensorcomm::{init_process_group, Backend, ReduceOp};
 /// use tensorcomm::tensor::Tensor;
 ///
 /// // A DDP communication hook: sum a bucket over the ranks, then divide it
@@ -208,7 +208,7 @@ impl<T: Send + 'static> WorkFuture<T> {
     /// blocks.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
     /// let future = pg.barrier(None)?.get_future();
@@ -245,7 +245,7 @@ impl<T: Send + 'static> WorkFuture<T> {
     /// the host.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     /// use tensorcomm::tensor::Tensor;
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
@@ -267,7 +267,7 @@ impl<T: Send + 'static> WorkFuture<T> {
     /// work the value waits on, if any, is done.
     ///
     /// ```
-    /// use tensorcomm::group::{init_process_group, Backend};
+    /// use tensorcomm::{init_process_group, Backend};
     ///
     /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
     /// let n = pg.barrier(None)?.get_future().then(|r| r.map(|()| 42)).synchronize()?;
