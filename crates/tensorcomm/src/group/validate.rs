@@ -1,9 +1,53 @@
 //! Argument checks every collective runs on the calling rank before
 //! anything is sent or a sequence number is taken.
 
-use super::collective::Capabilities;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Device, Tensor};
 use crate::{Error, Result};
+
+/// Which tensors a backend takes. Validation refuses the others with an
+/// error naming the device found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// Host tensors (pageable or pinned).
+    pub(crate) host: bool,
+    /// CUDA tensors.
+    pub(crate) cuda: bool,
+}
+
+impl Capabilities {
+    /// A backend of host tensors only (the CPU backend today).
+    pub(crate) const HOST: Capabilities = Capabilities {
+        host: true,
+        cuda: false,
+    };
+
+    /// True if a tensor on `device` may be passed.
+    pub(crate) fn accepts(&self, device: Device) -> bool {
+        if device.is_cpu() {
+            self.host
+        } else {
+            self.cuda
+        }
+    }
+
+    /// What a refused tensor should have been, for error messages.
+    pub(crate) fn expected(&self) -> &'static str {
+        match (self.host, self.cuda) {
+            (true, true) => "a host or CUDA tensor",
+            (false, true) => "a CUDA tensor",
+            _ => "a host tensor",
+        }
+    }
+}
+
+/// Where a call is validated: this rank, the group's size and what its
+/// backend takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scope {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) caps: Capabilities,
+}
 
 /// The tensor must be on a device the backend takes (`caps`) and dense
 /// (contiguous or a permutation of it, such as channels-last): its span of
