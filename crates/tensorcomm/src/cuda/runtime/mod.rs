@@ -3,7 +3,8 @@
 //! no kernels of its own (tensorcomm's are in `cuda::kernels`).
 //!
 //! - devices and their primary contexts ([`context`], [`device_count`]),
-//! - streams and events ([`Stream`], [`Event`]),
+//! - streams and events ([`Stream`], [`Event`]), and each thread's
+//!   current stream per device ([`current_stream`]),
 //! - device buffers from `cuMemAlloc`, suitable for IPC, kept in a
 //!   per-device cache for reuse ([`DeviceBuffer`]), and pinned host memory
 //!   ([`PinnedBuffer`]),
@@ -33,6 +34,7 @@
 //! ```
 
 mod context;
+mod current_stream;
 mod driver;
 mod memory;
 mod module;
@@ -40,6 +42,7 @@ mod nvrtc;
 mod stream;
 
 pub use context::{context, device_count, Context, COPY_STREAMS};
+pub use current_stream::{current_stream, set_current_stream, CurrentStreamGuard};
 pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
 pub use nvrtc::cache_dir;
 pub use stream::{Event, Stream};

@@ -95,6 +95,16 @@ impl Stream {
         Ok(Event { inner: event })
     }
 
+    /// Records `event` (again) at this point of the stream's work.
+    pub fn record_into(&self, event: &Event) -> Result<()> {
+        check("cuEventRecord", event.inner.record(&self.inner))
+    }
+
+    /// The raw `CUstream`, for libraries that take one (NCCL).
+    pub fn raw(&self) -> sys::CUstream {
+        self.inner.cu_stream()
+    }
+
     /// Makes later work on this stream wait for `event` (which may belong to
     /// another device).
     pub fn wait(&self, event: &Event) -> Result<()> {
@@ -123,6 +133,35 @@ pub struct Event {
 }
 
 impl Event {
+    /// A new event on GPU `device` (no timing), not yet recorded: record
+    /// it with [`Stream::record_into`], as often as needed.
+    ///
+    /// ```no_run
+    /// use tensorcomm::cuda::runtime::{Event, Stream};
+    /// let s = Stream::new(0)?;
+    /// let e = Event::new(0)?;
+    /// s.record_into(&e)?;
+    /// e.synchronize()?;
+    /// assert!(e.query()?);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn new(device: usize) -> Result<Event> {
+        let ctx = context(device)?;
+        ctx.bind()?;
+        let inner = check(
+            "cuEventCreate",
+            ctx.inner
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)),
+        )?;
+        Ok(Event { inner })
+    }
+
+    /// True once the work before the event (as last recorded) has
+    /// finished, or if it was never recorded; never blocks.
+    pub fn query(&self) -> Result<bool> {
+        check("cuEventQuery", self.inner.try_is_complete())
+    }
+
     /// Blocks until the work before the event has finished.
     pub fn synchronize(&self) -> Result<()> {
         check("cuEventSynchronize", self.inner.synchronize())
