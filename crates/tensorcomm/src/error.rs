@@ -186,6 +186,17 @@ pub enum Error {
         expected: String,
         found: String,
     },
+    /// A collective queued on a device did not finish within `timeout`;
+    /// `progress` says which ranks had and had not reached it (each rank's
+    /// last started and completed sequence number) and `lagging` lists the
+    /// ranks behind the others.
+    #[error("{what} did not finish on the device within {timeout:?}; {progress}")]
+    CollectiveTimeout {
+        what: String,
+        timeout: Duration,
+        progress: String,
+        lagging: Vec<usize>,
+    },
     /// A collective's arguments were refused on this rank; nothing was sent.
     #[error("{op}: invalid arguments: {reason}")]
     InvalidCollective { op: String, reason: String },
@@ -279,6 +290,28 @@ pub enum Error {
         call: String,
         code: String,
         message: String,
+    },
+    /// NCCL could not be loaded: the library was not found or lacks a
+    /// function tensorcomm needs.
+    #[error("NCCL is not available ({library}): {reason}")]
+    NcclUnavailable { library: String, reason: String },
+    /// An NCCL call failed; `code` is NCCL's result name and `message`
+    /// NCCL's own description (its last error, where it gave one).
+    #[error("NCCL call {call} failed with {code}: {message}")]
+    Nccl {
+        call: String,
+        code: String,
+        message: String,
+    },
+    /// An NCCL communicator was not ready within the group's timeout:
+    /// only `joined` of `size` ranks had started creating it.
+    #[error("NCCL communicator of rank {rank} of {size} on cuda:{device} was not ready within {timeout:?}: {joined} of {size} ranks had joined")]
+    NcclInitTimeout {
+        rank: usize,
+        size: usize,
+        device: usize,
+        timeout: Duration,
+        joined: usize,
     },
     /// NVRTC could not compile a kernel.
     #[error("NVRTC could not compile {kernel} for {arch}: {log}")]

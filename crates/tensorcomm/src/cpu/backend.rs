@@ -192,7 +192,7 @@ impl ProcessGroupCpu {
             backend.clone(),
             store.clone(),
             key_prefix,
-            rank,
+            (rank, size),
             recorder,
             options.timeout,
         )?;

@@ -15,6 +15,7 @@ use super::select::Selection;
 use super::transport::{RoutedTransport, Transport};
 use crate::group::backend::{Call, GroupBackend};
 use crate::group::collective::Collective;
+use crate::group::DeviceEvent;
 use crate::Result;
 
 /// See the module docs.
@@ -29,7 +30,18 @@ pub(crate) struct CpuBackend {
 }
 
 impl GroupBackend for CpuBackend {
-    fn run(&self, collective: Collective, call: &Call) -> Result<()> {
+    fn run(&self, collective: Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        self.run_on_host(collective, call).map(|()| None)
+    }
+
+    fn abort(&self) {
+        self.transport.abort();
+    }
+}
+
+impl CpuBackend {
+    /// Runs `collective` to its end on this thread.
+    fn run_on_host(&self, collective: Collective, call: &Call) -> Result<()> {
         if let Collective::MonitoredBarrier { wait_all, wait } = collective {
             // Over the point-to-point links, tagged with the sequence
             // number (the same on every rank).
@@ -52,9 +64,5 @@ impl GroupBackend for CpuBackend {
             }
         }
         outcome
-    }
-
-    fn abort(&self) {
-        self.transport.abort();
     }
 }

@@ -279,6 +279,17 @@ impl Clone for Error {
                 missing: missing.clone(),
                 timeout: *timeout,
             },
+            Error::CollectiveTimeout {
+                what,
+                timeout,
+                progress,
+                lagging,
+            } => Error::CollectiveTimeout {
+                what: what.clone(),
+                timeout: *timeout,
+                progress: progress.clone(),
+                lagging: lagging.clone(),
+            },
             Error::NoCuda { reason } => Error::NoCuda {
                 reason: reason.clone(),
             },
@@ -290,6 +301,32 @@ impl Clone for Error {
                 call: call.clone(),
                 code: code.clone(),
                 message: message.clone(),
+            },
+            Error::NcclUnavailable { library, reason } => Error::NcclUnavailable {
+                library: library.clone(),
+                reason: reason.clone(),
+            },
+            Error::Nccl {
+                call,
+                code,
+                message,
+            } => Error::Nccl {
+                call: call.clone(),
+                code: code.clone(),
+                message: message.clone(),
+            },
+            Error::NcclInitTimeout {
+                rank,
+                size,
+                device,
+                timeout,
+                joined,
+            } => Error::NcclInitTimeout {
+                rank: *rank,
+                size: *size,
+                device: *device,
+                timeout: *timeout,
+                joined: *joined,
             },
             Error::Nvrtc { kernel, arch, log } => Error::Nvrtc {
                 kernel: kernel.clone(),

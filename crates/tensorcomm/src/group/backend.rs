@@ -4,11 +4,12 @@
 //! turns, sequence numbers, deadlines, failure reports, the flight
 //! recorder) is the [`Engine`](super::engine::Engine)'s.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::collective::Collective;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::work::DeviceEvent;
 use crate::Result;
 
 /// One collective as the engine hands it to a backend: its fingerprint
@@ -48,9 +49,27 @@ pub(crate) trait GroupBackend: Send + Sync + 'static {
     /// until it completes, fails or passes `call.deadline`. On a mismatch
     /// found through its own messages it calls [`Call::report_mismatch`]
     /// before returning the error.
-    fn run(&self, collective: Collective, call: &Call) -> Result<()>;
+    ///
+    /// A device backend returns once the collective is queued on its
+    /// device, with the event after which it is done there; the engine's
+    /// watchdog polls that event against the deadline.
+    fn run(&self, collective: Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>>;
 
     /// Closes this rank's connections so the other ranks fail promptly;
     /// called once, after a failure has been posted.
     fn abort(&self);
+
+    /// True for a backend whose `run` only queues work on a device and
+    /// returns at once: the engine then runs each collective on the
+    /// caller's thread, in call order, with no thread hand-off, and
+    /// watches its device event.
+    fn runs_inline(&self) -> bool {
+        false
+    }
+
+    /// An error the backend's device work raised on its own (NCCL's
+    /// asynchronous errors), polled by the watchdog.
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
 }

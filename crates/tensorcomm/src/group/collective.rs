@@ -624,6 +624,41 @@ impl Collective {
         )
     }
 
+    /// Every dense tensor the collective reads or writes.
+    pub(crate) fn tensors(&self) -> Box<dyn Iterator<Item = &Tensor<'static>> + '_> {
+        use std::iter::once;
+        match self {
+            Collective::AllReduce { tensor, .. }
+            | Collective::Broadcast { tensor, .. }
+            | Collective::Reduce { tensor, .. } => Box::new(once(tensor)),
+            Collective::AllReduceCoalesced { tensors, .. } => Box::new(tensors.iter()),
+            Collective::AllGather { outputs, input } => Box::new(outputs.iter().chain(once(input))),
+            Collective::AllGatherIntoTensor { output, input }
+            | Collective::ReduceScatterTensor { output, input, .. }
+            | Collective::AllToAllSingle { output, input, .. } => {
+                Box::new([output, input].into_iter())
+            }
+            Collective::AllGatherCoalesced { outputs, inputs } => {
+                Box::new(outputs.iter().flatten().chain(inputs))
+            }
+            Collective::AllGatherIntoTensorCoalesced { outputs, inputs }
+            | Collective::ReduceScatterTensorCoalesced {
+                outputs, inputs, ..
+            }
+            | Collective::AllToAll { outputs, inputs } => Box::new(outputs.iter().chain(inputs)),
+            Collective::Gather { input, outputs, .. } => {
+                Box::new(outputs.iter().chain(once(input)))
+            }
+            Collective::Scatter { output, inputs, .. }
+            | Collective::ReduceScatter { output, inputs, .. } => {
+                Box::new(inputs.iter().chain(once(output)))
+            }
+            Collective::AllReduceSparse { .. }
+            | Collective::Barrier
+            | Collective::MonitoredBarrier { .. } => Box::new(std::iter::empty()),
+        }
+    }
+
     pub(crate) fn barrier() -> Validated {
         Validated {
             fingerprint: bare_fingerprint(CollectiveKind::Barrier),

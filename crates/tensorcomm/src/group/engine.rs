@@ -8,17 +8,23 @@
 //! backend closes its connections (so every rank names the same cause),
 //! and returns [`Error::CollectiveFailed`] naming the op, the sequence
 //! number and the peers involved. The flight recorder sees every step.
+//!
+//! A device backend ([`GroupBackend::runs_inline`]) only queues work on a
+//! device: its collectives run on the caller's thread at once, under the
+//! queue's lock (so in call order, with no hand-off), and the
+//! [`Watchdog`] polls their device events against their deadlines.
 
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::backend::{Call, GroupBackend};
 use super::collective::{Collective, Validated};
 use super::failure_report::FailureBoard;
-use super::fingerprint::Fingerprint;
+use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::turn::{Job, QueuedJob, Turn};
-use super::{FlightRecorder, Work};
+use super::watchdog::{OnDeviceFailure, Pending, TrackedEvent, Watchdog};
+use super::{DeviceEvent, FlightRecorder, Work};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -33,6 +39,8 @@ struct Shared {
     /// Where a failed collective posts its root cause before the backend
     /// closes its connections (see `failure_report.rs`).
     failures: FailureBoard,
+    /// A device backend's watchdog.
+    watchdog: OnceLock<Arc<Watchdog>>,
 }
 
 /// The next sequence number and the queue to the group's thread, under one
@@ -57,7 +65,7 @@ impl Engine {
         backend: Arc<dyn GroupBackend>,
         store: Arc<dyn Store>,
         key_prefix: &str,
-        rank: usize,
+        (rank, size): (usize, usize),
         recorder: FlightRecorder,
         timeout: Duration,
     ) -> Result<Self> {
@@ -77,10 +85,21 @@ impl Engine {
                 broken: Mutex::new(None),
                 recorder,
                 turn: Turn::default(),
-                failures: FailureBoard::new(store, key_prefix),
+                failures: FailureBoard::new(store.clone(), key_prefix),
+                watchdog: OnceLock::new(),
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout,
+        })
+        .and_then(|engine| {
+            if engine.shared.backend.runs_inline() {
+                let hooks = Arc::new(DeviceHooks {
+                    shared: engine.shared.clone(),
+                });
+                let dog = Watchdog::start(store, key_prefix, rank, size, hooks)?;
+                let _ = engine.shared.watchdog.set(dog);
+            }
+            Ok(engine)
         })
     }
 
@@ -103,16 +122,27 @@ impl Engine {
             mut fingerprint,
             collective,
         } = call;
-        let deadline = Instant::now() + timeout.unwrap_or(self.timeout);
-        let (work, completion) = Work::new();
+        let timeout = timeout.unwrap_or(self.timeout);
+        let deadline = Instant::now() + timeout;
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         fingerprint.seq = queue.next_seq;
         self.shared.recorder.queued(&fingerprint);
+        if let Some(dog) = self.shared.watchdog.get() {
+            queue.next_seq += 1;
+            // Still under the queue's lock: device work is queued in call
+            // order.
+            dog.started(fingerprint.seq);
+            let outcome = run(&self.shared, Call::new(fingerprint, deadline), collective);
+            drop(queue);
+            return Ok(self.device_work(dog, fingerprint, deadline, timeout, outcome));
+        }
+        let (work, completion) = Work::new();
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
             let outcome = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
-                let outcome = run(&shared, Call::new(fingerprint, deadline), collective);
+                let outcome =
+                    run(&shared, Call::new(fingerprint, deadline), collective).map(|_| ());
                 shared.recorder.finished(fingerprint.seq, &outcome);
                 outcome
             };
@@ -132,13 +162,92 @@ impl Engine {
         queue.next_seq += 1;
         Ok(work)
     }
+
+    /// The `Work` of a device backend's collective `fp`, whose host part
+    /// ended with `outcome`; device work goes to the watchdog.
+    fn device_work(
+        &self,
+        dog: &Watchdog,
+        fp: Fingerprint,
+        deadline: Instant,
+        timeout: Duration,
+        outcome: Result<Option<Arc<dyn DeviceEvent>>>,
+    ) -> Work {
+        match outcome {
+            Ok(Some(event)) => {
+                let tracked = Arc::new(TrackedEvent {
+                    seq: fp.seq,
+                    inner: event.clone(),
+                    failure: dog.failure.clone(),
+                });
+                let what = match fp.dtype {
+                    Some(dtype) => format!("{dtype}, {} elements", fp.numel),
+                    None => "no tensors".into(),
+                };
+                dog.track(Pending {
+                    fingerprint: fp,
+                    what,
+                    deadline,
+                    timeout,
+                    event,
+                });
+                let (work, completion) = Work::new();
+                completion.complete_on_device(Ok(()), tracked);
+                work
+            }
+            Ok(None) => {
+                self.shared.recorder.finished(fp.seq, &Ok(()));
+                Work::done(Ok(()))
+            }
+            Err(e) => {
+                let outcome = Err(e);
+                self.shared.recorder.finished(fp.seq, &outcome);
+                Work::done(outcome)
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(dog) = self.shared.watchdog.get() {
+            dog.stop();
+        }
+    }
+}
+
+/// What the watchdog of a device backend's group does through the engine.
+struct DeviceHooks {
+    shared: Arc<Shared>,
+}
+
+impl OnDeviceFailure for DeviceHooks {
+    fn settle(&self, fp: &Fingerprint, source: Error) -> Error {
+        settle(&self.shared, fp, None, source)
+    }
+
+    fn abort(&self) {
+        self.shared.backend.abort();
+    }
+
+    fn health(&self) -> Result<()> {
+        self.shared.backend.health()
+    }
+
+    fn finished(&self, seq: u64, outcome: &Result<()>) {
+        self.shared.recorder.finished(seq, outcome);
+    }
 }
 
 /// Runs one collective (on the group's thread or a waiting caller's):
 /// refuses to run on a broken group, and on failure settles the cause
 /// through the store, closes the backend's connections and names the op,
 /// sequence number and peers.
-fn run(shared: &Shared, call: Call, collective: Collective) -> Result<()> {
+fn run(
+    shared: &Shared,
+    call: Call,
+    collective: Collective,
+) -> Result<Option<Arc<dyn DeviceEvent>>> {
     let fp = call.fingerprint;
     let op = fp.kind.name();
     if let Some((op, seq)) = shared
@@ -159,19 +268,34 @@ fn run(shared: &Shared, call: Call, collective: Collective) -> Result<()> {
         ok = outcome.is_ok(),
         "collective"
     );
-    outcome.map_err(|source| fail(shared, &fp, &call, source))
+    outcome.map_err(|source| fail(shared, &fp, call.mismatched(), source))
 }
 
 /// Breaks the group after collective `fp` failed with `source`: posts the
 /// report before the connections close (so a rank that fails because they
 /// closed finds it), closes them, and names what failed.
-fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
+fn fail(
+    shared: &Shared,
+    fp: &Fingerprint,
+    mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+    source: Error,
+) -> Error {
+    let error = settle(shared, fp, mismatched, source);
+    shared.backend.abort();
+    error
+}
+
+/// [`fail`] short of closing the connections: marks the group broken,
+/// posts the report and gives the error that names what failed.
+fn settle(
+    shared: &Shared,
+    fp: &Fingerprint,
+    mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+    source: Error,
+) -> Error {
     let op = fp.kind.name();
     *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
-    let source = shared
-        .failures
-        .settle(fp, shared.rank, source, call.mismatched());
-    shared.backend.abort();
+    let source = shared.failures.settle(fp, shared.rank, source, mismatched);
     let ranks = match &source {
         Error::PeerClosed { peer, .. }
         | Error::PeerTimeout { peer, .. }
@@ -179,6 +303,7 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
         | Error::PeerProtocol { peer, .. }
         | Error::CollectiveMismatch { peer, .. } => vec![*peer],
         Error::RanksMissing { missing, .. } => missing.clone(),
+        Error::CollectiveTimeout { lagging, .. } => lagging.clone(),
         _ => Vec::new(),
     };
     Error::CollectiveFailed {

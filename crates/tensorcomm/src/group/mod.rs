@@ -44,6 +44,7 @@ mod reduce_op;
 mod sparse_work;
 pub(crate) mod turn;
 pub(crate) mod validate;
+mod watchdog;
 mod work;
 
 use std::sync::Arc;
@@ -70,8 +71,11 @@ pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Which implementation runs the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// The CPU backend: host tensors over TCP.
+    /// The CPU backend: host tensors over shared memory and TCP (c10d's
+    /// `gloo`).
     Cpu,
+    /// The NCCL backend: CUDA tensors, one GPU per rank (c10d's `nccl`).
+    Nccl,
 }
 
 impl std::str::FromStr for Backend {
@@ -80,9 +84,10 @@ impl std::str::FromStr for Backend {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "cpu" | "gloo" => Ok(Backend::Cpu),
+            "nccl" => Ok(Backend::Nccl),
             _ => Err(Error::BadValue {
                 name: "backend".into(),
-                expected: "cpu".into(),
+                expected: "cpu (or gloo) or nccl".into(),
                 found: s.into(),
             }),
         }

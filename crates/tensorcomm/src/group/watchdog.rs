@@ -1,0 +1,480 @@
+//! The watchdog of a device backend's group: collectives whose host part
+//! has returned and whose device part is still queued are polled here
+//! until their device event passes. One that passes its deadline, or a
+//! backend that reports an asynchronous error, fails the group through the
+//! engine: the cause is posted to the store, the backend aborted, and
+//! every pending collective's `Work` fails with the cause.
+//!
+//! Each rank also publishes its progress (the last sequence number it
+//! started and the last it completed) to the store, so a timeout can say
+//! which ranks had and had not reached the collective.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::fingerprint::Fingerprint;
+use super::work::DeviceEvent;
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// How often pending device work is polled.
+const POLL: Duration = Duration::from_micros(200);
+/// How long the watchdog keeps polling after its last pending collective
+/// before it sleeps until woken.
+const IDLE_AFTER: Duration = Duration::from_millis(20);
+/// How often a rank's progress is published while it changes.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+
+/// A collective whose device part is still running.
+pub(crate) struct Pending {
+    pub(crate) fingerprint: Fingerprint,
+    /// What the collective moved, for errors ("f32 [1024] on cuda:0").
+    pub(crate) what: String,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+    pub(crate) event: Arc<dyn DeviceEvent>,
+}
+
+/// The failure that broke a device group: the first failed sequence
+/// number and its error. Every pending or later collective sees it.
+#[derive(Default)]
+pub(crate) struct DeviceFailure {
+    failed: OnceLock<(u64, Error)>,
+}
+
+impl DeviceFailure {
+    /// Records the failure of collective `seq` (the first one counts).
+    pub(crate) fn set(&self, seq: u64, error: Error) {
+        let _ = self.failed.set((seq, error));
+    }
+
+    /// The error that collective `seq` ends with, if the group failed at
+    /// or before it.
+    pub(crate) fn of(&self, seq: u64) -> Option<Error> {
+        match self.failed.get() {
+            Some((failed, e)) if seq >= *failed => Some(e.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A backend's device event as the `Work` sees it: the group's failure at
+/// or before this collective replaces whatever the device says (aborted
+/// work may look complete).
+pub(crate) struct TrackedEvent {
+    pub(crate) seq: u64,
+    pub(crate) inner: Arc<dyn DeviceEvent>,
+    pub(crate) failure: Arc<DeviceFailure>,
+}
+
+impl DeviceEvent for TrackedEvent {
+    fn query(&self) -> Result<bool> {
+        match self.failure.of(self.seq) {
+            Some(e) => Err(e),
+            None => self.inner.query(),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        // Poll rather than block in the device's own wait, so that a
+        // failure (posted by the watchdog) ends the wait.
+        let started = Instant::now();
+        loop {
+            if self.query()? {
+                return Ok(());
+            }
+            if started.elapsed() < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    fn wait_on_current_stream(&self) -> Result<()> {
+        if let Some(e) = self.failure.of(self.seq) {
+            return Err(e);
+        }
+        self.inner.wait_on_current_stream()
+    }
+}
+
+/// What the engine gives the watchdog thread to act on.
+pub(crate) trait OnDeviceFailure: Send + Sync {
+    /// Breaks the group after collective `fp` failed with `source` on the
+    /// device (the cause posted, later calls refused); returns the error
+    /// every pending `Work` gets.
+    fn settle(&self, fp: &Fingerprint, source: Error) -> Error;
+    /// Aborts the backend's device work.
+    fn abort(&self);
+    /// The backend's asynchronous error, if it has one.
+    fn health(&self) -> Result<()>;
+    /// Marks `seq` finished with `outcome` in the flight recorder.
+    fn finished(&self, seq: u64, outcome: &Result<()>);
+}
+
+/// The watchdog's shared state; the engine queues into it.
+pub(crate) struct Watchdog {
+    pending: Mutex<VecDeque<Pending>>,
+    wake: Condvar,
+    /// Set while the thread sleeps on `wake` (only then does queueing
+    /// notify it, which costs a system call).
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    pub(crate) failure: Arc<DeviceFailure>,
+    progress: Mutex<Progress>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// This rank's last started and last completed sequence numbers.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) struct Progress {
+    pub(crate) started: Option<u64>,
+    pub(crate) completed: Option<u64>,
+}
+
+impl Progress {
+    fn encode(self) -> String {
+        let n = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
+        format!("{} {}", n(self.started), n(self.completed))
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Progress> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut parts = text.split(' ');
+        let mut field = || -> Option<Option<u64>> {
+            match parts.next()? {
+                "-" => Some(None),
+                v => v.parse().ok().map(Some),
+            }
+        };
+        Some(Progress {
+            started: field()?,
+            completed: field()?,
+        })
+    }
+}
+
+impl Watchdog {
+    /// Starts the watchdog thread of rank `rank` of a group whose progress
+    /// keys start with `key_prefix`.
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        key_prefix: &str,
+        rank: usize,
+        size: usize,
+        engine: Arc<dyn OnDeviceFailure>,
+    ) -> Result<Arc<Watchdog>> {
+        let dog = Arc::new(Watchdog {
+            pending: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            failure: Arc::default(),
+            progress: Mutex::default(),
+            thread: Mutex::default(),
+        });
+        let keys = ProgressKeys {
+            prefix: format!("{key_prefix}/progress"),
+            rank,
+            size,
+        };
+        let runner = dog.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("tensorcomm-watchdog{rank}"))
+            .spawn(move || runner.run(&*store, &keys, &*engine))
+            .map_err(|e| Error::io("starting the process group's watchdog", e))?;
+        *dog.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        Ok(dog)
+    }
+
+    /// Notes that collective `seq` started (its host part ran).
+    pub(crate) fn started(&self, seq: u64) {
+        self.lock_progress().started = Some(seq);
+    }
+
+    /// Queues `pending` to be polled until its device work is done.
+    pub(crate) fn track(&self, pending: Pending) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(pending);
+        // The thread sets `sleeping` under the lock before it waits, so
+        // it either sees the new entry or is woken here.
+        if self.sleeping.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Ends the watchdog thread and waits for it (the group is dropped):
+    /// after this nothing calls into the backend from that thread, so the
+    /// backend may be torn down.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        {
+            // Under the lock, so a thread about to wait sees `stop` or the
+            // notification.
+            let _pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            self.wake.notify_one();
+        }
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn run(&self, store: &dyn Store, keys: &ProgressKeys, engine: &dyn OnDeviceFailure) {
+        let mut published = Progress::default();
+        let mut last_publish = Instant::now();
+        let mut busy = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let front = {
+                let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+                if pending.is_empty()
+                    && busy.elapsed() >= IDLE_AFTER
+                    && !self.stop.load(Ordering::Acquire)
+                {
+                    self.sleeping.store(true, Ordering::Release);
+                    pending = self
+                        .wake
+                        .wait_timeout(pending, PUBLISH_EVERY)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                    self.sleeping.store(false, Ordering::Release);
+                }
+                if !pending.is_empty() {
+                    busy = Instant::now();
+                }
+                pending
+                    .front()
+                    .map(|p| (p.fingerprint, p.deadline, p.event.clone()))
+            };
+            if let Some((fp, deadline, event)) = front {
+                match event.query() {
+                    Ok(true) => {
+                        self.pending
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .pop_front();
+                        self.lock_progress().completed = Some(fp.seq);
+                        engine.finished(fp.seq, &Ok(()));
+                        continue;
+                    }
+                    Ok(false) if Instant::now() < deadline => {}
+                    Ok(false) => {
+                        let error = self.timeout_error(store, keys);
+                        self.fail_all(engine, &fp, error);
+                        return;
+                    }
+                    Err(e) => {
+                        self.fail_all(engine, &fp, e);
+                        return;
+                    }
+                }
+            }
+            if let Err(e) = engine.health() {
+                let fp = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .front()
+                    .map(|p| p.fingerprint);
+                if let Some(fp) = fp {
+                    self.fail_all(engine, &fp, e);
+                    return;
+                }
+            }
+            let now = *self.lock_progress();
+            if now != published && last_publish.elapsed() >= PUBLISH_EVERY {
+                let _ = store.set(&keys.key(keys.rank), now.encode().as_bytes());
+                published = now;
+                last_publish = Instant::now();
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The error of the front collective having passed its deadline,
+    /// naming every rank's progress (this rank's published first).
+    fn timeout_error(&self, store: &dyn Store, keys: &ProgressKeys) -> Error {
+        let (fp, what, timeout) = {
+            let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            let p = pending.front().expect("a pending collective timed out");
+            (p.fingerprint, p.what.clone(), p.timeout)
+        };
+        let mine = *self.lock_progress();
+        let _ = store.set(&keys.key(keys.rank), mine.encode().as_bytes());
+        // The others publish within PUBLISH_EVERY of a change.
+        std::thread::sleep(PUBLISH_EVERY * 2);
+        let all: Vec<Option<Progress>> = (0..keys.size)
+            .map(|r| {
+                if r == keys.rank {
+                    return Some(mine);
+                }
+                let key = keys.key(r);
+                match store.check(&[&key]) {
+                    Ok(true) => store.get(&key).ok().and_then(|v| Progress::decode(&v)),
+                    _ => None,
+                }
+            })
+            .collect();
+        let (progress, lagging) = describe_progress(fp.seq, &all);
+        Error::CollectiveTimeout {
+            what: format!("{} (seq {}, {what})", fp.kind.name(), fp.seq),
+            timeout,
+            progress,
+            lagging,
+        }
+    }
+
+    /// Breaks the group at `fp` and fails every pending collective.
+    fn fail_all(&self, engine: &dyn OnDeviceFailure, fp: &Fingerprint, source: Error) {
+        let error = engine.settle(fp, source);
+        // Before the abort, which may wait for the device: waiters see the
+        // failure at once.
+        self.failure.set(fp.seq, error.clone());
+        engine.abort();
+        let drained: Vec<Pending> = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        for p in drained {
+            engine.finished(p.fingerprint.seq, &Err(error.clone()));
+        }
+    }
+}
+
+struct ProgressKeys {
+    prefix: String,
+    rank: usize,
+    size: usize,
+}
+
+impl ProgressKeys {
+    fn key(&self, rank: usize) -> String {
+        format!("{}/{rank}", self.prefix)
+    }
+}
+
+/// Says where every rank was when collective `seq` timed out, grouping
+/// ranks at the same point, and lists the ranks that never started it.
+pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, Vec<usize>) {
+    let mut groups: Vec<(Option<Progress>, Vec<usize>)> = Vec::new();
+    for (rank, p) in all.iter().enumerate() {
+        match groups.iter_mut().find(|(q, _)| q == p) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => groups.push((*p, vec![rank])),
+        }
+    }
+    let seq_text = |v: Option<u64>| v.map_or("none".into(), |v| format!("seq {v}"));
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(p, ranks)| {
+            let who = if ranks.len() == all.len() && all.len() > 1 {
+                "every rank".to_string()
+            } else if ranks.len() == 1 {
+                format!("rank {}", ranks[0])
+            } else {
+                format!(
+                    "ranks {}",
+                    ranks
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            match p {
+                Some(p) => format!(
+                    "{who} last started {}, last completed {}",
+                    seq_text(p.started),
+                    seq_text(p.completed)
+                ),
+                None => format!("{who} published no progress"),
+            }
+        })
+        .collect();
+    let lagging = all
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !matches!(p, Some(Progress { started: Some(s), .. }) if *s >= seq))
+        .map(|(r, _)| r)
+        .collect();
+    (parts.join("; "), lagging)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(started: u64, completed: u64) -> Option<Progress> {
+        Some(Progress {
+            started: Some(started),
+            completed: Some(completed),
+        })
+    }
+
+    #[test]
+    fn a_rank_behind_the_others_is_named_and_lagging() {
+        let (text, lagging) = describe_progress(42, &[at(42, 41), at(41, 41), at(42, 41)]);
+        assert_eq!(
+            text,
+            "ranks 0, 2 last started seq 42, last completed seq 41; \
+             rank 1 last started seq 41, last completed seq 41"
+        );
+        assert_eq!(lagging, [1]);
+    }
+
+    #[test]
+    fn ranks_without_progress_lag_and_say_so() {
+        let (text, lagging) = describe_progress(0, &[at(0, 0), None]);
+        assert!(text.contains("rank 1 published no progress"), "{text}");
+        assert_eq!(lagging, [1]);
+        let (text, lagging) = describe_progress(3, &[at(3, 2), at(3, 2)]);
+        assert_eq!(text, "every rank last started seq 3, last completed seq 2");
+        assert!(lagging.is_empty());
+    }
+
+    #[test]
+    fn progress_round_trips_through_its_store_value() {
+        for p in [
+            Progress::default(),
+            Progress {
+                started: Some(7),
+                completed: None,
+            },
+            Progress {
+                started: Some(9),
+                completed: Some(8),
+            },
+        ] {
+            assert_eq!(Progress::decode(p.encode().as_bytes()), Some(p));
+        }
+        assert_eq!(Progress::decode(b"x 1"), None);
+    }
+
+    #[test]
+    fn a_failure_covers_its_collective_and_later_ones_only() {
+        let f = DeviceFailure::default();
+        assert!(f.of(5).is_none());
+        f.set(5, Error::InvalidArgument("boom".into()));
+        f.set(3, Error::InvalidArgument("later report".into()));
+        assert!(f.of(4).is_none());
+        assert!(f.of(5).unwrap().to_string().contains("boom"));
+        assert!(f.of(9).is_some());
+    }
+}
