@@ -172,6 +172,14 @@ pub const CUDA_ONE_LAUNCH_MAX: EnvVar = EnvVar {
     agreed: false,
 };
 
+/// `TENSORCOMM_NCCL_LIBRARY`.
+pub const NCCL_LIBRARY: EnvVar = EnvVar {
+    name: "TENSORCOMM_NCCL_LIBRARY",
+    default: "`libnccl.so.2`, then `libnccl.so`, from the loader's path",
+    doc: "the NCCL library the NCCL backend loads (a file name or path)",
+    agreed: false,
+};
+
 /// `TENSORCOMM_LAUNCHED`.
 pub const LAUNCHED: EnvVar = EnvVar {
     name: "TENSORCOMM_LAUNCHED",
@@ -198,6 +206,7 @@ pub const VARIABLES: &[EnvVar] = &[
     CUDA_CE_MIN,
     CUDA_CE_STREAMS,
     CUDA_ONE_LAUNCH_MAX,
+    NCCL_LIBRARY,
     LAUNCHED,
 ];
 

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use crate::cpu::transport::TransportChoice;
+#[cfg(feature = "cuda")]
+use crate::cuda::nccl::{NcclOptions, ProcessGroupNccl};
 use crate::group::{Backend, ProcessGroup, DEFAULT_COLLECTIVE_TIMEOUT};
 use crate::rendezvous::{self, InitMethod, StoreAddress};
 use crate::Result;
@@ -23,6 +25,9 @@ pub struct InitOptions {
     pub group_name: String,
     /// Which transport the CPU backend uses between ranks.
     pub transport: TransportChoice,
+    /// The GPU of this rank for the NCCL backend (c10d's `device_id`);
+    /// `None`: `LOCAL_RANK` modulo the GPU count.
+    pub device: Option<usize>,
 }
 
 impl Default for InitOptions {
@@ -31,6 +36,7 @@ impl Default for InitOptions {
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             group_name: "default".into(),
             transport: TransportChoice::default(),
+            device: None,
         }
     }
 }
@@ -92,6 +98,20 @@ pub fn init_process_group_with(
                 ProcessGroupCpu::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &cpu)?;
             Ok(Arc::new(pg))
         }
+        #[cfg(feature = "cuda")]
+        Backend::Nccl => {
+            let nccl = NcclOptions {
+                timeout: options.timeout,
+                device: options.device,
+            };
+            let pg =
+                ProcessGroupNccl::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &nccl)?;
+            Ok(Arc::new(pg))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Backend::Nccl => Err(crate::Error::NoCuda {
+            reason: "tensorcomm was built without its `cuda` feature".into(),
+        }),
     }
 }
 

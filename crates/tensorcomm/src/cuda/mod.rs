@@ -6,6 +6,8 @@
 //!   touches cudarc's raw API. It wraps CUDA and knows nothing of tensors.
 //! - [`kernels`]: tensorcomm's own CUDA C kernels (copies and sums) and
 //!   their launchers, built on [`runtime`].
+//! - [`nccl`]: the NCCL process group (CUDA tensors across processes and
+//!   nodes), a backend of the group engine.
 //! - [`comm`]: `torch.cuda.comm` for Rust — broadcast, scatter, gather and
 //!   reduce between the GPUs of one process.
 //!
@@ -14,4 +16,5 @@
 
 pub mod comm;
 pub mod kernels;
+pub mod nccl;
 pub mod runtime;

@@ -1,0 +1,295 @@
+//! One NCCL communicator: created non-blocking from a unique id that rank 0
+//! posts to the store (so joining needs nothing but the store), ready or
+//! aborted within the group's timeout, split for sub-groups, aborted on
+//! failure and finalized when dropped.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS};
+use crate::cuda::runtime;
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// How often a non-blocking communicator's state is polled.
+const POLL: Duration = Duration::from_micros(500);
+/// How long a dropped communicator may take to finish its work before it
+/// is aborted instead.
+const FINALIZE_WITHIN: Duration = Duration::from_secs(10);
+
+/// An NCCL communicator on one GPU (see the module docs).
+pub(crate) struct Communicator {
+    raw: RawComm,
+    pub(crate) nccl: &'static Nccl,
+    pub(crate) device: usize,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    /// How long connecting may take (the group's timeout).
+    setup_timeout: Duration,
+    aborted: AtomicBool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread; tensorcomm
+// serializes the calls that queue work on it (the engine's queue lock).
+unsafe impl Send for Communicator {}
+unsafe impl Sync for Communicator {}
+
+impl Communicator {
+    /// Creates rank `rank` of `size` on GPU `device`, meeting the others
+    /// under `key` in `store`; fails with [`Error::NcclInitTimeout`] when
+    /// not every rank joins within `timeout`.
+    pub(crate) fn init(
+        store: &dyn Store,
+        key: &str,
+        (rank, size): (usize, usize),
+        device: usize,
+        timeout: Duration,
+    ) -> Result<Communicator> {
+        let nccl = nccl()?;
+        let started = Instant::now();
+        let id_key = format!("{key}/unique_id");
+        let id = if rank == 0 {
+            let mut id = UniqueId { bytes: [0; 128] };
+            // SAFETY: one ncclUniqueId out-parameter.
+            nccl.check(
+                "ncclGetUniqueId",
+                unsafe { (nccl.get_unique_id)(&mut id) },
+                None,
+            )?;
+            store.set(&id_key, &id.bytes)?;
+            id
+        } else {
+            let bytes = store.get_timeout(&id_key, timeout)?;
+            let bytes: [u8; 128] =
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| Error::PeerProtocol {
+                        peer: 0,
+                        expected: "a 128-byte NCCL unique id in the store".into(),
+                        found: format!("{} bytes under {id_key}", bytes.len()),
+                    })?;
+            UniqueId { bytes }
+        };
+        let joined_key = format!("{key}/joined");
+        store.add(&joined_key, 1)?;
+        runtime::context(device)?.bind()?;
+        let mut config = Config::new(false);
+        let mut raw: RawComm = std::ptr::null_mut();
+        let code = unsafe {
+            // SAFETY: out-parameter, the id by value, a valid config; the
+            // device's context is current.
+            (nccl.comm_init_rank_config)(&mut raw, size as i32, id, rank as i32, &mut config)
+        };
+        if code != SUCCESS && code != IN_PROGRESS {
+            if !raw.is_null() {
+                // SAFETY: a communicator NCCL handed out.
+                unsafe { (nccl.comm_abort)(raw) };
+            }
+            return Err(nccl.error("ncclCommInitRankConfig", code, None));
+        }
+        let comm = Communicator {
+            raw,
+            nccl,
+            device,
+            rank,
+            size,
+            setup_timeout: timeout,
+            aborted: AtomicBool::new(false),
+        };
+        let remaining = timeout.saturating_sub(started.elapsed());
+        match comm.wait_ready("ncclCommInitRankConfig", remaining) {
+            Ok(()) => Ok(comm),
+            Err(None) => {
+                comm.abort();
+                let joined = store
+                    .get(&joined_key)
+                    .ok()
+                    .and_then(|v| String::from_utf8(v).ok())
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                Err(Error::NcclInitTimeout {
+                    rank,
+                    size,
+                    device,
+                    timeout,
+                    joined,
+                })
+            }
+            Err(Some(e)) => {
+                comm.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// Splits off the communicator of the ranks that pass the same `color`
+    /// (ordered by `key`); `None` on a rank that passes no color.
+    /// Every rank of this communicator calls it.
+    pub(crate) fn split(
+        &self,
+        color: Option<usize>,
+        key: usize,
+        timeout: Duration,
+    ) -> Result<Option<Communicator>> {
+        /// `NCCL_SPLIT_NOCOLOR`.
+        const NO_COLOR: i32 = -1;
+        runtime::context(self.device)?.bind()?;
+        let mut config = Config::new(false);
+        let mut raw: RawComm = std::ptr::null_mut();
+        let color_code = color.map_or(NO_COLOR, |c| c as i32);
+        // SAFETY: a live communicator, an out-parameter and a config.
+        let code = unsafe {
+            (self.nccl.comm_split)(self.raw, color_code, key as i32, &mut raw, &mut config)
+        };
+        self.nccl.check("ncclCommSplit", code, Some(self.raw))?;
+        // The parent finishes the split for every rank.
+        match self.wait_ready("ncclCommSplit", timeout) {
+            Ok(()) => {}
+            Err(None) => {
+                return Err(Error::NcclInitTimeout {
+                    rank: self.rank,
+                    size: self.size,
+                    device: self.device,
+                    timeout,
+                    joined: 0,
+                })
+            }
+            Err(Some(e)) => return Err(e),
+        }
+        if raw.is_null() {
+            return Ok(None);
+        }
+        let nccl = self.nccl;
+        let mut size = 0;
+        let mut rank = 0;
+        let mut child = Communicator {
+            raw,
+            nccl,
+            device: self.device,
+            rank: 0,
+            size: 0,
+            setup_timeout: timeout,
+            aborted: AtomicBool::new(false),
+        };
+        if let Err(e) = child.wait_ready("ncclCommSplit", timeout) {
+            child.abort();
+            return Err(e.unwrap_or(Error::NcclInitTimeout {
+                rank: self.rank,
+                size: self.size,
+                device: self.device,
+                timeout,
+                joined: 0,
+            }));
+        }
+        // SAFETY: out-parameters of a ready communicator.
+        unsafe {
+            nccl.check(
+                "ncclCommCount",
+                (nccl.comm_count)(raw, &mut size),
+                Some(raw),
+            )?;
+            nccl.check(
+                "ncclCommUserRank",
+                (nccl.comm_user_rank)(raw, &mut rank),
+                Some(raw),
+            )?;
+        }
+        child.rank = rank as usize;
+        child.size = size as usize;
+        Ok(Some(child))
+    }
+
+    /// Waits until the communicator is no longer in progress: `Err(None)`
+    /// when `timeout` passes first, `Err(Some(e))` when NCCL reports an
+    /// error.
+    fn wait_ready(&self, call: &str, timeout: Duration) -> std::result::Result<(), Option<Error>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.state() {
+                SUCCESS => return Ok(()),
+                IN_PROGRESS if Instant::now() < deadline => std::thread::sleep(POLL),
+                IN_PROGRESS => return Err(None),
+                code => return Err(Some(self.nccl.error(call, code, Some(self.raw)))),
+            }
+        }
+    }
+
+    /// Waits until a call that returned `ncclInProgress` has queued its
+    /// work (NCCL may be connecting ranks), for at most the time a
+    /// communicator may take to be created.
+    pub(crate) fn wait_queued(&self, call: &str) -> Result<()> {
+        match self.wait_ready(call, self.setup_timeout) {
+            Ok(()) => Ok(()),
+            Err(Some(e)) => Err(e),
+            Err(None) => Err(Error::Nccl {
+                call: call.into(),
+                code: "ncclInProgress".into(),
+                message: format!("still in progress after {:?}", self.setup_timeout),
+            }),
+        }
+    }
+
+    /// `ncclCommGetAsyncError`: `ncclSuccess`, `ncclInProgress` or the
+    /// error that broke the communicator.
+    fn state(&self) -> i32 {
+        let mut state = SUCCESS;
+        // SAFETY: a communicator NCCL handed out, not yet destroyed.
+        let code = unsafe { (self.nccl.comm_get_async_error)(self.raw, &mut state) };
+        if code != SUCCESS {
+            return code;
+        }
+        state
+    }
+
+    /// The communicator's asynchronous error, if it has one.
+    pub(crate) fn health(&self) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.state() {
+            SUCCESS | IN_PROGRESS => Ok(()),
+            code => Err(self
+                .nccl
+                .error("ncclCommGetAsyncError", code, Some(self.raw))),
+        }
+    }
+
+    /// The raw communicator, for queuing work on it.
+    pub(crate) fn raw(&self) -> RawComm {
+        self.raw
+    }
+
+    /// Aborts the communicator: its queued work ends without finishing,
+    /// and it takes no more. Only the first call does anything.
+    pub(crate) fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            // SAFETY: a communicator NCCL handed out; aborted once.
+            unsafe { (self.nccl.comm_abort)(self.raw) };
+        }
+    }
+
+    /// True once [`Communicator::abort`] has run.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.is_aborted() || self.raw.is_null() {
+            return;
+        }
+        let _ = runtime::context(self.device).and_then(|c| c.bind());
+        // SAFETY: a live communicator; finalized, then destroyed once.
+        let code = unsafe { (self.nccl.comm_finalize)(self.raw) };
+        let ready = (code == SUCCESS || code == IN_PROGRESS)
+            && self.wait_ready("ncclCommFinalize", FINALIZE_WITHIN).is_ok();
+        if ready {
+            // SAFETY: finalized above.
+            unsafe { (self.nccl.comm_destroy)(self.raw) };
+        } else {
+            self.abort();
+        }
+    }
+}

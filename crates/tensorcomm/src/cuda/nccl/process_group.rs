@@ -1,0 +1,491 @@
+//! The NCCL process group: CUDA tensors on one GPU per rank, collectives
+//! through NCCL, run by the group engine (validation, sequence numbers,
+//! call order, the watchdog, failure reports, the flight recorder).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::communicator::Communicator;
+use super::group_backend::NcclBackend;
+use super::p2p::{self, Direction};
+use super::types::check_reduce_op;
+use crate::cuda::runtime;
+use crate::group::collective::{Capabilities, Collective, Scope, Validated};
+use crate::group::engine::Engine;
+use crate::group::validate::{check_dense, check_peer_rank};
+use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseWork};
+use crate::group::{Backend, ProcessGroup, ReduceOp, Work, DEFAULT_COLLECTIVE_TIMEOUT};
+use crate::store::{PrefixStore, Store};
+use crate::tensor::{Device, SparseTensor, Tensor};
+use crate::{Error, Result};
+
+/// How a [`ProcessGroupNccl`] is set up.
+#[derive(Clone, Debug)]
+pub struct NcclOptions {
+    /// Default per-collective timeout (also bounds communicator set-up).
+    pub timeout: Duration,
+    /// The GPU of this rank; `None`: `LOCAL_RANK` modulo the GPU count,
+    /// else the rank modulo the GPU count (c10d's choice).
+    pub device: Option<usize>,
+}
+
+impl Default for NcclOptions {
+    fn default() -> Self {
+        NcclOptions {
+            timeout: DEFAULT_COLLECTIVE_TIMEOUT,
+            device: None,
+        }
+    }
+}
+
+/// The NCCL backend's [`ProcessGroup`] (see the module docs).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tensorcomm::cuda::nccl::{NcclOptions, ProcessGroupNccl};
+/// use tensorcomm::group::{ProcessGroup, ReduceOp};
+/// use tensorcomm::store::HashStore;
+/// use tensorcomm::tensor::{DType, Device, Tensor};
+///
+/// let pg = ProcessGroupNccl::new(Arc::new(HashStore::new()), "pg", 0, 1, &NcclOptions::default())?;
+/// let t = Tensor::zeros_on(&[1024], DType::F32, Device::Cuda(pg.device()))?;
+/// pg.all_reduce(&t, ReduceOp::Sum, None)?.synchronize()?;
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub struct ProcessGroupNccl {
+    _store: Arc<dyn Store>,
+    scope: Scope,
+    engine: Engine,
+    backend: Arc<NcclBackend>,
+    global_ranks: Vec<usize>,
+    options: NcclOptions,
+    subgroups: AtomicU64,
+}
+
+impl std::fmt::Debug for ProcessGroupNccl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroupNccl")
+            .field("rank", &self.scope.rank)
+            .field("size", &self.scope.size)
+            .field("device", &self.backend.comm.device)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The GPU c10d would give this rank.
+fn default_device(rank: usize) -> Result<usize> {
+    let count = runtime::device_count()?;
+    if count == 0 {
+        return Err(Error::NoCuda {
+            reason: "the NCCL backend needs a GPU and this machine has none".into(),
+        });
+    }
+    let local = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    Ok(local.unwrap_or(rank) % count)
+}
+
+impl ProcessGroupNccl {
+    /// Creates rank `rank` of `size`, meeting the others through `store`
+    /// under keys starting with `key_prefix`: rank 0 creates NCCL's unique
+    /// id and posts it there, and every rank's communicator must be ready
+    /// within `options.timeout` ([`Error::NcclInitTimeout`] otherwise).
+    pub fn new(
+        store: Arc<dyn Store>,
+        key_prefix: &str,
+        rank: usize,
+        size: usize,
+        options: &NcclOptions,
+    ) -> Result<Self> {
+        let device = match options.device {
+            Some(d) => d,
+            None => default_device(rank)?,
+        };
+        let comm = Communicator::init(
+            &*store,
+            &format!("{key_prefix}/nccl"),
+            (rank, size),
+            device,
+            options.timeout,
+        )?;
+        Self::over(store, key_prefix, comm, (0..size).collect(), options)
+    }
+
+    fn over(
+        store: Arc<dyn Store>,
+        key_prefix: &str,
+        comm: Communicator,
+        global_ranks: Vec<usize>,
+        options: &NcclOptions,
+    ) -> Result<Self> {
+        let (rank, size) = (comm.rank, comm.size);
+        let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
+        let backend = Arc::new(NcclBackend::new(comm)?);
+        let engine = Engine::start(
+            backend.clone(),
+            store.clone(),
+            key_prefix,
+            (rank, size),
+            recorder,
+            options.timeout,
+        )?;
+        Ok(ProcessGroupNccl {
+            _store: store,
+            scope: Scope {
+                rank,
+                size,
+                caps: Capabilities {
+                    host: false,
+                    cuda: true,
+                },
+            },
+            engine,
+            backend,
+            global_ranks,
+            options: options.clone(),
+            subgroups: AtomicU64::new(0),
+        })
+    }
+
+    /// The GPU this rank's collectives run on.
+    pub fn device(&self) -> usize {
+        self.backend.comm.device
+    }
+
+    /// The NCCL version in use, e.g. `2.28.9`.
+    pub fn nccl_version(&self) -> String {
+        self.backend.comm.nccl.version_string()
+    }
+
+    /// The group's communication stream: collectives run on it, after the
+    /// work queued before the call on the caller's current stream.
+    pub fn stream(&self) -> &runtime::Stream {
+        &self.backend.stream
+    }
+
+    /// Refuses tensors on another GPU than the group's, then queues the
+    /// call.
+    fn submit(&self, call: Validated, timeout: Option<Duration>) -> Result<Work> {
+        let device = Device::Cuda(self.device());
+        let wrong = call.collective.tensors().find(|t| t.device() != device);
+        if let Some(t) = wrong {
+            return Err(Error::InvalidCollective {
+                op: call.fingerprint.kind.name().into(),
+                reason: format!(
+                    "expected tensors on {device} (this group's GPU), found one on {}",
+                    t.device()
+                ),
+            });
+        }
+        self.engine.submit(call, timeout)
+    }
+
+    /// `op`, unless NCCL lacks it.
+    fn reduce_op(&self, call: &str, op: ReduceOp) -> Result<ReduceOp> {
+        check_reduce_op(call, op).map(|()| op)
+    }
+
+    fn unsupported(op: &str, instead: &str) -> Error {
+        Error::InvalidCollective {
+            op: op.into(),
+            reason: format!("not supported by the NCCL backend; {instead}"),
+        }
+    }
+
+    /// A sub-group of `ranks` (sorted), split from this group's
+    /// communicator with `ncclCommSplit`; `None` on ranks not in it. Every
+    /// rank of this group calls it for every sub-group, in the same order.
+    pub fn new_subgroup(&self, ranks: &[usize]) -> Result<Option<ProcessGroupNccl>> {
+        let members = check_group_ranks(ranks, self.size())?;
+        let n = self.subgroups.fetch_add(1, Ordering::Relaxed);
+        let position = members.iter().position(|&r| r == self.rank());
+        let color = position.map(|_| 0);
+        let comm = {
+            let _launch = self
+                .backend
+                .launch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.backend
+                .comm
+                .split(color, position.unwrap_or(0), self.options.timeout)?
+        };
+        let Some(comm) = comm else {
+            return Ok(None);
+        };
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
+            subgroup_prefix("nccl", n),
+            self._store.clone(),
+        ));
+        let global_ranks = members.iter().map(|&r| self.global_ranks[r]).collect();
+        Self::over(store, "pg", comm, global_ranks, &self.options).map(Some)
+    }
+}
+
+impl ProcessGroup for ProcessGroupNccl {
+    fn rank(&self) -> usize {
+        self.scope.rank
+    }
+
+    fn size(&self) -> usize {
+        self.scope.size
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::Nccl
+    }
+
+    fn global_ranks(&self) -> Vec<usize> {
+        self.global_ranks.clone()
+    }
+
+    fn all_reduce(
+        &self,
+        tensor: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("all_reduce", op)?;
+        self.submit(Collective::all_reduce(&self.scope, tensor, op)?, timeout)
+    }
+
+    fn broadcast(
+        &self,
+        tensor: &Tensor<'static>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        self.submit(Collective::broadcast(&self.scope, tensor, root)?, timeout)
+    }
+
+    fn reduce(
+        &self,
+        tensor: &Tensor<'static>,
+        root: usize,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("reduce", op)?;
+        self.submit(Collective::reduce(&self.scope, tensor, root, op)?, timeout)
+    }
+
+    fn all_gather(
+        &self,
+        outputs: &[Tensor<'static>],
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        self.submit(
+            Collective::all_gather(&self.scope, outputs, input)?,
+            timeout,
+        )
+    }
+
+    fn all_gather_into_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let call = Collective::all_gather_into_tensor(&self.scope, output, input)?;
+        self.submit(call, timeout)
+    }
+
+    fn all_gather_coalesced(
+        &self,
+        outputs: &[Vec<Tensor<'static>>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let call = Collective::all_gather_coalesced(&self.scope, outputs, inputs)?;
+        self.submit(call, timeout)
+    }
+
+    fn all_gather_into_tensor_coalesced(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let call = Collective::all_gather_into_tensor_coalesced(&self.scope, outputs, inputs)?;
+        self.submit(call, timeout)
+    }
+
+    fn gather(
+        &self,
+        input: &Tensor<'static>,
+        outputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        self.submit(
+            Collective::gather(&self.scope, input, outputs, root)?,
+            timeout,
+        )
+    }
+
+    fn scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: Option<&[Tensor<'static>]>,
+        root: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        self.submit(
+            Collective::scatter(&self.scope, output, inputs, root)?,
+            timeout,
+        )
+    }
+
+    fn reduce_scatter(
+        &self,
+        output: &Tensor<'static>,
+        inputs: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("reduce_scatter", op)?;
+        let call = Collective::reduce_scatter(&self.scope, output, inputs, op)?;
+        self.submit(call, timeout)
+    }
+
+    fn reduce_scatter_tensor(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("reduce_scatter_tensor", op)?;
+        let call = Collective::reduce_scatter_tensor(&self.scope, output, input, op)?;
+        self.submit(call, timeout)
+    }
+
+    fn reduce_scatter_tensor_coalesced(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("reduce_scatter_tensor_coalesced", op)?;
+        let call = Collective::reduce_scatter_tensor_coalesced(&self.scope, outputs, inputs, op)?;
+        self.submit(call, timeout)
+    }
+
+    fn all_to_all(
+        &self,
+        outputs: &[Tensor<'static>],
+        inputs: &[Tensor<'static>],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        self.submit(
+            Collective::all_to_all(&self.scope, outputs, inputs)?,
+            timeout,
+        )
+    }
+
+    fn all_to_all_single(
+        &self,
+        output: &Tensor<'static>,
+        input: &Tensor<'static>,
+        output_split_sizes: &[usize],
+        input_split_sizes: &[usize],
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let call = Collective::all_to_all_single(
+            &self.scope,
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+        )?;
+        self.submit(call, timeout)
+    }
+
+    fn all_reduce_coalesced(
+        &self,
+        tensors: &[Tensor<'static>],
+        op: ReduceOp,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        let op = self.reduce_op("all_reduce_coalesced", op)?;
+        let call = Collective::all_reduce_coalesced(&self.scope, tensors, op)?;
+        self.submit(call, timeout)
+    }
+
+    /// c10d's NCCL barrier: an all-reduce of one element that the host
+    /// waits for; the returned `Work` is already complete.
+    fn barrier(&self, timeout: Option<Duration>) -> Result<Work> {
+        let work = self.engine.submit(Collective::barrier(), timeout)?;
+        Ok(Work::done(work.synchronize()))
+    }
+
+    fn send(
+        &self,
+        tensor: &Tensor<'static>,
+        dst: usize,
+        _tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        check_dense("send", tensor, self.scope.caps)?;
+        check_peer_rank("send", dst, self.rank(), self.size())?;
+        let timeout = timeout.unwrap_or(self.engine.default_timeout());
+        p2p::transfer(&self.backend, Direction::Send, tensor, dst, timeout)
+    }
+
+    fn recv(
+        &self,
+        tensor: &Tensor<'static>,
+        src: usize,
+        _tag: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Work> {
+        check_dense("recv", tensor, self.scope.caps)?;
+        check_peer_rank("recv", src, self.rank(), self.size())?;
+        let timeout = timeout.unwrap_or(self.engine.default_timeout());
+        p2p::transfer(&self.backend, Direction::Recv, tensor, src, timeout)
+    }
+
+    fn recv_any_source(
+        &self,
+        _tensor: &Tensor<'static>,
+        _tag: u64,
+        _timeout: Option<Duration>,
+    ) -> Result<Work> {
+        Err(Self::unsupported(
+            "recv_any_source",
+            "NCCL receives only from a named rank (c10d's NCCL backend refuses it too)",
+        ))
+    }
+
+    fn monitored_barrier(&self, _timeout: Option<Duration>, _wait_all: bool) -> Result<Work> {
+        Err(Self::unsupported(
+            "monitored_barrier",
+            "use it on a CPU group, as c10d does with Gloo",
+        ))
+    }
+
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Arc<dyn ProcessGroup>>> {
+        let group = self.new_subgroup(ranks)?;
+        Ok(group.map(|g| Arc::new(g) as Arc<dyn ProcessGroup>))
+    }
+
+    fn all_reduce_sparse(
+        &self,
+        _tensor: &SparseTensor,
+        _op: ReduceOp,
+        _timeout: Option<Duration>,
+    ) -> Result<SparseWork> {
+        Err(Self::unsupported(
+            "all_reduce_sparse",
+            "sparse all-reduce runs on a CPU group (CUDA tensors through the CPU group)",
+        ))
+    }
+
+    fn flight_recorder_json(&self) -> String {
+        self.engine.flight_recorder_json()
+    }
+}
