@@ -21,6 +21,10 @@
 //! 1-D COO tensors whose entries partly overlap between ranks,
 //! `sparse.rs`); `ops.rs` says what each row's count is and checks.
 //!
+//! `--backend nccl` times the NCCL process group on CUDA tensors, one rank
+//! per GPU, with the caller's host time per call beside the device time
+//! (`nccl.rs`).
+//!
 //! `--backend cuda-comm` times `cuda::comm` (broadcast, scatter, gather,
 //! reduce_add, broadcast_coalesced and a plain peer copy) between cuda:0
 //! and cuda:1 in this one process (`cuda_comm.rs`), with the same columns
@@ -29,6 +33,7 @@
 
 mod cuda_comm;
 mod data;
+mod nccl;
 mod ops;
 mod pending;
 mod progress;
@@ -50,6 +55,8 @@ pub use row::Row;
 pub enum BenchBackend {
     /// The CPU backend (TCP between ranks).
     Cpu,
+    /// The NCCL backend: one rank per GPU, CUDA tensors.
+    Nccl,
     /// `cuda::comm` between two GPUs of this process.
     #[value(name = "cuda-comm")]
     CudaComm,
@@ -277,7 +284,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
     match args.backend {
         BenchBackend::CudaComm => return cuda_comm::main(&args),
         BenchBackend::Auto => return cpu_then_gpus(args),
-        BenchBackend::Cpu => {}
+        BenchBackend::Cpu | BenchBackend::Nccl => {}
     }
     if let Err(msg) = args.cpu_op() {
         eprintln!("tensorcomm bench: {msg}");
@@ -286,7 +293,14 @@ pub fn main(args: BenchArgs) -> ExitCode {
     if std::env::var_os("RANK").is_none() {
         return launch_self(&args);
     }
-    match run_rank(&args) {
+    let outcome = match args.backend {
+        BenchBackend::Nccl => args
+            .cpu_op()
+            .map_err(tensorcomm::Error::InvalidArgument)
+            .and_then(|op| nccl::run_rank(&args, op)),
+        _ => run_rank(&args),
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("tensorcomm bench: some results were WRONG");
@@ -346,7 +360,14 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     let mut rank_args: Vec<String> = vec![
         "bench".into(),
         format!("--op={}", op_name(args)),
-        "--backend=cpu".into(),
+        format!(
+            "--backend={}",
+            if args.backend == BenchBackend::Nccl {
+                "nccl"
+            } else {
+                "cpu"
+            }
+        ),
         format!("--minbytes={}", args.min_bytes),
         format!("--maxbytes={}", args.max_bytes),
         format!("--stepfactor={}", args.factor),
