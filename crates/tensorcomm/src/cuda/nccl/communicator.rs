@@ -11,8 +11,10 @@ use crate::cuda::runtime;
 use crate::store::Store;
 use crate::{Error, Result};
 
-/// How often a non-blocking communicator's state is polled.
-const POLL: Duration = Duration::from_micros(500);
+/// How long a non-blocking communicator's state is polled without
+/// sleeping, then how long to sleep between polls.
+const SPIN: Duration = Duration::from_millis(2);
+const POLL: Duration = Duration::from_micros(200);
 /// How long a dropped communicator may take to finish its work before it
 /// is aborted instead.
 const FINALIZE_WITHIN: Duration = Duration::from_secs(10);
@@ -204,11 +206,20 @@ impl Communicator {
     /// when `timeout` passes first, `Err(Some(e))` when NCCL reports an
     /// error.
     fn wait_ready(&self, call: &str, timeout: Duration) -> std::result::Result<(), Option<Error>> {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         loop {
             match self.state() {
                 SUCCESS => return Ok(()),
-                IN_PROGRESS if Instant::now() < deadline => std::thread::sleep(POLL),
+                IN_PROGRESS if Instant::now() < deadline => {
+                    // Queuing work usually finishes within microseconds;
+                    // creating a communicator takes milliseconds.
+                    if started.elapsed() < SPIN {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::sleep(POLL);
+                    }
+                }
                 IN_PROGRESS => return Err(None),
                 code => return Err(Some(self.nccl.error(call, code, Some(self.raw)))),
             }
