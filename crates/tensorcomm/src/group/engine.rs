@@ -172,6 +172,9 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
         .failures
         .settle(fp, shared.rank, source, call.mismatched());
     shared.backend.abort();
+    let source = shared
+        .failures
+        .with_both_sides(fp, source, call.description());
     let ranks = match &source {
         Error::PeerClosed { peer, .. }
         | Error::PeerTimeout { peer, .. }
