@@ -1,6 +1,32 @@
 //! A transport that carries the collective's fingerprint in front of the
 //! first message to each peer and checks the one in front of the first
 //! message from each peer (see [`Fingerprint`]).
+//!
+//! # Every pair that talks checks both ways
+//!
+//! A fingerprint travels with data, so a pair of ranks where data flows
+//! one way only (a broadcast's parent and child, a reduce's child and
+//! parent, a gather's leaf and root) would check it on the receiving side
+//! only, and the sender would finish a mismatched call and fail at its
+//! next one. So a call ends with [`Fingerprinted::close_call`]: this rank
+//! sends its fingerprint alone to every peer it heard from but sent
+//! nothing to, then reads the fingerprint of every peer it sent to but
+//! heard nothing from, and checks it like any other. Both ranks of a pair
+//! that agree on the collective run the same algorithm, so they agree on
+//! which of them sends it and which reads it; ranks that disagree read
+//! whatever the other sent first (its data, with its fingerprint in
+//! front) and fail with [`Error::CollectiveMismatch`], or see the other's
+//! connections close when it fails first.
+//!
+//! Algorithms whose one-way pairs are known up front send that
+//! fingerprint as the call starts instead ([`Transport::announce`]: a
+//! broadcast child to its parent, a reduce parent to its children, a
+//! gather root to every leaf), so that it is usually waiting when the
+//! sender finishes: nothing on the slowest rank's path but one small
+//! message sent before it starts waiting for data, and no round trip for
+//! anyone when calls follow each other. Pairs where data flows both ways
+//! (most all-reduces, all-to-all, the arena algorithms' opening barrier)
+//! exchange nothing more.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -29,10 +55,16 @@ pub(crate) struct Fingerprinted<'a> {
     /// The first peer whose fingerprint differed from this rank's, with
     /// the bytes it sent (for the failure report of `group/failure_report.rs`).
     mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
+    /// Whether send-only pairs check the other way too
+    /// ([`Fingerprinted::close_call`], [`Transport::announce`]); off, both
+    /// do nothing (every rank of the group agrees on it).
+    sender_check: bool,
 }
 
 impl<'a> Fingerprinted<'a> {
-    pub(crate) fn new(inner: &'a dyn Transport, mine: Fingerprint) -> Self {
+    /// `inner` carrying `mine`; `sender_check` as
+    /// `TENSORCOMM_SENDER_CHECK` says.
+    pub(crate) fn new(inner: &'a dyn Transport, mine: Fingerprint, sender_check: bool) -> Self {
         let n = inner.world_size();
         Fingerprinted {
             inner,
@@ -41,6 +73,7 @@ impl<'a> Fingerprinted<'a> {
             sent: (0..n).map(|_| AtomicBool::new(false)).collect(),
             received: (0..n).map(|_| AtomicBool::new(false)).collect(),
             mismatched: OnceLock::new(),
+            sender_check,
         }
     }
 
@@ -87,6 +120,35 @@ impl<'a> Fingerprinted<'a> {
         self.check(from, &theirs)
     }
 
+    /// Reads `from`'s fingerprint unless a message from it was already
+    /// read in this call, and checks it.
+    fn confirm(&self, from: usize, deadline: Instant) -> Result<()> {
+        if self.first_recv(from) {
+            self.check_header(from, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the call's fingerprint exchange (see the module docs): sends
+    /// this rank's fingerprint to every peer it heard from and sent nothing
+    /// to, then reads and checks the fingerprint of every peer it sent to
+    /// and heard nothing from. Call it once the algorithm has finished.
+    pub(crate) fn close_call(&self, deadline: Instant) -> Result<()> {
+        if !self.sender_check {
+            return Ok(());
+        }
+        let rank = self.inner.rank();
+        let peers = || (0..self.inner.world_size()).filter(move |&p| p != rank);
+        let was = |flags: &[AtomicBool], p: usize| flags[p].load(Ordering::Relaxed);
+        for p in peers().filter(|&p| was(&self.received, p) && !was(&self.sent, p)) {
+            self.announce(p, deadline)?;
+        }
+        for p in peers().filter(|&p| was(&self.sent, p) && !was(&self.received, p)) {
+            self.confirm(p, deadline)?;
+        }
+        Ok(())
+    }
+
     fn with_header(&self, data: &[u8]) -> Vec<u8> {
         let mut staged = Vec::with_capacity(FINGERPRINT_LEN + data.len());
         staged.extend_from_slice(&self.encoded);
@@ -113,6 +175,15 @@ impl Transport for Fingerprinted<'_> {
         }
         self.inner.send(to, &self.encoded, deadline)?;
         self.inner.send(to, data, deadline)
+    }
+
+    /// Sends this rank's fingerprint alone to `to`, unless something was
+    /// sent to it already in this call.
+    fn announce(&self, to: usize, deadline: Instant) -> Result<()> {
+        if self.sender_check && self.first_send(to) {
+            self.inner.send(to, &self.encoded, deadline)?;
+        }
+        Ok(())
     }
 
     fn abort(&self) {

@@ -1,7 +1,9 @@
 //! The CPU backend as the engine sees it ([`GroupBackend`]): the group's
 //! transport, point-to-point links, algorithm choices and shared-memory
 //! arena, and how one collective runs over them, with this rank's
-//! fingerprint carried in front of its first message to each peer.
+//! fingerprint carried in front of its first message to each peer (and
+//! checked both ways on every pair that talks), and the call described
+//! in full when it fails.
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use super::p2p::P2p;
 use super::select::Selection;
 use super::transport::{RoutedTransport, Transport};
 use crate::group::backend::{Call, GroupBackend};
+use crate::group::call_description::describe;
 use crate::group::collective::Collective;
 use crate::group::DeviceEvent;
 use crate::Result;
@@ -47,7 +50,11 @@ impl CpuBackend {
             // number (the same on every rank).
             return monitored_barrier(&self.p2p, call.fingerprint.seq, wait_all, wait);
         }
-        let t = Fingerprinted::new(&self.transport, call.fingerprint);
+        let t = Fingerprinted::new(
+            &self.transport,
+            call.fingerprint,
+            self.select.sender_check(),
+        );
         let ctx = Ctx {
             t: &t,
             deadline: call.deadline,
@@ -57,11 +64,16 @@ impl CpuBackend {
             #[cfg(not(target_os = "linux"))]
             arena: None,
         };
-        let outcome = collectives::run(&ctx, collective);
+        // Then the pairs where data flowed one way check the other way
+        // too (see `fingerprinted.rs`), so a rank that only sent fails here
+        // rather than at its next call.
+        let outcome =
+            collectives::run(&ctx, &collective).and_then(|()| t.close_call(call.deadline));
         if outcome.is_err() {
             if let Some((peer, theirs)) = t.mismatched() {
                 call.report_mismatch(peer, theirs);
             }
+            call.describe(describe(&call.fingerprint, &collective));
         }
         outcome
     }

@@ -15,7 +15,8 @@ use super::algorithms::{
 use super::reduce_kernels::ReduceOp;
 use super::transport::Transport;
 use crate::env_vars::{
-    EnvVar, CPU_ALL_REDUCE, RING_SEGMENT, SHM_ARENA_CHUNK, SHM_ARENA_MIN, SHM_ARENA_THREADS,
+    EnvVar, CPU_ALL_REDUCE, RING_SEGMENT, SENDER_CHECK, SHM_ARENA_CHUNK, SHM_ARENA_MIN,
+    SHM_ARENA_THREADS,
 };
 use crate::store::Store;
 use crate::tensor::DType;
@@ -288,6 +289,9 @@ pub(crate) struct Selection {
     arena_threads: Option<usize>,
     /// `TENSORCOMM_SHM_ARENA_CHUNK`, or the arena's default for the world.
     arena_chunk: usize,
+    /// `TENSORCOMM_SENDER_CHECK`: whether send-only ranks check their
+    /// receivers' fingerprints before a call ends.
+    sender_check: bool,
 }
 
 /// A size in `var` within `range`, or a [`Error::BadValue`] naming it.
@@ -322,6 +326,7 @@ impl Selection {
             SHM_ARENA_MIN,
             SHM_ARENA_THREADS,
             SHM_ARENA_CHUNK,
+            SENDER_CHECK,
         ]
         .iter()
         .map(|v| (v.name, var(v)))
@@ -364,6 +369,17 @@ impl Selection {
             Some(r) => size_in(&SHM_ARENA_CHUNK, &r, 4 << 10..=64 << 20)?,
             None => default_arena_chunk(world),
         };
+        let sender_check = match get(&SENDER_CHECK).as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(other) => {
+                return Err(Error::BadValue {
+                    name: SENDER_CHECK.name.into(),
+                    expected: "0 or 1".into(),
+                    found: other.into(),
+                })
+            }
+        };
         Ok(Selection {
             world,
             forced_all_reduce,
@@ -371,6 +387,7 @@ impl Selection {
             arena_all_reduce_min,
             arena_threads,
             arena_chunk,
+            sender_check,
         })
     }
 
@@ -389,6 +406,12 @@ impl Selection {
         let raw = Selection::raw_from_vars(&|v| v.get());
         agree(&raw, store, key_prefix, rank, size, timeout)?;
         Selection::parse(size, raw)
+    }
+
+    /// Whether send-only ranks check their receivers' fingerprints before
+    /// a call ends (`TENSORCOMM_SENDER_CHECK`).
+    pub(crate) fn sender_check(&self) -> bool {
+        self.sender_check
     }
 
     /// The all-reduce over the transport for `nbytes`.
@@ -612,10 +635,14 @@ mod tests {
         assert!(s.all_reduce_takes_arena((1 << 20) + 1));
         let defaults = Selection::from_vars(4, &vars(&[])).unwrap();
         assert!(defaults.all_reduce_takes_arena((2 << 10) + 1));
+        assert!(defaults.sender_check());
+        let unchecked = Selection::from_vars(4, &vars(&[("TENSORCOMM_SENDER_CHECK", "0")]));
+        assert!(!unchecked.unwrap().sender_check());
         for (name, bad) in [
             ("TENSORCOMM_SHM_ARENA_THREADS", "0"),
             ("TENSORCOMM_SHM_ARENA_CHUNK", "1K"),
             ("TENSORCOMM_RING_SEGMENT", "lots"),
+            ("TENSORCOMM_SENDER_CHECK", "yes"),
             ("TENSORCOMM_CPU_ALL_REDUCE", "bcube"),
         ] {
             match Selection::from_vars(4, &vars(&[(name, bad)])) {

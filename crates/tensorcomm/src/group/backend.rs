@@ -14,11 +14,13 @@ use crate::Result;
 
 /// One collective as the engine hands it to a backend: its fingerprint
 /// (sequence number filled in) and deadline, and where the backend says
-/// which peer's fingerprint differed when it finds a mismatch.
+/// which peer's fingerprint differed when it finds a mismatch, and what
+/// the call was when it failed.
 pub(crate) struct Call {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline: Instant,
     mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
+    described: OnceLock<String>,
 }
 
 impl Call {
@@ -27,6 +29,7 @@ impl Call {
             fingerprint,
             deadline,
             mismatched: OnceLock::new(),
+            described: OnceLock::new(),
         }
     }
 
@@ -41,6 +44,19 @@ impl Call {
     pub(crate) fn mismatched(&self) -> Option<(usize, [u8; FINGERPRINT_LEN])> {
         self.mismatched.get().copied()
     }
+
+    /// Records, when the call failed, its full description
+    /// ([`describe`](super::call_description::describe) of the
+    /// collective), which a mismatch error shows instead of the
+    /// fingerprint's fields (the first one is kept).
+    pub(crate) fn describe(&self, description: String) {
+        let _ = self.described.set(description);
+    }
+
+    /// The description [`Call::describe`] recorded, if any.
+    pub(crate) fn description(&self) -> Option<&str> {
+        self.described.get().map(String::as_str)
+    }
 }
 
 /// What a backend does for the engine.
@@ -48,7 +64,8 @@ pub(crate) trait GroupBackend: Send + Sync + 'static {
     /// Runs `collective` (validated, its turn come) on the calling thread
     /// until it completes, fails or passes `call.deadline`. On a mismatch
     /// found through its own messages it calls [`Call::report_mismatch`]
-    /// before returning the error.
+    /// before returning the error; on any failure it should record the
+    /// call's description ([`Call::describe`]).
     ///
     /// A device backend returns once the collective is queued on its
     /// device, with the event after which it is done there; the engine's

@@ -223,7 +223,8 @@ struct DeviceHooks {
 
 impl OnDeviceFailure for DeviceHooks {
     fn settle(&self, fp: &Fingerprint, source: Error) -> Error {
-        settle(&self.shared, fp, None, source)
+        let source = settle(&self.shared, fp, None, source);
+        named(&self.shared, fp, source)
     }
 
     fn abort(&self) {
@@ -268,25 +269,24 @@ fn run(
         ok = outcome.is_ok(),
         "collective"
     );
-    outcome.map_err(|source| fail(shared, &fp, call.mismatched(), source))
+    outcome.map_err(|source| fail(shared, &fp, &call, source))
 }
 
 /// Breaks the group after collective `fp` failed with `source`: posts the
 /// report before the connections close (so a rank that fails because they
-/// closed finds it), closes them, and names what failed.
-fn fail(
-    shared: &Shared,
-    fp: &Fingerprint,
-    mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
-    source: Error,
-) -> Error {
-    let error = settle(shared, fp, mismatched, source);
+/// closed finds it), closes them, adds both sides' descriptions of a
+/// mismatch, and names what failed.
+fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
+    let source = settle(shared, fp, call.mismatched(), source);
     shared.backend.abort();
-    error
+    let source = shared
+        .failures
+        .with_both_sides(fp, source, call.description());
+    named(shared, fp, source)
 }
 
-/// [`fail`] short of closing the connections: marks the group broken,
-/// posts the report and gives the error that names what failed.
+/// [`fail`] short of closing the connections: marks the group broken and
+/// posts the report; gives the root cause.
 fn settle(
     shared: &Shared,
     fp: &Fingerprint,
@@ -295,7 +295,13 @@ fn settle(
 ) -> Error {
     let op = fp.kind.name();
     *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
-    let source = shared.failures.settle(fp, shared.rank, source, mismatched);
+    shared.failures.settle(fp, shared.rank, source, mismatched)
+}
+
+/// The error naming collective `fp`, this rank and the peers involved in
+/// `source`.
+fn named(shared: &Shared, fp: &Fingerprint, source: Error) -> Error {
+    let op = fp.kind.name();
     let ranks = match &source {
         Error::PeerClosed { peer, .. }
         | Error::PeerTimeout { peer, .. }

@@ -487,6 +487,21 @@ impl FailureBoard {
     }
 }
 
+impl FailureBoard {
+    /// `err` with both sides of a mismatch in full, exchanged through the
+    /// group's store (see `mismatch_sides.rs`); `mine` is this rank's
+    /// description of collective `fp`. Call it after closing this rank's
+    /// connections.
+    pub(crate) fn with_both_sides(
+        &self,
+        fp: &Fingerprint,
+        err: Error,
+        mine: Option<&str>,
+    ) -> Error {
+        super::mismatch_sides::with_both_sides(&self.store, &self.key_prefix, fp, err, mine)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,11 +34,13 @@
 //! ```
 
 pub(crate) mod backend;
+pub(crate) mod call_description;
 pub(crate) mod collective;
 pub(crate) mod engine;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;
+mod mismatch_sides;
 mod new_group;
 mod reduce_op;
 mod sparse_work;

@@ -1,6 +1,8 @@
 //! Binomial-tree broadcast: the root's buffer reaches every rank in
 //! `ceil(log2 world)` rounds, each rank receiving once from its parent and
-//! then sending to its children, largest subtree first.
+//! then sending to its children, largest subtree first. A child
+//! announces itself to its parent ([`Transport::announce`]) before it waits
+//! for the data, since it sends the parent nothing else.
 
 use std::time::Instant;
 
@@ -25,7 +27,11 @@ pub fn broadcast_tree(
     let mut mask = 1;
     while mask < world {
         if vrank & mask != 0 {
-            t.recv(real(vrank - mask), buf, deadline)?;
+            // The parent only sends: tell it this rank is here (see
+            // `Transport::announce`) before waiting for its data.
+            let parent = real(vrank - mask);
+            t.announce(parent, deadline)?;
+            t.recv(parent, buf, deadline)?;
             break;
         }
         mask <<= 1;

@@ -1,6 +1,8 @@
 //! Direct gather: every rank sends its block straight to the root, which
 //! receives them in rank order, each into its place. One step per non-root
-//! rank; the root's link carries everything, as in any gather.
+//! rank; the root's link carries everything, as in any gather. The root
+//! first announces itself to every other rank ([`Transport::announce`]),
+//! since it sends them nothing else.
 
 use std::time::Instant;
 
@@ -26,6 +28,11 @@ pub fn gather_direct(
     }
     if rank != root {
         return send_block(t, blocks, root, deadline);
+    }
+    // The other ranks only send: tell them this rank is here (see
+    // `Transport::announce`) before waiting for their blocks.
+    for peer in (0..world).filter(|&p| p != rank) {
+        t.announce(peer, deadline)?;
     }
     for from in 0..world {
         if from == rank {

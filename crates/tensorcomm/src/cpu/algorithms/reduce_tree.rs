@@ -2,6 +2,8 @@
 //! Each rank receives from its children (smallest subtree first), reduces
 //! what arrives into its buffer, then sends the partial result to its
 //! parent; the root ends with the result after `ceil(log2 world)` rounds.
+//! A parent announces itself to its children ([`Transport::announce`])
+//! before it waits for the first, since it sends them nothing else.
 
 use std::time::Instant;
 
@@ -28,6 +30,15 @@ pub fn reduce_tree(
     }
     let vrank = (rank + world - root) % world;
     let real = |v: usize| (v + root) % world;
+    // The children only send: tell each this rank is here (see
+    // `Transport::announce`) before waiting for any of them.
+    let mut mask = 1;
+    while mask < world && vrank & mask == 0 {
+        if vrank + mask < world {
+            t.announce(real(vrank + mask), deadline)?;
+        }
+        mask <<= 1;
+    }
     let mut scratch = Vec::new();
     let mut mask = 1;
     while mask < world {

@@ -54,56 +54,56 @@ pub(crate) struct Ctx<'a> {
 
 /// Runs `collective` (every kind but the monitored barrier, which the
 /// backend runs over its point-to-point links).
-pub(crate) fn run(ctx: &Ctx<'_>, collective: Collective) -> Result<()> {
+pub(crate) fn run(ctx: &Ctx<'_>, collective: &Collective) -> Result<()> {
     match collective {
-        Collective::AllReduce { tensor, op } => all_reduce::run(ctx, &tensor, op),
+        Collective::AllReduce { tensor, op } => all_reduce::run(ctx, tensor, *op),
         Collective::AllReduceCoalesced { tensors, op } => {
-            all_reduce_coalesced::run(ctx, &tensors, op)
+            all_reduce_coalesced::run(ctx, tensors, *op)
         }
         Collective::AllReduceSparse { tensor, result } => {
-            all_reduce_sparse::run(ctx, &tensor, &result)
+            all_reduce_sparse::run(ctx, tensor, result)
         }
-        Collective::Broadcast { tensor, root } => broadcast::run(ctx, &tensor, root),
-        Collective::Reduce { tensor, root, op } => reduce::run(ctx, &tensor, root, op),
-        Collective::AllGather { outputs, input } => all_gather::run(ctx, &outputs, &input),
+        Collective::Broadcast { tensor, root } => broadcast::run(ctx, tensor, *root),
+        Collective::Reduce { tensor, root, op } => reduce::run(ctx, tensor, *root, *op),
+        Collective::AllGather { outputs, input } => all_gather::run(ctx, outputs, input),
         Collective::AllGatherIntoTensor { output, input } => {
-            all_gather_into_tensor::run(ctx, &output, &input)
+            all_gather_into_tensor::run(ctx, output, input)
         }
         Collective::AllGatherCoalesced { outputs, inputs } => {
-            all_gather_coalesced::run(ctx, &outputs, &inputs)
+            all_gather_coalesced::run(ctx, outputs, inputs)
         }
         Collective::AllGatherIntoTensorCoalesced { outputs, inputs } => {
-            all_gather_into_tensor::run_coalesced(ctx, &outputs, &inputs)
+            all_gather_into_tensor::run_coalesced(ctx, outputs, inputs)
         }
         Collective::Gather {
             input,
             outputs,
             root,
-        } => gather::run(ctx, &input, &outputs, root),
+        } => gather::run(ctx, input, outputs, *root),
         Collective::Scatter {
             output,
             inputs,
             root,
-        } => scatter::run(ctx, &output, &inputs, root),
+        } => scatter::run(ctx, output, inputs, *root),
         Collective::ReduceScatter { output, inputs, op } => {
-            reduce_scatter::run(ctx, &output, &inputs, op)
+            reduce_scatter::run(ctx, output, inputs, *op)
         }
         Collective::ReduceScatterTensor { output, input, op } => {
-            reduce_scatter_tensor::run(ctx, &output, &input, op)
+            reduce_scatter_tensor::run(ctx, output, input, *op)
         }
         Collective::ReduceScatterTensorCoalesced {
             outputs,
             inputs,
             op,
-        } => reduce_scatter_tensor::run_coalesced(ctx, &outputs, &inputs, op),
-        Collective::AllToAll { outputs, inputs } => all_to_all::run(ctx, &outputs, &inputs),
+        } => reduce_scatter_tensor::run_coalesced(ctx, outputs, inputs, *op),
+        Collective::AllToAll { outputs, inputs } => all_to_all::run(ctx, outputs, inputs),
         Collective::AllToAllSingle {
             output,
             input,
             send_rows,
             recv_rows,
             uneven,
-        } => all_to_all_single::run(ctx, &output, &input, &send_rows, &recv_rows, uneven),
+        } => all_to_all_single::run(ctx, output, input, send_rows, recv_rows, *uneven),
         Collective::Barrier => barrier::run(ctx),
         Collective::MonitoredBarrier { .. } => Err(crate::Error::InvalidCollective {
             op: "monitored_barrier".into(),

@@ -106,6 +106,17 @@ pub trait Transport: Send + Sync {
     /// of blocking on one that may never send.
     fn has_data(&self, from: usize) -> Result<bool>;
 
+    /// Tells `to` early that this rank has reached the current call, for a
+    /// transport that checks each call's fingerprint: an algorithm calls it
+    /// for a peer that sends to this rank in this call and to which this
+    /// rank sends nothing, so the peer (which, sending only, would otherwise
+    /// never see this rank's fingerprint) finds it waiting when it finishes.
+    /// Plain transports have nothing to tell: the default does nothing.
+    fn announce(&self, to: usize, deadline: Instant) -> Result<()> {
+        let _ = (to, deadline);
+        Ok(())
+    }
+
     /// Closes every connection at once, so that peers blocked on this rank
     /// fail promptly (a collective that failed here must not leave the
     /// others waiting for their timeout). The transport is unusable
