@@ -33,7 +33,7 @@ pub(crate) struct CpuBackend {
 }
 
 impl GroupBackend for CpuBackend {
-    fn run(&self, collective: Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+    fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
         self.run_on_host(collective, call).map(|()| None)
     }
 
@@ -44,8 +44,8 @@ impl GroupBackend for CpuBackend {
 
 impl CpuBackend {
     /// Runs `collective` to its end on this thread.
-    fn run_on_host(&self, collective: Collective, call: &Call) -> Result<()> {
-        if let Collective::MonitoredBarrier { wait_all, wait } = collective {
+    fn run_on_host(&self, collective: &Collective, call: &Call) -> Result<()> {
+        if let Collective::MonitoredBarrier { wait_all, wait } = *collective {
             // Over the point-to-point links, tagged with the sequence
             // number (the same on every rank).
             return monitored_barrier(&self.p2p, call.fingerprint.seq, wait_all, wait);
@@ -67,13 +67,12 @@ impl CpuBackend {
         // Then the pairs where data flowed one way check the other way
         // too (see `fingerprinted.rs`), so a rank that only sent fails here
         // rather than at its next call.
-        let outcome =
-            collectives::run(&ctx, &collective).and_then(|()| t.close_call(call.deadline));
+        let outcome = collectives::run(&ctx, collective).and_then(|()| t.close_call(call.deadline));
         if outcome.is_err() {
             if let Some((peer, theirs)) = t.mismatched() {
                 call.report_mismatch(peer, theirs);
             }
-            call.describe(describe(&call.fingerprint, &collective));
+            call.describe(describe(&call.fingerprint, collective));
         }
         outcome
     }

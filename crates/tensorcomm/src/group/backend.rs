@@ -70,7 +70,9 @@ pub(crate) trait GroupBackend: Send + Sync + 'static {
     /// A device backend returns once the collective is queued on its
     /// device, with the event after which it is done there; the engine's
     /// watchdog polls that event against the deadline.
-    fn run(&self, collective: Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>>;
+    /// The engine keeps `collective` (its tensors) until the device work
+    /// is done.
+    fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>>;
 
     /// Closes this rank's connections so the other ranks fail promptly;
     /// called once, after a failure has been posted.

@@ -131,10 +131,16 @@ impl Engine {
             queue.next_seq += 1;
             // Still under the queue's lock: device work is queued in call
             // order.
-            dog.started(fingerprint.seq);
-            let outcome = run(&self.shared, Call::new(fingerprint, deadline), collective);
+            dog.started(&fingerprint);
+            let outcome = run(&self.shared, Call::new(fingerprint, deadline), &collective);
             drop(queue);
-            return Ok(self.device_work(dog, fingerprint, deadline, timeout, outcome));
+            let pending = Pending {
+                fingerprint,
+                collective,
+                deadline,
+                timeout,
+            };
+            return Ok(self.device_work(dog, pending, outcome));
         }
         let (work, completion) = Work::new();
         let shared = self.shared.clone();
@@ -142,7 +148,7 @@ impl Engine {
             let outcome = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
                 let outcome =
-                    run(&shared, Call::new(fingerprint, deadline), collective).map(|_| ());
+                    run(&shared, Call::new(fingerprint, deadline), &collective).map(|_| ());
                 shared.recorder.finished(fingerprint.seq, &outcome);
                 outcome
             };
@@ -163,16 +169,16 @@ impl Engine {
         Ok(work)
     }
 
-    /// The `Work` of a device backend's collective `fp`, whose host part
-    /// ended with `outcome`; device work goes to the watchdog.
+    /// The `Work` of a device backend's collective `pending`, whose host
+    /// part ended with `outcome`; device work goes to the watchdog, which
+    /// keeps the collective's tensors until it is done.
     fn device_work(
         &self,
         dog: &Watchdog,
-        fp: Fingerprint,
-        deadline: Instant,
-        timeout: Duration,
+        pending: Pending,
         outcome: Result<Option<Arc<dyn DeviceEvent>>>,
     ) -> Work {
+        let fp = pending.fingerprint;
         match outcome {
             Ok(Some(event)) => {
                 let tracked = Arc::new(TrackedEvent {
@@ -180,17 +186,7 @@ impl Engine {
                     inner: event.clone(),
                     failure: dog.failure.clone(),
                 });
-                let what = match fp.dtype {
-                    Some(dtype) => format!("{dtype}, {} elements", fp.numel),
-                    None => "no tensors".into(),
-                };
-                dog.track(Pending {
-                    fingerprint: fp,
-                    what,
-                    deadline,
-                    timeout,
-                    event,
-                });
+                dog.track(pending, event);
                 let (work, completion) = Work::new();
                 completion.complete_on_device(Ok(()), tracked);
                 work
@@ -222,13 +218,25 @@ struct DeviceHooks {
 }
 
 impl OnDeviceFailure for DeviceHooks {
-    fn settle(&self, fp: &Fingerprint, source: Error) -> Error {
-        let source = settle(&self.shared, fp, None, source);
-        named(&self.shared, fp, source)
+    fn settle(
+        &self,
+        fp: &Fingerprint,
+        mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+        source: Error,
+    ) -> Error {
+        settle(&self.shared, fp, mismatched, source)
     }
 
     fn abort(&self) {
         self.shared.backend.abort();
+    }
+
+    fn with_both_sides(&self, fp: &Fingerprint, source: Error, mine: Option<&str>) -> Error {
+        self.shared.failures.with_both_sides(fp, source, mine)
+    }
+
+    fn named(&self, fp: &Fingerprint, source: Error) -> Error {
+        named(&self.shared, fp, source)
     }
 
     fn health(&self) -> Result<()> {
@@ -247,7 +255,7 @@ impl OnDeviceFailure for DeviceHooks {
 fn run(
     shared: &Shared,
     call: Call,
-    collective: Collective,
+    collective: &Collective,
 ) -> Result<Option<Arc<dyn DeviceEvent>>> {
     let fp = call.fingerprint;
     let op = fp.kind.name();

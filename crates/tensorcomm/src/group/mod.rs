@@ -36,6 +36,8 @@
 pub(crate) mod backend;
 pub(crate) mod call_description;
 pub(crate) mod collective;
+#[cfg(test)]
+mod device_engine_tests;
 pub(crate) mod engine;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
@@ -44,6 +46,7 @@ mod mismatch_sides;
 mod new_group;
 mod reduce_op;
 mod sparse_work;
+mod stall_check;
 pub(crate) mod turn;
 pub(crate) mod validate;
 mod watchdog;

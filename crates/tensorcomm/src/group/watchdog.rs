@@ -7,14 +7,20 @@
 //!
 //! Each rank also publishes its progress (the last sequence number it
 //! started and the last it completed) to the store, so a timeout can say
-//! which ranks had and had not reached the collective.
+//! which ranks had and had not reached the collective. A collective that
+//! stalls is checked against the other ranks' recent calls
+//! (`stall_check.rs`): a mismatch, or a failure another rank posted, ends
+//! it long before its deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::fingerprint::Fingerprint;
+use super::call_description::describe;
+use super::collective::Collective;
+use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::stall_check::{self, RecentCalls, StallKeys, RECHECK, STALL};
 use super::work::DeviceEvent;
 use crate::store::Store;
 use crate::{Error, Result};
@@ -27,33 +33,41 @@ const IDLE_AFTER: Duration = Duration::from_millis(20);
 /// How often a rank's progress is published while it changes.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
-/// A collective whose device part is still running.
+/// A collective whose device part is still running: its call, which the
+/// watchdog keeps (and with it the tensors) until the device is done.
 pub(crate) struct Pending {
     pub(crate) fingerprint: Fingerprint,
-    /// What the collective moved, for errors ("f32 [1024] on cuda:0").
-    pub(crate) what: String,
+    pub(crate) collective: Collective,
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
-    pub(crate) event: Arc<dyn DeviceEvent>,
+}
+
+/// A pending collective and the event after which it is done.
+struct Tracked {
+    pending: Pending,
+    event: Arc<dyn DeviceEvent>,
 }
 
 /// The failure that broke a device group: the first failed sequence
 /// number and its error. Every pending or later collective sees it.
 #[derive(Default)]
 pub(crate) struct DeviceFailure {
-    failed: OnceLock<(u64, Error)>,
+    failed: Mutex<Option<(u64, Error)>>,
 }
 
 impl DeviceFailure {
     /// Records the failure of collective `seq` (the first one counts).
     pub(crate) fn set(&self, seq: u64, error: Error) {
-        let _ = self.failed.set((seq, error));
+        let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        if failed.is_none() {
+            *failed = Some((seq, error));
+        }
     }
 
     /// The error that collective `seq` ends with, if the group failed at
     /// or before it.
     pub(crate) fn of(&self, seq: u64) -> Option<Error> {
-        match self.failed.get() {
+        match &*self.failed.lock().unwrap_or_else(PoisonError::into_inner) {
             Some((failed, e)) if seq >= *failed => Some(e.clone()),
             _ => None,
         }
@@ -103,12 +117,23 @@ impl DeviceEvent for TrackedEvent {
 
 /// What the engine gives the watchdog thread to act on.
 pub(crate) trait OnDeviceFailure: Send + Sync {
-    /// Breaks the group after collective `fp` failed with `source` on the
-    /// device (the cause posted, later calls refused); returns the error
-    /// every pending `Work` gets.
-    fn settle(&self, fp: &Fingerprint, source: Error) -> Error;
+    /// Marks the group broken after collective `fp` failed with `source`
+    /// (`mismatched`: the peer and fingerprint of a mismatch) and posts
+    /// the cause; returns the root cause (another rank's, if it posted
+    /// first).
+    fn settle(
+        &self,
+        fp: &Fingerprint,
+        mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+        source: Error,
+    ) -> Error;
     /// Aborts the backend's device work.
     fn abort(&self);
+    /// A mismatch with both sides' descriptions (see `mismatch_sides.rs`).
+    fn with_both_sides(&self, fp: &Fingerprint, source: Error, mine: Option<&str>) -> Error;
+    /// The error naming collective `fp`, this rank and the peers of
+    /// `source`.
+    fn named(&self, fp: &Fingerprint, source: Error) -> Error;
     /// The backend's asynchronous error, if it has one.
     fn health(&self) -> Result<()>;
     /// Marks `seq` finished with `outcome` in the flight recorder.
@@ -117,7 +142,7 @@ pub(crate) trait OnDeviceFailure: Send + Sync {
 
 /// The watchdog's shared state; the engine queues into it.
 pub(crate) struct Watchdog {
-    pending: Mutex<VecDeque<Pending>>,
+    pending: Mutex<VecDeque<Tracked>>,
     wake: Condvar,
     /// Set while the thread sleeps on `wake` (only then does queueing
     /// notify it, which costs a system call).
@@ -125,6 +150,7 @@ pub(crate) struct Watchdog {
     stop: AtomicBool,
     pub(crate) failure: Arc<DeviceFailure>,
     progress: Mutex<Progress>,
+    recent: Mutex<RecentCalls>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -174,6 +200,7 @@ impl Watchdog {
             stop: AtomicBool::new(false),
             failure: Arc::default(),
             progress: Mutex::default(),
+            recent: Mutex::default(),
             thread: Mutex::default(),
         });
         let keys = ProgressKeys {
@@ -181,26 +208,36 @@ impl Watchdog {
             rank,
             size,
         };
+        let stall = StallKeys {
+            prefix: key_prefix.into(),
+            rank,
+            size,
+        };
         let runner = dog.clone();
         let handle = std::thread::Builder::new()
             .name(format!("tensorcomm-watchdog{rank}"))
-            .spawn(move || runner.run(&*store, &keys, &*engine))
+            .spawn(move || runner.run(&*store, &keys, &stall, &*engine))
             .map_err(|e| Error::io("starting the process group's watchdog", e))?;
         *dog.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(dog)
     }
 
-    /// Notes that collective `seq` started (its host part ran).
-    pub(crate) fn started(&self, seq: u64) {
-        self.lock_progress().started = Some(seq);
+    /// Notes that collective `fp` started (its host part runs now).
+    pub(crate) fn started(&self, fp: &Fingerprint) {
+        self.lock_progress().started = Some(fp.seq);
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(fp);
     }
 
-    /// Queues `pending` to be polled until its device work is done.
-    pub(crate) fn track(&self, pending: Pending) {
+    /// Queues `pending` to be polled until `event`, after its device
+    /// work, has passed.
+    pub(crate) fn track(&self, pending: Pending, event: Arc<dyn DeviceEvent>) {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push_back(pending);
+            .push_back(Tracked { pending, event });
         // The thread sets `sleeping` under the lock before it waits, so
         // it either sees the new entry or is woken here.
         if self.sleeping.load(Ordering::Acquire) {
@@ -235,10 +272,20 @@ impl Watchdog {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn run(&self, store: &dyn Store, keys: &ProgressKeys, engine: &dyn OnDeviceFailure) {
+    fn run(
+        &self,
+        store: &dyn Store,
+        keys: &ProgressKeys,
+        stall: &StallKeys,
+        engine: &dyn OnDeviceFailure,
+    ) {
         let mut published = Progress::default();
         let mut last_publish = Instant::now();
         let mut busy = Instant::now();
+        // The front collective's sequence number, when it became the front
+        // one, and when its stall was last checked.
+        let mut front_since: Option<(u64, Instant)> = None;
+        let mut checked: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
             let front = {
                 let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
@@ -259,7 +306,7 @@ impl Watchdog {
                 }
                 pending
                     .front()
-                    .map(|p| (p.fingerprint, p.deadline, p.event.clone()))
+                    .map(|t| (t.pending.fingerprint, t.pending.deadline, t.event.clone()))
             };
             if let Some((fp, deadline, event)) = front {
                 match event.query() {
@@ -275,11 +322,25 @@ impl Watchdog {
                     Ok(false) if Instant::now() < deadline => {}
                     Ok(false) => {
                         let error = self.timeout_error(store, keys);
-                        self.fail_all(engine, &fp, error);
+                        self.fail_all(engine, stall, store, &fp, error, None);
                         return;
                     }
                     Err(e) => {
-                        self.fail_all(engine, &fp, e);
+                        self.fail_all(engine, stall, store, &fp, e, None);
+                        return;
+                    }
+                }
+                let since = match front_since {
+                    Some((seq, at)) if seq == fp.seq => at,
+                    _ => {
+                        front_since = Some((fp.seq, Instant::now()));
+                        Instant::now()
+                    }
+                };
+                let due = checked.is_none_or(|at| at.elapsed() >= RECHECK);
+                if since.elapsed() >= STALL && due {
+                    checked = Some(Instant::now());
+                    if self.check_stall(engine, stall, store, &fp) {
                         return;
                     }
                 }
@@ -290,9 +351,9 @@ impl Watchdog {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .front()
-                    .map(|p| p.fingerprint);
+                    .map(|t| t.pending.fingerprint);
                 if let Some(fp) = fp {
-                    self.fail_all(engine, &fp, e);
+                    self.fail_all(engine, stall, store, &fp, e, None);
                     return;
                 }
             }
@@ -306,13 +367,46 @@ impl Watchdog {
         }
     }
 
+    /// The front collective `front` has stalled: compares this rank's
+    /// recent calls with the other ranks' and looks for a failure another
+    /// rank posted. True when the group failed.
+    fn check_stall(
+        &self,
+        engine: &dyn OnDeviceFailure,
+        stall: &StallKeys,
+        store: &dyn Store,
+        front: &Fingerprint,
+    ) -> bool {
+        let (found, posted) = {
+            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            let found = stall_check::compare(store, stall, &recent);
+            let posted = match found {
+                Some(_) => None,
+                None => stall_check::posted_failure(store, stall, &recent, front),
+            };
+            (found, posted)
+        };
+        if let Some(found) = found {
+            let error = found.error(stall.rank);
+            let mismatched = Some((found.peer, found.theirs));
+            self.fail_all(engine, stall, store, &found.mine, error, mismatched);
+            return true;
+        }
+        if let Some((fp, error)) = posted {
+            self.fail_all(engine, stall, store, &fp, error, None);
+            return true;
+        }
+        false
+    }
+
     /// The error of the front collective having passed its deadline,
     /// naming every rank's progress (this rank's published first).
     fn timeout_error(&self, store: &dyn Store, keys: &ProgressKeys) -> Error {
         let (fp, what, timeout) = {
             let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            let p = pending.front().expect("a pending collective timed out");
-            (p.fingerprint, p.what.clone(), p.timeout)
+            let t = pending.front().expect("a pending collective timed out");
+            let fp = t.pending.fingerprint;
+            (fp, describe(&fp, &t.pending.collective), t.pending.timeout)
         };
         let mine = *self.lock_progress();
         let _ = store.set(&keys.key(keys.rank), mine.encode().as_bytes());
@@ -332,28 +426,69 @@ impl Watchdog {
             .collect();
         let (progress, lagging) = describe_progress(fp.seq, &all);
         Error::CollectiveTimeout {
-            what: format!("{} (seq {}, {what})", fp.kind.name(), fp.seq),
+            what,
             timeout,
             progress,
             lagging,
         }
     }
 
-    /// Breaks the group at `fp` and fails every pending collective.
-    fn fail_all(&self, engine: &dyn OnDeviceFailure, fp: &Fingerprint, source: Error) {
-        let error = engine.settle(fp, source);
+    /// Breaks the group at `fp` (posting the cause and, for stalled peers,
+    /// which collective failed) and makes every pending `Work` fail (a
+    /// mismatch told with both sides' descriptions) before the backend is
+    /// aborted.
+    fn fail_all(
+        &self,
+        engine: &dyn OnDeviceFailure,
+        stall: &StallKeys,
+        store: &dyn Store,
+        fp: &Fingerprint,
+        source: Error,
+        mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
+    ) {
+        let source = engine.settle(fp, mismatched, source);
+        let failed = stall.failed();
+        if !store.check(&[&failed]).unwrap_or(true) {
+            let _ = store.set(&failed, fp.seq.to_string().as_bytes());
+        }
+        let first_pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .front()
+            .map_or(fp.seq, |t| t.pending.fingerprint.seq);
+        // A mismatch is told in full: this rank's call and the peer's, which
+        // it posts when it finds the mismatch too (peers of a device group
+        // learn through the store, so this comes before the abort).
+        let source = if matches!(source, Error::CollectiveMismatch { .. }) {
+            let mine = self
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .find(|t| t.pending.fingerprint.seq == fp.seq)
+                .map(|t| describe(fp, &t.pending.collective));
+            engine.with_both_sides(fp, source, mine.as_deref())
+        } else {
+            source
+        };
         // Before the abort, which may wait for the device: waiters see the
         // failure at once.
-        self.failure.set(fp.seq, error.clone());
+        self.failure
+            .set(first_pending.min(fp.seq), engine.named(fp, source));
         engine.abort();
-        let drained: Vec<Pending> = self
+        let error = self
+            .failure
+            .of(u64::MAX)
+            .expect("the failure was recorded above");
+        let drained: Vec<Tracked> = self
             .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain(..)
             .collect();
-        for p in drained {
-            engine.finished(p.fingerprint.seq, &Err(error.clone()));
+        for t in drained {
+            engine.finished(t.pending.fingerprint.seq, &Err(error.clone()));
         }
     }
 }

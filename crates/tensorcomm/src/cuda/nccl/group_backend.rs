@@ -211,12 +211,13 @@ impl NcclBackend {
 }
 
 impl GroupBackend for NcclBackend {
-    fn run(&self, collective: Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+    fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
         let name = call.fingerprint.kind.name();
         let _launch = self.launch.lock().unwrap_or_else(PoisonError::into_inner);
         self.order_after_caller()?;
-        self.run_collective(&collective, name)?;
-        self.completion(Box::new(collective)).map(Some)
+        self.run_collective(collective, name)?;
+        // The engine keeps the collective's tensors until the event passes.
+        self.completion(Box::new(())).map(Some)
     }
 
     fn abort(&self) {

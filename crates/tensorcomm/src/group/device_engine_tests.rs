@@ -1,0 +1,203 @@
+//! The engine with a device backend that moves no bytes (as NCCL): a fake
+//! whose "device work" finishes once every rank has queued a call with the
+//! same fingerprint and hangs otherwise, as a mismatched NCCL collective
+//! does. Mismatches must fail every rank long before the timeout, with
+//! both calls described; a rank that never comes must end in a timeout
+//! that names it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::backend::{Call, GroupBackend};
+use super::collective::{Capabilities, Collective, Scope};
+use super::engine::Engine;
+use super::fingerprint::FINGERPRINT_LEN;
+use super::{DeviceEvent, FlightRecorder, ReduceOp};
+use crate::store::{HashStore, Store};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// What every rank queued, per sequence number.
+#[derive(Default)]
+struct Device {
+    calls: Mutex<HashMap<u64, Vec<[u8; FINGERPRINT_LEN]>>>,
+    changed: Condvar,
+}
+
+struct FakeBackend {
+    device: Arc<Device>,
+    size: usize,
+}
+
+/// Done once every rank queued `seq` with one fingerprint.
+struct FakeEvent {
+    device: Arc<Device>,
+    seq: u64,
+    size: usize,
+}
+
+impl DeviceEvent for FakeEvent {
+    fn query(&self) -> Result<bool> {
+        let calls = self.device.calls.lock().unwrap();
+        Ok(calls
+            .get(&self.seq)
+            .is_some_and(|c| c.len() == self.size && c.iter().all(|f| *f == c[0])))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        while !self.query()? {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn wait_on_current_stream(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl GroupBackend for FakeBackend {
+    fn run(&self, _: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        let fp = call.fingerprint;
+        self.device
+            .calls
+            .lock()
+            .unwrap()
+            .entry(fp.seq)
+            .or_default()
+            .push(fp.encode());
+        self.device.changed.notify_all();
+        Ok(Some(Arc::new(FakeEvent {
+            device: self.device.clone(),
+            seq: fp.seq,
+            size: self.size,
+        })))
+    }
+
+    fn abort(&self) {}
+
+    fn runs_inline(&self) -> bool {
+        true
+    }
+}
+
+fn engines(size: usize, timeout: Duration) -> Vec<(Engine, Scope)> {
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let device = Arc::new(Device::default());
+    (0..size)
+        .map(|rank| {
+            let backend = Arc::new(FakeBackend {
+                device: device.clone(),
+                size,
+            });
+            let recorder = FlightRecorder::new(16, rank, size, "fake");
+            let engine = Engine::start(
+                backend,
+                store.clone(),
+                "fake",
+                (rank, size),
+                recorder,
+                timeout,
+            )
+            .unwrap();
+            let scope = Scope {
+                rank,
+                size,
+                caps: Capabilities {
+                    host: true,
+                    cuda: true,
+                },
+            };
+            (engine, scope)
+        })
+        .collect()
+}
+
+#[test]
+fn matching_calls_complete_on_the_device() {
+    let groups = engines(2, Duration::from_secs(30));
+    let works: Vec<_> = groups
+        .iter()
+        .map(|(engine, scope)| {
+            let t = Tensor::zeros(&[4], crate::tensor::DType::F32).unwrap();
+            let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+            engine.submit(call, None).unwrap()
+        })
+        .collect();
+    for w in works {
+        w.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn a_mismatch_fails_every_rank_at_that_call_with_both_shapes() {
+    let groups = engines(2, Duration::from_secs(30));
+    let started = Instant::now();
+    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|(engine, scope)| {
+                s.spawn(move || {
+                    let width = if scope.rank == 0 { 2 } else { 10 };
+                    let t = Tensor::zeros(&[20, width], crate::tensor::DType::F32).unwrap();
+                    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+                    engine.submit(call, None).unwrap().synchronize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let err = outcome.expect_err("a mismatched call must fail");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::CollectiveFailed { source, .. } if matches!(**source, Error::CollectiveMismatch { .. })),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            text.contains("[20, 2]") && text.contains("[20, 10]"),
+            "rank {rank}: {text}"
+        );
+    }
+    // The groups are broken: later calls say so at once.
+    let (engine, scope) = &groups[0];
+    let t = Tensor::zeros(&[1], crate::tensor::DType::F32).unwrap();
+    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+    let later = engine.submit(call, None).unwrap().wait();
+    assert!(matches!(later, Err(Error::GroupBroken { .. })), "{later:?}");
+}
+
+#[test]
+fn a_rank_that_never_calls_ends_in_a_timeout_naming_it() {
+    let groups = engines(2, Duration::from_millis(400));
+    let (engine, scope) = &groups[0];
+    let t = Tensor::zeros(&[3], crate::tensor::DType::F32).unwrap();
+    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+    let started = Instant::now();
+    let err = engine
+        .submit(call, None)
+        .unwrap()
+        .synchronize()
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("did not finish on the device within 400ms"),
+        "{text}"
+    );
+    assert!(text.contains("rank 1 published no progress"), "{text}");
+    assert!(
+        matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[1]),
+        "{err:?}"
+    );
+}

@@ -1,0 +1,222 @@
+//! Mismatch detection for backends that carry no bytes of their own
+//! (NCCL): the engine's side channel through the store.
+//!
+//! Every call's fingerprint goes into a small ring of this rank's recent
+//! calls (a copy under a lock; nothing is sent while work progresses). A
+//! mismatched collective on such a backend hangs or finishes with garbage,
+//! so when the oldest pending collective has been running for
+//! [`STALL`], the watchdog posts the ring to the store and compares it with
+//! the rings the other ranks posted: the first sequence number whose
+//! fingerprints differ is a mismatch, reported like the CPU backend's
+//! ([`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch), both
+//! sides named). A stalled rank also looks for a failure another rank has
+//! posted for the group, so every rank stops promptly, not at its timeout.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::failure_report::{failure_key, FailureReport};
+use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use crate::store::Store;
+use crate::Error;
+
+/// How long the oldest pending collective runs before the ring is
+/// compared.
+pub(crate) const STALL: Duration = Duration::from_millis(50);
+/// How often a stalled rank compares again (others may post later).
+pub(crate) const RECHECK: Duration = Duration::from_millis(500);
+/// Calls the ring remembers.
+pub(crate) const RECENT: usize = 64;
+
+/// This rank's most recent calls' fingerprints, oldest first.
+#[derive(Default)]
+pub(crate) struct RecentCalls {
+    ring: VecDeque<Fingerprint>,
+}
+
+impl RecentCalls {
+    pub(crate) fn record(&mut self, fp: &Fingerprint) {
+        if self.ring.len() == RECENT {
+            self.ring.pop_front();
+        }
+        self.ring.push_back(*fp);
+    }
+
+    pub(crate) fn get(&self, seq: u64) -> Option<Fingerprint> {
+        self.ring.iter().find(|f| f.seq == seq).copied()
+    }
+
+    /// The ring as its store value: the encoded fingerprints in a row.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        self.ring.iter().flat_map(Fingerprint::encode).collect()
+    }
+}
+
+/// The fingerprints in a posted ring (undecodable entries skipped).
+fn decode(bytes: &[u8]) -> Vec<(u64, [u8; FINGERPRINT_LEN])> {
+    bytes
+        .chunks_exact(FINGERPRINT_LEN)
+        .filter_map(|c| {
+            let raw: [u8; FINGERPRINT_LEN] = c.try_into().ok()?;
+            Fingerprint::decode(&raw).map(|f| (f.seq, raw))
+        })
+        .collect()
+}
+
+/// A mismatch found by comparing rings: this rank's call and what `peer`
+/// posted for the same sequence number.
+pub(crate) struct Found {
+    pub(crate) mine: Fingerprint,
+    pub(crate) peer: usize,
+    pub(crate) theirs: [u8; FINGERPRINT_LEN],
+}
+
+impl Found {
+    /// The error, as the CPU backend words it.
+    pub(crate) fn error(&self, rank: usize) -> Error {
+        let theirs = Fingerprint::decode(&self.theirs)
+            .map_or_else(|| "an unreadable fingerprint".into(), |f| f.to_string());
+        Error::CollectiveMismatch {
+            rank,
+            peer: self.peer,
+            mine: self.mine.to_string(),
+            theirs,
+        }
+    }
+}
+
+/// The first sequence number at which `mine` and `theirs` (posted by
+/// `peer`) differ.
+pub(crate) fn first_difference(
+    mine: &RecentCalls,
+    peer: usize,
+    theirs: &[(u64, [u8; FINGERPRINT_LEN])],
+) -> Option<Found> {
+    mine.ring.iter().find_map(|f| {
+        let (_, raw) = theirs.iter().find(|(seq, _)| *seq == f.seq)?;
+        (*raw != f.encode()).then_some(Found {
+            mine: *f,
+            peer,
+            theirs: *raw,
+        })
+    })
+}
+
+/// Where a group's stall checks meet in the store.
+pub(crate) struct StallKeys {
+    pub(crate) prefix: String,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+}
+
+impl StallKeys {
+    fn ring(&self, rank: usize) -> String {
+        format!("{}/recent/{rank}", self.prefix)
+    }
+
+    /// Where a failing rank says which sequence number failed.
+    pub(crate) fn failed(&self) -> String {
+        format!("{}/device_failed", self.prefix)
+    }
+}
+
+/// Posts this rank's ring and compares it with every ring posted so far.
+pub(crate) fn compare(store: &dyn Store, keys: &StallKeys, mine: &RecentCalls) -> Option<Found> {
+    let _ = store.set(&keys.ring(keys.rank), &mine.encode());
+    (0..keys.size).filter(|&r| r != keys.rank).find_map(|r| {
+        let key = keys.ring(r);
+        if !store.check(&[&key]).unwrap_or(false) {
+            return None;
+        }
+        let theirs = decode(&store.get(&key).ok()?);
+        first_difference(mine, r, &theirs)
+    })
+}
+
+/// A failure another rank posted for this group, as this rank reports it
+/// (`front` is this rank's oldest pending call, `mine` its recent calls).
+pub(crate) fn posted_failure(
+    store: &dyn Store,
+    keys: &StallKeys,
+    mine: &RecentCalls,
+    front: &Fingerprint,
+) -> Option<(Fingerprint, Error)> {
+    let failed = keys.failed();
+    if !store.check(&[&failed]).unwrap_or(false) {
+        return None;
+    }
+    let seq: u64 = String::from_utf8(store.get(&failed).ok()?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let report = FailureReport::decode(&store.get(&failure_key(&keys.prefix, seq)).ok()?)?;
+    let fp = mine.get(seq).unwrap_or(*front);
+    Some((fp, report.to_error(&fp, keys.rank)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::fingerprint::CollectiveKind;
+    use crate::store::HashStore;
+    use crate::tensor::DType;
+
+    fn fp(seq: u64, numel: u64) -> Fingerprint {
+        Fingerprint {
+            kind: CollectiveKind::AllReduce,
+            reduce_op: 1,
+            dtype: Some(DType::F32),
+            root: 0,
+            seq,
+            numel,
+            shape_hash: 3,
+        }
+    }
+
+    fn ring(calls: &[(u64, u64)]) -> RecentCalls {
+        let mut r = RecentCalls::default();
+        for &(seq, numel) in calls {
+            r.record(&fp(seq, numel));
+        }
+        r
+    }
+
+    #[test]
+    fn the_first_differing_sequence_number_is_found_across_rings() {
+        let mine = ring(&[(4, 10), (5, 10), (6, 20)]);
+        let theirs = decode(&ring(&[(5, 10), (6, 30), (7, 1)]).encode());
+        let found = first_difference(&mine, 2, &theirs).expect("seq 6 differs");
+        assert_eq!((found.mine.seq, found.peer), (6, 2));
+        let text = found.error(0).to_string();
+        assert!(
+            text.contains("20 elements") && text.contains("30 elements"),
+            "{text}"
+        );
+        let same = decode(&ring(&[(5, 10), (6, 20)]).encode());
+        assert!(first_difference(&mine, 1, &same).is_none());
+    }
+
+    #[test]
+    fn the_ring_keeps_the_most_recent_calls() {
+        let calls: Vec<(u64, u64)> = (0..RECENT as u64 + 5).map(|s| (s, 1)).collect();
+        let r = ring(&calls);
+        assert!(r.get(4).is_none());
+        assert_eq!(r.get(5).map(|f| f.seq), Some(5));
+        assert_eq!(decode(&r.encode()).len(), RECENT);
+    }
+
+    #[test]
+    fn ranks_compare_through_the_store() {
+        let store = HashStore::new();
+        let keys = |rank| StallKeys {
+            prefix: "pg".into(),
+            rank,
+            size: 3,
+        };
+        assert!(compare(&store, &keys(0), &ring(&[(0, 8), (1, 8)])).is_none());
+        assert!(compare(&store, &keys(1), &ring(&[(0, 8), (1, 8)])).is_none());
+        let found = compare(&store, &keys(2), &ring(&[(0, 8), (1, 9)])).expect("differs");
+        assert_eq!((found.peer, found.mine.seq), (0, 1));
+    }
+}
