@@ -6,6 +6,7 @@ use std::net::UdpSocket;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auto_group::AutoGroup;
 use crate::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use crate::cpu::transport::TransportChoice;
 #[cfg(feature = "cuda")]
@@ -86,17 +87,30 @@ pub fn init_process_group_with(
         StoreAddress::File { .. } => "127.0.0.1".to_string(),
     };
     let key_prefix = format!("tensorcomm/pg/{}", options.group_name);
+    let cpu = CpuOptions {
+        advertise_host,
+        timeout: options.timeout,
+        transport: options.transport,
+        ..CpuOptions::default()
+    };
     match backend {
         Backend::Cpu => {
-            let cpu = CpuOptions {
-                advertise_host,
-                timeout: options.timeout,
-                transport: options.transport,
-                ..CpuOptions::default()
-            };
             let pg =
                 ProcessGroupCpu::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &cpu)?;
             Ok(Arc::new(pg))
+        }
+        Backend::Auto => {
+            let store = rdzv.store.clone();
+            let (rank, size) = (rdzv.rank, rdzv.world_size);
+            let host: Arc<dyn ProcessGroup> = Arc::new(ProcessGroupCpu::new(
+                store.clone(),
+                &key_prefix,
+                rank,
+                size,
+                &cpu,
+            )?);
+            let cuda = cuda_half(&host, store, &format!("{key_prefix}/cuda"), options)?;
+            Ok(Arc::new(AutoGroup::new(host, cuda)))
         }
         #[cfg(feature = "cuda")]
         Backend::Nccl => {
@@ -112,6 +126,50 @@ pub fn init_process_group_with(
         Backend::Nccl => Err(crate::Error::NoCuda {
             reason: "tensorcomm was built without its `cuda` feature".into(),
         }),
+    }
+}
+
+/// The NCCL half of a [`Backend::Auto`] group, when every rank can run
+/// NCCL (agreed through `host`, the CPU half), else why not.
+fn cuda_half(
+    host: &Arc<dyn ProcessGroup>,
+    store: Arc<dyn crate::store::Store>,
+    key_prefix: &str,
+    options: &InitOptions,
+) -> Result<std::result::Result<Arc<dyn ProcessGroup>, String>> {
+    #[cfg(feature = "cuda")]
+    let mine: std::result::Result<(), String> = crate::cuda::runtime::device_count()
+        .and_then(|n| match n {
+            0 => Err(crate::Error::NoCuda {
+                reason: "no GPU".into(),
+            }),
+            _ => crate::cuda::nccl::version().map(|_| ()),
+        })
+        .map_err(|e| e.to_string());
+    #[cfg(not(feature = "cuda"))]
+    let mine: std::result::Result<(), String> =
+        Err("tensorcomm was built without its `cuda` feature".into());
+    let flag = crate::tensor::Tensor::from_vec(vec![i32::from(mine.is_ok())], &[1])?;
+    host.all_reduce(&flag, crate::ReduceOp::Min, Some(options.timeout))?
+        .wait()?;
+    if flag.to_vec::<i32>()?[0] == 0 {
+        return Ok(Err(mine.err().unwrap_or_else(|| {
+            "another rank of the group cannot run NCCL (no GPU or no libnccl there)".into()
+        })));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let nccl = NcclOptions {
+            timeout: options.timeout,
+            device: options.device,
+        };
+        let pg = ProcessGroupNccl::new(store, key_prefix, host.rank(), host.size(), &nccl)?;
+        Ok(Ok(Arc::new(pg)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = store;
+        unreachable!("every rank agreed it can run NCCL")
     }
 }
 

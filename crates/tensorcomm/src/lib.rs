@@ -38,6 +38,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod auto_group;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

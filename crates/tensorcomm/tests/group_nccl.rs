@@ -545,3 +545,33 @@ fn init_process_group_builds_an_nccl_group_from_its_name() {
         .unwrap();
     assert_eq!(values(&t), [5.0, 7.0]);
 }
+
+#[test]
+fn an_auto_group_runs_host_tensors_on_the_cpu_and_cuda_tensors_on_nccl() {
+    if !can_run("an_auto_group_runs_host_tensors_on_the_cpu_and_cuda_tensors_on_nccl") {
+        return;
+    }
+    let pg = tensorcomm::init_process_group(
+        tensorcomm::Backend::Auto,
+        "tcp://127.0.0.1:0?rank=0&world_size=1",
+    )
+    .unwrap();
+    let host = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let cuda = gpu(DType::F32, &[3.0, 4.0], &[2]);
+    pg.all_reduce(&host, ReduceOp::PremulSum(2.0), None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    pg.all_reduce(&cuda, ReduceOp::PremulSum(2.0), None)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(host.to_vec::<f32>().unwrap(), [2.0, 4.0]);
+    assert_eq!(values(&cuda), [6.0, 8.0]);
+    let recorded = pg.flight_recorder_json();
+    assert!(recorded.contains("\"cuda\":{"), "{recorded}");
+    let e = pg
+        .all_gather(std::slice::from_ref(&host), &cuda, None)
+        .unwrap_err();
+    assert!(e.to_string().contains("found both"), "{e}");
+}

@@ -81,6 +81,10 @@ pub enum Backend {
     Cpu,
     /// The NCCL backend: CUDA tensors, one GPU per rank (c10d's `nccl`).
     Nccl,
+    /// Both, call by call: host tensors on the CPU backend, CUDA tensors
+    /// on NCCL (c10d's default, `cpu:gloo,cuda:nccl`; see
+    /// [`AutoGroup`](crate::auto_group::AutoGroup)).
+    Auto,
 }
 
 impl std::str::FromStr for Backend {
@@ -90,9 +94,10 @@ impl std::str::FromStr for Backend {
         match s.to_ascii_lowercase().as_str() {
             "cpu" | "gloo" => Ok(Backend::Cpu),
             "nccl" => Ok(Backend::Nccl),
+            "auto" | "cpu:gloo,cuda:nccl" | "cuda:nccl,cpu:gloo" => Ok(Backend::Auto),
             _ => Err(Error::BadValue {
                 name: "backend".into(),
-                expected: "cpu (or gloo) or nccl".into(),
+                expected: "cpu (or gloo), nccl, or auto (cpu:gloo,cuda:nccl)".into(),
                 found: s.into(),
             }),
         }
