@@ -17,9 +17,12 @@
 //! - [`cpu`]: the CPU backend: collectives (one file each) over
 //!   algorithms (one file each), chosen in one place (`cpu/select.rs`),
 //!   over transports (TCP, shared memory).
-//! - `cuda` (feature `cuda`, on by default): `cuda::comm`, single-process
-//!   multi-GPU broadcast/scatter/gather/reduce, over `cuda::runtime`, the
-//!   only module that calls CUDA.
+//! - [`auto_group`]: [`Backend::Auto`], host tensors to the CPU backend and
+//!   CUDA tensors to NCCL in one group.
+//! - `cuda` (feature `cuda`, on by default): `cuda::nccl`, the NCCL
+//!   backend; `cuda::comm`, single-process multi-GPU
+//!   broadcast/scatter/gather/reduce; `cuda::kernels`, tensorcomm's CUDA C
+//!   kernels; all over `cuda::runtime`, the only module that calls CUDA.
 //! - [`rendezvous`]: turning an init method (`env://`, `tcp://`, `file://`)
 //!   into a rank, a world size and a connected store.
 //! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
