@@ -26,6 +26,7 @@ over_transports!(
     a_scatter_root_fails_when_the_others_have_another_shape,
     a_broadcast_relay_fails_when_its_child_disagrees,
     broadcasts_from_different_roots_on_3_ranks_name_the_mismatch_on_every_rank,
+    two_agreeing_ranks_against_one_name_the_mismatch_by_the_next_call,
 );
 
 /// Each call's timeout; a rank that needs anywhere near it waited for a
@@ -254,13 +255,17 @@ fn a_broadcast_relay_fails_when_its_child_disagrees(choice: TransportChoice) {
 }
 
 /// Three ranks broadcast, disagreeing about the root: each rank its own
-/// (everyone only sends), or ranks 0 and 1 each naming the other (both
-/// only receive) while rank 2 names itself. Every rank names the mismatch
-/// at this call, with both roots.
+/// (everyone only sends), ranks 0 and 1 each naming the other (both only
+/// receive) while rank 2 names itself, each naming the next (a circle of
+/// receivers). Every rank names the mismatch at this call, with both
+/// roots.
 fn broadcasts_from_different_roots_on_3_ranks_name_the_mismatch_on_every_rank(
     choice: TransportChoice,
 ) {
-    for roots in [[0, 1, 2], [1, 0, 2]] {
+    // [1, 2, 0] and [2, 0, 1]: each rank waits on another in a circle and
+    // no message ever flows; the stall check (group/stall_check.rs) finds
+    // these.
+    for roots in [[0, 1, 2], [1, 0, 2], [1, 2, 0], [2, 0, 1]] {
         let outcomes = run(3, choice, |pg| {
             let t = f32s(&[6]);
             pg.broadcast(&t, roots[pg.rank()], Some(TIMEOUT))?.wait()
@@ -277,4 +282,24 @@ fn broadcasts_from_different_roots_on_3_ranks_name_the_mismatch_on_every_rank(
             );
         }
     }
+}
+
+/// Roots [0, 0, 1]: ranks 0 and 2 disagree and fail at the call; rank 1
+/// heard only from rank 0, which agrees with it, so it may complete, and
+/// then fails at its next call naming the mismatch of the first.
+fn two_agreeing_ranks_against_one_name_the_mismatch_by_the_next_call(choice: TransportChoice) {
+    let roots = [0, 0, 1];
+    let outcomes = run(3, choice, |pg| {
+        let t = f32s(&[6]);
+        pg.broadcast(&t, roots[pg.rank()], Some(TIMEOUT))?.wait()?;
+        pg.barrier(Some(TIMEOUT))?.wait()
+    });
+    every_rank_names_it(&outcomes, [0, 2], "broadcast", choice);
+    let err = outcomes[1]
+        .as_ref()
+        .expect_err("rank 1's barrier must fail");
+    assert!(
+        err.to_string().contains("broadcast") && err.to_string().contains("mismatch"),
+        "{choice}: {err}"
+    );
 }

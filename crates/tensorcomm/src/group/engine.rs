@@ -22,6 +22,7 @@ use super::backend::{Call, GroupBackend};
 use super::collective::{Collective, Validated};
 use super::failure_report::FailureBoard;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::stall_check::{StallKeys, StallMonitor};
 use super::turn::{Job, QueuedJob, Turn};
 use super::watchdog::{OnDeviceFailure, Pending, TrackedEvent, Watchdog};
 use super::{DeviceEvent, FlightRecorder, Work};
@@ -41,6 +42,18 @@ struct Shared {
     failures: FailureBoard,
     /// A device backend's watchdog.
     watchdog: OnceLock<Arc<Watchdog>>,
+    /// A host backend's stall check.
+    monitor: OnceLock<Arc<StallMonitor>>,
+}
+
+impl Shared {
+    /// This rank's fingerprint of recent collective `seq`.
+    fn recent(&self, seq: u64) -> Option<Fingerprint> {
+        self.monitor
+            .get()
+            .and_then(|m| m.recent(seq))
+            .or_else(|| self.watchdog.get().and_then(|d| d.recent(seq)))
+    }
 }
 
 /// The next sequence number and the queue to the group's thread, under one
@@ -87,17 +100,26 @@ impl Engine {
                 turn: Turn::default(),
                 failures: FailureBoard::new(store.clone(), key_prefix),
                 watchdog: OnceLock::new(),
+                monitor: OnceLock::new(),
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout,
         })
         .and_then(|engine| {
+            let hooks = Arc::new(DeviceHooks {
+                shared: engine.shared.clone(),
+            });
             if engine.shared.backend.runs_inline() {
-                let hooks = Arc::new(DeviceHooks {
-                    shared: engine.shared.clone(),
-                });
                 let dog = Watchdog::start(store, key_prefix, rank, size, hooks)?;
                 let _ = engine.shared.watchdog.set(dog);
+            } else if size > 1 {
+                let keys = StallKeys {
+                    prefix: key_prefix.into(),
+                    rank,
+                    size,
+                };
+                let monitor = StallMonitor::start(store, keys, hooks)?;
+                let _ = engine.shared.monitor.set(monitor);
             }
             Ok(engine)
         })
@@ -209,6 +231,9 @@ impl Drop for Engine {
         if let Some(dog) = self.shared.watchdog.get() {
             dog.stop();
         }
+        if let Some(monitor) = self.shared.monitor.get() {
+            monitor.stop();
+        }
     }
 }
 
@@ -269,7 +294,14 @@ fn run(
     }
     shared.recorder.started(fp.seq);
     let started = Instant::now();
+    let monitor = shared.monitor.get();
+    if let Some(m) = monitor {
+        m.begin(&fp);
+    }
     let outcome = shared.backend.run(collective, &call);
+    if let Some(m) = monitor {
+        m.end();
+    }
     tracing::debug!(
         op,
         seq = fp.seq,
@@ -303,7 +335,11 @@ fn settle(
 ) -> Error {
     let op = fp.kind.name();
     *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
-    shared.failures.settle(fp, shared.rank, source, mismatched)
+    let source = shared.failures.settle(fp, shared.rank, source, mismatched);
+    shared.failures.mark_failed(fp.seq);
+    shared
+        .failures
+        .earlier_cause(fp.seq, shared.rank, source, |seq| shared.recent(seq))
 }
 
 /// The error naming collective `fp`, this rank and the peers involved in

@@ -99,6 +99,13 @@ pub(crate) fn failure_key(key_prefix: &str, seq: u64) -> String {
     format!("{key_prefix}/failure/{seq}")
 }
 
+/// The store key where the group at `key_prefix` says which collective
+/// failed first, for ranks whose own collective (a later one) failed only
+/// because of it.
+pub(crate) fn failed_seq_key(key_prefix: &str) -> String {
+    format!("{key_prefix}/failure/first")
+}
+
 fn clip(text: &str) -> String {
     let mut end = text.len().min(MAX_TEXT);
     while !text.is_char_boundary(end) {
@@ -492,6 +499,53 @@ impl FailureBoard {
     /// group's store (see `mismatch_sides.rs`); `mine` is this rank's
     /// description of collective `fp`. Call it after closing this rank's
     /// connections.
+    /// Says, for ranks that fail later, that collective `seq` failed (the
+    /// first such post counts).
+    pub(crate) fn mark_failed(&self, seq: u64) {
+        let _ = post_first(
+            &self.store,
+            failed_seq_key(&self.key_prefix),
+            seq.to_string().into_bytes(),
+        );
+    }
+
+    /// The root cause of a failure of collective `seq` on this rank (`err`,
+    /// which only says a peer went away) when an earlier collective failed
+    /// first: that collective's report, told from this rank's side with
+    /// `mine`, its fingerprint of that collective, when it still has it.
+    pub(crate) fn earlier_cause(
+        &self,
+        seq: u64,
+        rank: usize,
+        err: Error,
+        mine: impl Fn(u64) -> Option<Fingerprint>,
+    ) -> Error {
+        if !may_be_secondary(&err) {
+            return err;
+        }
+        let first = || -> Option<Error> {
+            let key = failed_seq_key(&self.key_prefix);
+            if !self.store.check(&[&key]).ok()? {
+                return None;
+            }
+            let failed: u64 = String::from_utf8(self.store.get(&key).ok()?)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            if failed >= seq {
+                return None;
+            }
+            let report = self
+                .store
+                .get(&failure_key(&self.key_prefix, failed))
+                .ok()?;
+            let report = FailureReport::decode(&report)?;
+            Some(report.to_error(&mine(failed)?, rank))
+        };
+        first().unwrap_or(err)
+    }
+
     pub(crate) fn with_both_sides(
         &self,
         fp: &Fingerprint,

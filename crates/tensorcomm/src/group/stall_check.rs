@@ -11,14 +11,26 @@
 //! ([`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch), both
 //! sides named). A stalled rank also looks for a failure another rank has
 //! posted for the group, so every rank stops promptly, not at its timeout.
+//!
+//! Backends that do carry fingerprints (the CPU backend) find most
+//! mismatches in their own messages, but not all: ranks that wait on each
+//! other in a circle (broadcasts whose roots disagree) never exchange a
+//! message. Their groups run a [`StallMonitor`]: a thread that compares the
+//! same rings when the running collective stalls, and on a mismatch posts
+//! it and closes the backend's connections, so the blocked collective
+//! fails and reports the posted mismatch.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use super::failure_report::{failure_key, FailureReport};
+use super::failure_report::{failed_seq_key, failure_key, FailureReport};
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::watchdog::OnDeviceFailure;
 use crate::store::Store;
-use crate::Error;
+use crate::{Error, Result};
 
 /// How long the oldest pending collective runs before the ring is
 /// compared.
@@ -116,7 +128,7 @@ impl StallKeys {
 
     /// Where a failing rank says which sequence number failed.
     pub(crate) fn failed(&self) -> String {
-        format!("{}/device_failed", self.prefix)
+        failed_seq_key(&self.prefix)
     }
 }
 
@@ -153,6 +165,114 @@ pub(crate) fn posted_failure(
     let report = FailureReport::decode(&store.get(&failure_key(&keys.prefix, seq)).ok()?)?;
     let fp = mine.get(seq).unwrap_or(*front);
     Some((fp, report.to_error(&fp, keys.rank)))
+}
+
+/// How often a [`StallMonitor`] looks at the running collective.
+const MONITOR_EVERY: Duration = Duration::from_millis(10);
+
+/// The stall check of a group whose backend runs each collective to its
+/// end on one thread (see the module docs).
+pub(crate) struct StallMonitor {
+    recent: Mutex<RecentCalls>,
+    /// The running collective and when it started.
+    running: Mutex<Option<(Fingerprint, Instant)>>,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl StallMonitor {
+    /// Starts the monitor thread of a group (`keys`), acting through
+    /// `engine`.
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        keys: StallKeys,
+        engine: Arc<dyn OnDeviceFailure>,
+    ) -> Result<Arc<StallMonitor>> {
+        let monitor = Arc::new(StallMonitor {
+            recent: Mutex::default(),
+            running: Mutex::default(),
+            stop: AtomicBool::new(false),
+            thread: Mutex::default(),
+        });
+        let runner = monitor.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("tensorcomm-stall{}", keys.rank))
+            .spawn(move || runner.run(&*store, &keys, &*engine))
+            .map_err(|e| Error::io("starting the process group's stall monitor", e))?;
+        *monitor
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        Ok(monitor)
+    }
+
+    /// This rank's fingerprint of collective `seq`, if it is recent.
+    pub(crate) fn recent(&self, seq: u64) -> Option<Fingerprint> {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(seq)
+    }
+
+    /// Collective `fp` starts running.
+    pub(crate) fn begin(&self, fp: &Fingerprint) {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(fp);
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some((*fp, Instant::now()));
+    }
+
+    /// The running collective ended.
+    pub(crate) fn end(&self) {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Ends the thread and waits for it.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    fn run(&self, store: &dyn Store, keys: &StallKeys, engine: &dyn OnDeviceFailure) {
+        let mut checked: Option<(u64, Instant)> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(MONITOR_EVERY);
+            let running = *self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some((fp, since)) = running else {
+                continue;
+            };
+            let due = match checked {
+                Some((seq, at)) => seq != fp.seq || at.elapsed() >= RECHECK,
+                None => true,
+            };
+            if since.elapsed() < STALL || !due {
+                continue;
+            }
+            checked = Some((fp.seq, Instant::now()));
+            let found = {
+                let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+                compare(store, keys, &recent)
+            };
+            if let Some(found) = found {
+                let error = found.error(keys.rank);
+                engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
+                // The blocked collective fails now and reports the
+                // mismatch posted above.
+                engine.abort();
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -231,6 +231,14 @@ impl Watchdog {
             .record(fp);
     }
 
+    /// This rank's fingerprint of recent collective `seq`.
+    pub(crate) fn recent(&self, seq: u64) -> Option<Fingerprint> {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(seq)
+    }
+
     /// Queues `pending` to be polled until `event`, after its device
     /// work, has passed.
     pub(crate) fn track(&self, pending: Pending, event: Arc<dyn DeviceEvent>) {
@@ -322,11 +330,11 @@ impl Watchdog {
                     Ok(false) if Instant::now() < deadline => {}
                     Ok(false) => {
                         let error = self.timeout_error(store, keys);
-                        self.fail_all(engine, stall, store, &fp, error, None);
+                        self.fail_all(engine, &fp, error, None);
                         return;
                     }
                     Err(e) => {
-                        self.fail_all(engine, stall, store, &fp, e, None);
+                        self.fail_all(engine, &fp, e, None);
                         return;
                     }
                 }
@@ -353,7 +361,7 @@ impl Watchdog {
                     .front()
                     .map(|t| t.pending.fingerprint);
                 if let Some(fp) = fp {
-                    self.fail_all(engine, stall, store, &fp, e, None);
+                    self.fail_all(engine, &fp, e, None);
                     return;
                 }
             }
@@ -389,11 +397,11 @@ impl Watchdog {
         if let Some(found) = found {
             let error = found.error(stall.rank);
             let mismatched = Some((found.peer, found.theirs));
-            self.fail_all(engine, stall, store, &found.mine, error, mismatched);
+            self.fail_all(engine, &found.mine, error, mismatched);
             return true;
         }
         if let Some((fp, error)) = posted {
-            self.fail_all(engine, stall, store, &fp, error, None);
+            self.fail_all(engine, &fp, error, None);
             return true;
         }
         false
@@ -440,17 +448,11 @@ impl Watchdog {
     fn fail_all(
         &self,
         engine: &dyn OnDeviceFailure,
-        stall: &StallKeys,
-        store: &dyn Store,
         fp: &Fingerprint,
         source: Error,
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     ) {
         let source = engine.settle(fp, mismatched, source);
-        let failed = stall.failed();
-        if !store.check(&[&failed]).unwrap_or(true) {
-            let _ = store.set(&failed, fp.seq.to_string().as_bytes());
-        }
         let first_pending = self
             .pending
             .lock()
