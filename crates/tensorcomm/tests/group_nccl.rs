@@ -42,12 +42,24 @@ fn group() -> ProcessGroupNccl {
     group_with(Duration::from_secs(60))
 }
 
-const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64];
+const DTYPES: [DType; 8] = [
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I8,
+    DType::U8,
+    DType::I32,
+    DType::I64,
+];
 
 /// A GPU tensor of `dtype` holding `values`.
 fn gpu(dtype: DType, values: &[f64], shape: &[usize]) -> Tensor<'static> {
     let host = match dtype {
         DType::F32 => Tensor::from_vec(values.iter().map(|&v| v as f32).collect(), shape),
+        DType::F64 => Tensor::from_vec(values.to_vec(), shape),
+        DType::I8 => Tensor::from_vec(values.iter().map(|&v| v as i8).collect(), shape),
+        DType::U8 => Tensor::from_vec(values.iter().map(|&v| v as u8).collect(), shape),
         DType::F16 => Tensor::from_vec(values.iter().map(|&v| f16::from_f64(v)).collect(), shape),
         DType::BF16 => Tensor::from_vec(values.iter().map(|&v| bf16::from_f64(v)).collect(), shape),
         DType::I32 => Tensor::from_vec(values.iter().map(|&v| v as i32).collect(), shape),
@@ -95,6 +107,19 @@ fn values(t: &Tensor<'_>) -> Vec<f64> {
             .into_iter()
             .map(|v| v as f64)
             .collect(),
+        DType::F64 => t.to_vec::<f64>().unwrap(),
+        DType::I8 => t
+            .to_vec::<i8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::U8 => t
+            .to_vec::<u8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
         other => panic!("no test data for {other}"),
     }
 }
@@ -119,7 +144,7 @@ fn ops_for(dtype: DType) -> Vec<ReduceOp> {
         ReduceOp::Min,
         ReduceOp::Max,
     ];
-    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+    if matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
         ops.push(ReduceOp::PremulSum(2.5));
     }
     ops
@@ -574,4 +599,38 @@ fn an_auto_group_runs_host_tensors_on_the_cpu_and_cuda_tensors_on_nccl() {
         .all_gather(std::slice::from_ref(&host), &cuda, None)
         .unwrap_err();
     assert!(e.to_string().contains("found both"), "{e}");
+}
+
+#[test]
+fn threads_calling_at_once_each_get_their_own_results() {
+    if !can_run("threads_calling_at_once_each_get_their_own_results") {
+        return;
+    }
+    let pg = group();
+    std::thread::scope(|s| {
+        for thread in 0..4 {
+            let pg = &pg;
+            s.spawn(move || {
+                let factor = thread as f64 + 2.0;
+                let tensors: Vec<_> = (0..50)
+                    .map(|i| gpu(DType::F32, &[i as f64, 1.0], &[2]))
+                    .collect();
+                let works: Vec<_> = tensors
+                    .iter()
+                    .map(|t| pg.all_reduce(t, ReduceOp::PremulSum(factor), None).unwrap())
+                    .collect();
+                for w in works {
+                    w.synchronize().unwrap();
+                }
+                for (i, t) in tensors.iter().enumerate() {
+                    assert_eq!(
+                        values(t),
+                        [i as f64 * factor, factor],
+                        "thread {thread} call {i}"
+                    );
+                }
+            });
+        }
+    });
+    pg.barrier(None).unwrap().wait().unwrap();
 }

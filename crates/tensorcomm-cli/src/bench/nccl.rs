@@ -5,8 +5,8 @@
 //! with rank + 1, outputs poisoned), then times `--iters` calls after
 //! `--warmup`, each on a fresh input and a poisoned output: the host time
 //! of the call and its `wait()` (what the caller's thread spends), and the
-//! device time from an event on the caller's current stream before the
-//! call to one after `wait()` (end to end). Rows give the median of each,
+//! end-to-end time from an event on the caller's current stream before the
+//! call to one after `wait()` (it includes the host's launch time). Rows give the median of each,
 //! the slowest rank's; `--json` rows carry `host_us` beside `time_us`.
 
 use std::time::Instant;
@@ -143,12 +143,14 @@ impl Buffers {
     }
 }
 
+/// The median (the mean of the two middle values for an even count, as
+/// Python's `statistics.median`, which bench/nccl_torch.py uses).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

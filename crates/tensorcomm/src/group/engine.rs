@@ -155,14 +155,16 @@ impl Engine {
             // order.
             dog.started(&fingerprint);
             let outcome = run(&self.shared, Call::new(fingerprint, deadline), &collective);
-            drop(queue);
             let pending = Pending {
                 fingerprint,
                 collective,
                 deadline,
                 timeout,
             };
-            return Ok(self.device_work(dog, pending, outcome));
+            // Tracked before the lock is released, so in sequence order.
+            let work = self.device_work(dog, pending, outcome);
+            drop(queue);
+            return Ok(work);
         }
         let (work, completion) = Work::new();
         let shared = self.shared.clone();
@@ -318,6 +320,11 @@ fn run(
 /// mismatch, and names what failed.
 fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
     let source = settle(shared, fp, call.mismatched(), source);
+    if let Some(dog) = shared.watchdog.get() {
+        // Device work queued before this call is aborted with it: its
+        // `Work`s fail too, not report aborted kernels as done.
+        dog.fail_pending(fp.seq, named(shared, fp, source.clone()));
+    }
     shared.backend.abort();
     let source = shared
         .failures

@@ -231,6 +231,18 @@ impl Watchdog {
             .record(fp);
     }
 
+    /// Fails every pending collective and collective `seq` (whose host
+    /// part failed) with `error`, before the backend is aborted.
+    pub(crate) fn fail_pending(&self, seq: u64, error: Error) {
+        let first = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .front()
+            .map_or(seq, |t| t.pending.fingerprint.seq.min(seq));
+        self.failure.set(first, error);
+    }
+
     /// This rank's fingerprint of recent collective `seq`.
     pub(crate) fn recent(&self, seq: u64) -> Option<Fingerprint> {
         self.recent
@@ -327,11 +339,14 @@ impl Watchdog {
                         engine.finished(fp.seq, &Ok(()));
                         continue;
                     }
-                    Ok(false) if Instant::now() < deadline => {}
                     Ok(false) => {
-                        let error = self.timeout_error(store, keys);
-                        self.fail_all(engine, &fp, error, None);
-                        return;
+                        // Any pending collective may be the first past its
+                        // deadline (calls may pass shorter timeouts).
+                        if let Some(late) = self.first_overdue(deadline) {
+                            let error = self.timeout_error(store, keys, late);
+                            self.fail_all(engine, &late, error, None);
+                            return;
+                        }
                     }
                     Err(e) => {
                         self.fail_all(engine, &fp, e, None);
@@ -407,12 +422,30 @@ impl Watchdog {
         false
     }
 
-    /// The error of the front collective having passed its deadline,
+    /// The pending collective with the earliest deadline, if that has
+    /// passed (`front`: the front one's deadline, checked first).
+    fn first_overdue(&self, front: Instant) -> Option<Fingerprint> {
+        let now = Instant::now();
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if now >= front {
+            return pending.front().map(|t| t.pending.fingerprint);
+        }
+        pending
+            .iter()
+            .filter(|t| now >= t.pending.deadline)
+            .min_by_key(|t| t.pending.deadline)
+            .map(|t| t.pending.fingerprint)
+    }
+
+    /// The error of pending collective `late` having passed its deadline,
     /// naming every rank's progress (this rank's published first).
-    fn timeout_error(&self, store: &dyn Store, keys: &ProgressKeys) -> Error {
+    fn timeout_error(&self, store: &dyn Store, keys: &ProgressKeys, late: Fingerprint) -> Error {
         let (fp, what, timeout) = {
             let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            let t = pending.front().expect("a pending collective timed out");
+            let t = pending
+                .iter()
+                .find(|t| t.pending.fingerprint.seq == late.seq)
+                .expect("a pending collective timed out");
             let fp = t.pending.fingerprint;
             (fp, describe(&fp, &t.pending.collective), t.pending.timeout)
         };

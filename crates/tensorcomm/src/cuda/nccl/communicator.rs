@@ -4,10 +4,13 @@
 //! failure and finalized when dropped.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS};
-use crate::cuda::runtime;
+use std::sync::Arc;
+
+use crate::cuda::runtime::{self, Context};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -20,19 +23,25 @@ const POLL: Duration = Duration::from_micros(200);
 const FINALIZE_WITHIN: Duration = Duration::from_secs(10);
 
 /// An NCCL communicator on one GPU (see the module docs).
+///
+/// Every use of the raw communicator holds a read guard of `gate`
+/// ([`Communicator::enter`]) and [`Communicator::abort`] takes it for
+/// writing, so no thread uses it while or after NCCL frees it.
 pub(crate) struct Communicator {
     raw: RawComm,
+    gate: RwLock<()>,
+    /// The GPU's context, made current for every use.
+    ctx: Arc<Context>,
     pub(crate) nccl: &'static Nccl,
     pub(crate) device: usize,
     pub(crate) rank: usize,
     pub(crate) size: usize,
-    /// How long connecting may take (the group's timeout).
-    setup_timeout: Duration,
     aborted: AtomicBool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread; tensorcomm
-// serializes the calls that queue work on it (the engine's queue lock).
+// serializes the calls that queue work on it (the backend's launch lock)
+// and keeps every use out of the way of its abort (`gate`).
 unsafe impl Send for Communicator {}
 unsafe impl Sync for Communicator {}
 
@@ -49,6 +58,8 @@ impl Communicator {
     ) -> Result<Communicator> {
         let nccl = nccl()?;
         let started = Instant::now();
+        let ctx = runtime::context(device)?;
+        ctx.bind()?;
         let id_key = format!("{key}/unique_id");
         let id = if rank == 0 {
             let mut id = UniqueId { bytes: [0; 128] };
@@ -75,7 +86,6 @@ impl Communicator {
         };
         let joined_key = format!("{key}/joined");
         store.add(&joined_key, 1)?;
-        runtime::context(device)?.bind()?;
         let mut config = Config::new(false);
         let mut raw: RawComm = std::ptr::null_mut();
         let code = unsafe {
@@ -92,11 +102,12 @@ impl Communicator {
         }
         let comm = Communicator {
             raw,
+            gate: RwLock::new(()),
+            ctx,
             nccl,
             device,
             rank,
             size,
-            setup_timeout: timeout,
             aborted: AtomicBool::new(false),
         };
         let remaining = timeout.saturating_sub(started.elapsed());
@@ -136,15 +147,17 @@ impl Communicator {
     ) -> Result<Option<Communicator>> {
         /// `NCCL_SPLIT_NOCOLOR`.
         const NO_COLOR: i32 = -1;
-        runtime::context(self.device)?.bind()?;
         let mut config = Config::new(false);
         let mut raw: RawComm = std::ptr::null_mut();
         let color_code = color.map_or(NO_COLOR, |c| c as i32);
-        // SAFETY: a live communicator, an out-parameter and a config.
-        let code = unsafe {
-            (self.nccl.comm_split)(self.raw, color_code, key as i32, &mut raw, &mut config)
-        };
-        self.nccl.check("ncclCommSplit", code, Some(self.raw))?;
+        {
+            let parent = self.enter()?;
+            // SAFETY: a live communicator, an out-parameter and a config.
+            let code = unsafe {
+                (self.nccl.comm_split)(parent.raw(), color_code, key as i32, &mut raw, &mut config)
+            };
+            self.nccl.check("ncclCommSplit", code, Some(parent.raw()))?;
+        }
         // The parent finishes the split for every rank.
         match self.wait_ready("ncclCommSplit", timeout) {
             Ok(()) => {}
@@ -167,11 +180,12 @@ impl Communicator {
         let mut rank = 0;
         let mut child = Communicator {
             raw,
+            gate: RwLock::new(()),
+            ctx: self.ctx.clone(),
             nccl,
             device: self.device,
             rank: 0,
             size: 0,
-            setup_timeout: timeout,
             aborted: AtomicBool::new(false),
         };
         if let Err(e) = child.wait_ready("ncclCommSplit", timeout) {
@@ -209,9 +223,13 @@ impl Communicator {
         let started = Instant::now();
         let deadline = started + timeout;
         loop {
-            match self.state() {
-                SUCCESS => return Ok(()),
-                IN_PROGRESS if Instant::now() < deadline => {
+            let state = {
+                let c = self.enter().map_err(Some)?;
+                (self.state(c.raw()), c.raw())
+            };
+            match state {
+                (SUCCESS, _) => return Ok(()),
+                (IN_PROGRESS, _) if Instant::now() < deadline => {
                     // Queuing work usually finishes within microseconds;
                     // creating a communicator takes milliseconds.
                     if started.elapsed() < SPIN {
@@ -220,62 +238,84 @@ impl Communicator {
                         std::thread::sleep(POLL);
                     }
                 }
-                IN_PROGRESS => return Err(None),
-                code => return Err(Some(self.nccl.error(call, code, Some(self.raw)))),
+                (IN_PROGRESS, _) => return Err(None),
+                (code, raw) => return Err(Some(self.nccl.error(call, code, Some(raw)))),
             }
         }
     }
 
     /// Waits until a call that returned `ncclInProgress` has queued its
-    /// work (NCCL may be connecting ranks), for at most the time a
-    /// communicator may take to be created.
-    pub(crate) fn wait_queued(&self, call: &str) -> Result<()> {
-        match self.wait_ready(call, self.setup_timeout) {
+    /// work (NCCL may be connecting ranks), until `deadline`.
+    pub(crate) fn wait_queued(&self, call: &str, deadline: Instant) -> Result<()> {
+        let within = deadline.saturating_duration_since(Instant::now());
+        match self.wait_ready(call, within) {
             Ok(()) => Ok(()),
             Err(Some(e)) => Err(e),
             Err(None) => Err(Error::Nccl {
                 call: call.into(),
                 code: "ncclInProgress".into(),
-                message: format!("still in progress after {:?}", self.setup_timeout),
+                message: format!("still in progress after {within:?}"),
             }),
         }
     }
 
-    /// `ncclCommGetAsyncError`: `ncclSuccess`, `ncclInProgress` or the
-    /// error that broke the communicator.
-    fn state(&self) -> i32 {
+    /// `ncclCommGetAsyncError` of `raw` (entered): `ncclSuccess`,
+    /// `ncclInProgress` or the error that broke the communicator.
+    fn state(&self, raw: RawComm) -> i32 {
         let mut state = SUCCESS;
-        // SAFETY: a communicator NCCL handed out, not yet destroyed.
-        let code = unsafe { (self.nccl.comm_get_async_error)(self.raw, &mut state) };
+        // SAFETY: a communicator NCCL handed out, kept alive by the caller's
+        // guard.
+        let code = unsafe { (self.nccl.comm_get_async_error)(raw, &mut state) };
         if code != SUCCESS {
             return code;
         }
         state
     }
 
-    /// The communicator's asynchronous error, if it has one.
-    pub(crate) fn health(&self) -> Result<()> {
-        if self.aborted.load(Ordering::Acquire) {
-            return Ok(());
+    /// The GPU's context.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The communicator, for one use: refused once it is aborted; the
+    /// device's context is made current on the calling thread.
+    pub(crate) fn enter(&self) -> Result<Entered<'_>> {
+        let guard = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        if self.is_aborted() {
+            return Err(Error::Nccl {
+                call: "the NCCL communicator".into(),
+                code: "aborted".into(),
+                message: "it was aborted after an earlier failure of its group".into(),
+            });
         }
-        match self.state() {
+        self.ctx.bind()?;
+        Ok(Entered {
+            raw: self.raw,
+            _guard: guard,
+        })
+    }
+
+    /// The communicator's asynchronous error, if it has one; an aborted
+    /// communicator's is that it was aborted.
+    pub(crate) fn health(&self) -> Result<()> {
+        let c = self.enter()?;
+        match self.state(c.raw()) {
             SUCCESS | IN_PROGRESS => Ok(()),
             code => Err(self
                 .nccl
-                .error("ncclCommGetAsyncError", code, Some(self.raw))),
+                .error("ncclCommGetAsyncError", code, Some(c.raw()))),
         }
     }
 
-    /// The raw communicator, for queuing work on it.
-    pub(crate) fn raw(&self) -> RawComm {
-        self.raw
-    }
-
     /// Aborts the communicator: its queued work ends without finishing,
-    /// and it takes no more. Only the first call does anything.
+    /// and it takes no more. Waits for uses in progress; only the first
+    /// call does anything.
     pub(crate) fn abort(&self) {
+        let _exclusive = self.gate.write().unwrap_or_else(PoisonError::into_inner);
         if !self.aborted.swap(true, Ordering::AcqRel) {
-            // SAFETY: a communicator NCCL handed out; aborted once.
+            let _ = self.ctx.bind();
+            // SAFETY: a communicator NCCL handed out, used by no other
+            // thread now; aborted once.
             unsafe { (self.nccl.comm_abort)(self.raw) };
         }
     }
@@ -286,13 +326,27 @@ impl Communicator {
     }
 }
 
+/// A use of a communicator (see [`Communicator::enter`]).
+pub(crate) struct Entered<'a> {
+    raw: RawComm,
+    _guard: RwLockReadGuard<'a, ()>,
+}
+
+impl Entered<'_> {
+    /// The raw communicator, valid while this lives.
+    pub(crate) fn raw(&self) -> RawComm {
+        self.raw
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         if self.is_aborted() || self.raw.is_null() {
             return;
         }
-        let _ = runtime::context(self.device).and_then(|c| c.bind());
-        // SAFETY: a live communicator; finalized, then destroyed once.
+        let _ = self.ctx.bind();
+        // SAFETY: a live communicator no other thread uses (it is being
+        // dropped); finalized, then destroyed once.
         let code = unsafe { (self.nccl.comm_finalize)(self.raw) };
         let ready = (code == SUCCESS || code == IN_PROGRESS)
             && self.wait_ready("ncclCommFinalize", FINALIZE_WITHIN).is_ok();

@@ -1,22 +1,21 @@
 //! The NCCL backend as the engine sees it ([`GroupBackend`]): each
-//! collective is queued on the group's communication stream, after the
-//! work already queued on the caller's current stream, and returns with
-//! the event after which it is done. The tensors it reads and writes are
-//! kept alive by that event until the device has passed it.
+//! collective is planned (`plan.rs`), then queued on the group's
+//! communication stream after the work already queued on the caller's
+//! current stream, and returns with the event after which it is done (the
+//! engine keeps its tensors until then).
 
 use std::any::Any;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use super::communicator::Communicator;
-use super::library::{Nccl, RawComm, RawDType, RawStream, IN_PROGRESS};
-use super::types::{nccl_dtype, RedOp};
+use super::library::{RawComm, RawStream, IN_PROGRESS};
+use super::plan::{Plan, Planner, Step};
 use crate::cuda::runtime::{self, context, current_stream, DeviceBuffer, Event, Stream};
 use crate::group::backend::{Call, GroupBackend};
 use crate::group::collective::Collective;
-use crate::group::{DeviceEvent, ReduceOp};
-use crate::tensor::{DType, Tensor};
-use crate::{Error, Result};
+use crate::group::DeviceEvent;
+use crate::Result;
 
 /// See the module docs.
 pub(crate) struct NcclBackend {
@@ -70,143 +69,137 @@ impl NcclBackend {
         }))
     }
 
-    /// Starts an NCCL group of calls on the communication stream.
-    pub(crate) fn group(&self, call: &'static str) -> Result<Launch<'_>> {
-        let nccl = self.comm.nccl;
-        // SAFETY: no arguments.
-        nccl.check("ncclGroupStart", unsafe { (nccl.group_start)() }, None)?;
-        Ok(Launch {
-            nccl,
-            communicator: &self.comm,
-            comm: self.comm.raw(),
-            stream: self.stream.raw() as RawStream,
-            device: self.comm.device,
-            call,
-            open: true,
-        })
+    /// Queues `collective` on the communication stream: plans it (every
+    /// address and op resolved), makes this rank's own copies, then issues
+    /// its NCCL calls as one group. `deadline` bounds waiting for a group
+    /// that NCCL reports still in progress (ranks connecting).
+    pub(crate) fn queue(
+        &self,
+        collective: &Collective,
+        call: &'static str,
+        deadline: Instant,
+    ) -> Result<()> {
+        let ended = {
+            let entered = self.comm.enter()?;
+            let planner = Planner {
+                nccl: self.comm.nccl,
+                comm: entered.raw(),
+                rank: self.comm.rank,
+                device: self.comm.device,
+                call,
+                barrier: self.barrier.ptr(),
+            };
+            let plan = planner.plan(collective)?;
+            self.issue(&plan, entered.raw())?
+        };
+        if ended == IN_PROGRESS {
+            self.comm.wait_queued("ncclGroupEnd", deadline)?;
+        }
+        Ok(())
     }
 
-    fn run_collective(&self, collective: &Collective, call: &'static str) -> Result<()> {
-        let me = self.comm.rank;
-        let mut g = self.group(call)?;
-        match collective {
-            Collective::AllReduce { tensor, op } => g.all_reduce(tensor, *op)?,
-            Collective::AllReduceCoalesced { tensors, op } => {
-                for t in tensors {
-                    g.all_reduce(t, *op)?;
-                }
-            }
-            Collective::Broadcast { tensor, root } => g.broadcast(tensor, tensor, *root)?,
-            Collective::Reduce { tensor, root, op } => g.reduce(tensor, tensor, *root, *op)?,
-            Collective::AllGather { outputs, input } => {
-                for (r, out) in outputs.iter().enumerate() {
-                    g.broadcast(input, out, r)?;
-                }
-            }
-            Collective::AllGatherIntoTensor { output, input } => g.all_gather(input, output)?,
-            Collective::AllGatherCoalesced { outputs, inputs } => {
-                // outputs[r][i]: input i of rank r.
-                for (r, outs) in outputs.iter().enumerate() {
-                    for (input, out) in inputs.iter().zip(outs) {
-                        g.broadcast(input, out, r)?;
-                    }
-                }
-            }
-            Collective::AllGatherIntoTensorCoalesced { outputs, inputs } => {
-                for (input, output) in inputs.iter().zip(outputs) {
-                    g.all_gather(input, output)?;
-                }
-            }
-            Collective::Gather {
-                input,
-                outputs,
-                root,
-            } => {
-                if me == *root {
-                    for (r, out) in outputs.iter().enumerate() {
-                        if r == me {
-                            g.copy(input, out, &self.stream)?;
-                        } else {
-                            g.recv(out, 0, None, r)?;
-                        }
-                    }
-                } else {
-                    g.send(input, 0, None, *root)?;
-                }
-            }
-            Collective::Scatter {
-                output,
-                inputs,
-                root,
-            } => {
-                if me == *root {
-                    for (r, input) in inputs.iter().enumerate() {
-                        if r == me {
-                            g.copy(input, output, &self.stream)?;
-                        } else {
-                            g.send(input, 0, None, r)?;
-                        }
-                    }
-                } else {
-                    g.recv(output, 0, None, *root)?;
-                }
-            }
-            Collective::ReduceScatter { output, inputs, op } => {
-                for (r, input) in inputs.iter().enumerate() {
-                    g.reduce(input, output, r, *op)?;
-                }
-            }
-            Collective::ReduceScatterTensor { output, input, op } => {
-                g.reduce_scatter(input, output, *op)?
-            }
-            Collective::ReduceScatterTensorCoalesced {
-                outputs,
-                inputs,
-                op,
-            } => {
-                for (input, output) in inputs.iter().zip(outputs) {
-                    g.reduce_scatter(input, output, *op)?;
-                }
-            }
-            Collective::AllToAll { outputs, inputs } => {
-                for (r, (input, output)) in inputs.iter().zip(outputs).enumerate() {
-                    g.send(input, 0, None, r)?;
-                    g.recv(output, 0, None, r)?;
-                }
-            }
-            Collective::AllToAllSingle {
-                output,
-                input,
-                send_rows,
-                recv_rows,
-                ..
-            } => {
-                let row = |t: &Tensor<'_>| match t.shape().first() {
-                    Some(&rows) if rows > 0 => t.numel() / rows,
-                    _ => 0,
-                };
-                let (send_row, recv_row) = (row(input), row(output));
-                let (mut sent, mut got) = (0, 0);
-                for r in 0..send_rows.len() {
-                    let n_send = send_rows[r] * send_row;
-                    let n_recv = recv_rows[r] * recv_row;
-                    g.send(input, sent, Some(n_send), r)?;
-                    g.recv(output, got, Some(n_recv), r)?;
-                    sent += n_send;
-                    got += n_recv;
-                }
-            }
-            Collective::Barrier => {
-                g.raw_all_reduce(self.barrier.ptr().addr(), 1, nccl_dtype(DType::F32))?;
-            }
-            Collective::AllReduceSparse { .. } | Collective::MonitoredBarrier { .. } => {
-                return Err(Error::InvalidCollective {
-                    op: call.into(),
-                    reason: "not supported by the NCCL backend".into(),
-                })
+    /// Issues `plan`'s copies, then its NCCL calls between
+    /// `ncclGroupStart` and `ncclGroupEnd`; gives `ncclGroupEnd`'s result.
+    fn issue(&self, plan: &Plan<'_>, comm: RawComm) -> Result<i32> {
+        let nccl = self.comm.nccl;
+        let ctx = self.comm.context();
+        for step in &plan.steps {
+            if let Step::Copy { dst, src, bytes } = *step {
+                runtime::copy_dtod_async(ctx, dst, ctx, src, bytes, &self.stream)?;
             }
         }
-        g.finish()
+        let stream = self.stream.raw() as RawStream;
+        // SAFETY: no arguments.
+        nccl.check(
+            "ncclGroupStart",
+            unsafe { (nccl.group_start)() },
+            Some(comm),
+        )?;
+        let mut first_error = None;
+        for step in &plan.steps {
+            // SAFETY: every buffer is a live device allocation of the
+            // group's GPU holding `count` elements (validated and planned),
+            // kept alive by the engine until the device is done; `comm` is
+            // entered.
+            let (name, code) = unsafe {
+                match *step {
+                    Step::AllReduce { buf, op } => (
+                        "ncclAllReduce",
+                        (nccl.all_reduce)(
+                            buf.ptr,
+                            buf.ptr,
+                            buf.count,
+                            buf.dtype,
+                            plan.ops[op].raw,
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Step::Broadcast { src, dst, root } => (
+                        "ncclBroadcast",
+                        (nccl.broadcast)(
+                            src.ptr,
+                            dst.ptr,
+                            dst.count,
+                            dst.dtype,
+                            root as i32,
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Step::Reduce { src, dst, op, root } => (
+                        "ncclReduce",
+                        (nccl.reduce)(
+                            src.ptr,
+                            dst.ptr,
+                            src.count,
+                            src.dtype,
+                            plan.ops[op].raw,
+                            root as i32,
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Step::AllGather { src, dst } => (
+                        "ncclAllGather",
+                        (nccl.all_gather)(src.ptr, dst.ptr, src.count, src.dtype, comm, stream),
+                    ),
+                    Step::ReduceScatter { src, dst, op } => (
+                        "ncclReduceScatter",
+                        (nccl.reduce_scatter)(
+                            src.ptr,
+                            dst.ptr,
+                            dst.count,
+                            src.dtype,
+                            plan.ops[op].raw,
+                            comm,
+                            stream,
+                        ),
+                    ),
+                    Step::Send { buf, peer } => (
+                        "ncclSend",
+                        (nccl.send)(buf.ptr, buf.count, buf.dtype, peer as i32, comm, stream),
+                    ),
+                    Step::Recv { buf, peer } => (
+                        "ncclRecv",
+                        (nccl.recv)(buf.ptr, buf.count, buf.dtype, peer as i32, comm, stream),
+                    ),
+                    Step::Copy { .. } => continue,
+                }
+            };
+            if let Err(e) = nccl.check(name, code, Some(comm)) {
+                first_error = Some(e);
+                break;
+            }
+        }
+        // SAFETY: ends the group started above (also after an error, which
+        // the engine follows with an abort).
+        let ended = unsafe { (nccl.group_end)() };
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        nccl.check("ncclGroupEnd", ended, Some(comm))?;
+        Ok(ended)
     }
 }
 
@@ -215,7 +208,7 @@ impl GroupBackend for NcclBackend {
         let name = call.fingerprint.kind.name();
         let _launch = self.launch.lock().unwrap_or_else(PoisonError::into_inner);
         self.order_after_caller()?;
-        self.run_collective(collective, name)?;
+        self.queue(collective, name, call.deadline)?;
         // The engine keeps the collective's tensors until the event passes.
         self.completion(Box::new(())).map(Some)
     }
@@ -230,238 +223,6 @@ impl GroupBackend for NcclBackend {
 
     fn health(&self) -> Result<()> {
         self.comm.health()
-    }
-}
-
-/// One NCCL group of calls (`ncclGroupStart` .. `ncclGroupEnd`) on the
-/// communication stream; dropped unfinished, it still ends the group.
-pub(crate) struct Launch<'a> {
-    nccl: &'a Nccl,
-    communicator: &'a Communicator,
-    comm: RawComm,
-    stream: RawStream,
-    device: usize,
-    call: &'static str,
-    open: bool,
-}
-
-impl Launch<'_> {
-    /// The device address of `t`'s element `skip` and how many elements
-    /// follow (`count`, else the rest).
-    fn buffer(
-        &self,
-        t: &Tensor<'_>,
-        skip: usize,
-        count: Option<usize>,
-    ) -> Result<(*mut c_void, usize)> {
-        let (ctx, ptr) = t.cuda_ptr()?;
-        if ctx.ordinal() != self.device {
-            return Err(Error::InvalidCollective {
-                op: self.call.into(),
-                reason: format!(
-                    "expected tensors on cuda:{} (the group's GPU), found one on cuda:{}",
-                    self.device,
-                    ctx.ordinal()
-                ),
-            });
-        }
-        let n = count.unwrap_or(t.numel().saturating_sub(skip));
-        let addr = ptr.offset(skip * t.dtype().size()).addr();
-        Ok((addr as *mut c_void, n))
-    }
-
-    fn check(&self, call: &str, code: i32) -> Result<()> {
-        self.nccl.check(call, code, Some(self.comm))
-    }
-
-    fn all_reduce(&mut self, t: &Tensor<'_>, op: ReduceOp) -> Result<()> {
-        let (p, n) = self.buffer(t, 0, None)?;
-        let red = RedOp::new(self.nccl, self.comm, self.call, op, t.dtype())?;
-        // SAFETY: in-place on a live device buffer of `n` elements.
-        let code = unsafe {
-            (self.nccl.all_reduce)(
-                p,
-                p,
-                n,
-                nccl_dtype(t.dtype()),
-                red.raw,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclAllReduce", code)
-    }
-
-    fn raw_all_reduce(&mut self, addr: u64, n: usize, dtype: RawDType) -> Result<()> {
-        let p = addr as *mut c_void;
-        // SAFETY: in-place on a live device buffer of `n` elements.
-        let code = unsafe { (self.nccl.all_reduce)(p, p, n, dtype, 0, self.comm, self.stream) };
-        self.check("ncclAllReduce", code)
-    }
-
-    fn broadcast(&mut self, input: &Tensor<'_>, output: &Tensor<'_>, root: usize) -> Result<()> {
-        let (src, _) = self.buffer(input, 0, None)?;
-        let (dst, n) = self.buffer(output, 0, None)?;
-        // SAFETY: live device buffers of `n` elements.
-        let code = unsafe {
-            (self.nccl.broadcast)(
-                src,
-                dst,
-                n,
-                nccl_dtype(output.dtype()),
-                root as i32,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclBroadcast", code)
-    }
-
-    fn reduce(
-        &mut self,
-        input: &Tensor<'_>,
-        output: &Tensor<'_>,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let (src, n) = self.buffer(input, 0, None)?;
-        let (dst, _) = self.buffer(output, 0, None)?;
-        let red = RedOp::new(self.nccl, self.comm, self.call, op, input.dtype())?;
-        // SAFETY: live device buffers of `n` elements.
-        let code = unsafe {
-            (self.nccl.reduce)(
-                src,
-                dst,
-                n,
-                nccl_dtype(input.dtype()),
-                red.raw,
-                root as i32,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclReduce", code)
-    }
-
-    fn all_gather(&mut self, input: &Tensor<'_>, output: &Tensor<'_>) -> Result<()> {
-        let (src, n) = self.buffer(input, 0, None)?;
-        let (dst, _) = self.buffer(output, 0, None)?;
-        // SAFETY: `output` holds the group's size times `n` elements
-        // (validated).
-        let code = unsafe {
-            (self.nccl.all_gather)(
-                src,
-                dst,
-                n,
-                nccl_dtype(input.dtype()),
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclAllGather", code)
-    }
-
-    fn reduce_scatter(
-        &mut self,
-        input: &Tensor<'_>,
-        output: &Tensor<'_>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let (src, _) = self.buffer(input, 0, None)?;
-        let (dst, n) = self.buffer(output, 0, None)?;
-        let red = RedOp::new(self.nccl, self.comm, self.call, op, input.dtype())?;
-        // SAFETY: `input` holds the group's size times `n` elements
-        // (validated).
-        let code = unsafe {
-            (self.nccl.reduce_scatter)(
-                src,
-                dst,
-                n,
-                nccl_dtype(input.dtype()),
-                red.raw,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclReduceScatter", code)
-    }
-
-    /// Sends `count` elements of `t` from element `skip` (all of it when
-    /// `count` is `None`) to `peer`.
-    pub(crate) fn send(
-        &mut self,
-        t: &Tensor<'_>,
-        skip: usize,
-        count: Option<usize>,
-        peer: usize,
-    ) -> Result<()> {
-        let (p, n) = self.buffer(t, skip, count)?;
-        // SAFETY: a live device buffer of `n` elements.
-        let code = unsafe {
-            (self.nccl.send)(
-                p,
-                n,
-                nccl_dtype(t.dtype()),
-                peer as i32,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclSend", code)
-    }
-
-    /// Receives into `count` elements of `t` from element `skip`.
-    pub(crate) fn recv(
-        &mut self,
-        t: &Tensor<'_>,
-        skip: usize,
-        count: Option<usize>,
-        peer: usize,
-    ) -> Result<()> {
-        let (p, n) = self.buffer(t, skip, count)?;
-        // SAFETY: a live device buffer of `n` elements.
-        let code = unsafe {
-            (self.nccl.recv)(
-                p,
-                n,
-                nccl_dtype(t.dtype()),
-                peer as i32,
-                self.comm,
-                self.stream,
-            )
-        };
-        self.check("ncclRecv", code)
-    }
-
-    /// Copies `input` into `output` on `stream` (this rank's own part of a
-    /// gather or scatter).
-    fn copy(&mut self, input: &Tensor<'_>, output: &Tensor<'_>, stream: &Stream) -> Result<()> {
-        let (ctx, src) = input.cuda_ptr()?;
-        let (_, dst) = output.cuda_ptr()?;
-        runtime::copy_dtod_async(&ctx, dst, &ctx, src, input.nbytes(), stream)
-    }
-
-    /// Ends the group: NCCL queues its calls. A non-blocking
-    /// communicator may still be connecting (the first transfer between
-    /// two ranks); the next call must wait until it is done.
-    pub(crate) fn finish(mut self) -> Result<()> {
-        self.open = false;
-        // SAFETY: ends the group this launch started.
-        let code = unsafe { (self.nccl.group_end)() };
-        self.check("ncclGroupEnd", code)?;
-        if code == IN_PROGRESS {
-            self.communicator.wait_queued("ncclGroupEnd")?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Launch<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            // SAFETY: ends the group this launch started.
-            unsafe { (self.nccl.group_end)() };
-        }
     }
 }
 

@@ -7,6 +7,8 @@
 //! - `communicator`: one NCCL communicator: the unique id through the
 //!   store, non-blocking creation within a timeout, split, abort.
 //! - `types`: dtypes and reduce ops as NCCL's.
+//! - `plan`: a collective as the NCCL calls that run it, resolved before
+//!   any is made.
 //! - `group_backend`: the engine's backend: every collective queued on the
 //!   group's stream after the caller's current stream, with its
 //!   completion event.
@@ -22,6 +24,7 @@ mod communicator;
 mod group_backend;
 mod library;
 mod p2p;
+mod plan;
 mod process_group;
 mod types;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::group_backend::NcclBackend;
+use crate::group::collective::Collective;
 use crate::group::{DeviceEvent, Work};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -31,31 +32,35 @@ pub(crate) fn transfer(
         Direction::Send => ("send", format!("sending to rank {peer}")),
         Direction::Recv => ("recv", format!("receiving from rank {peer}")),
     };
-    if backend.comm.is_aborted() {
-        return Err(Error::GroupBroken {
-            op: name.into(),
-            seq: 0,
-        });
-    }
+    let deadline = Instant::now() + timeout;
     let event = {
         let _launch = backend
             .launch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         backend.order_after_caller()?;
-        let mut g = backend.group(name)?;
-        match direction {
-            Direction::Send => g.send(tensor, 0, None, peer)?,
-            Direction::Recv => g.recv(tensor, 0, None, peer)?,
-        }
-        g.finish()?;
-        backend.completion(Box::new(tensor.clone()))?
+        let collective = match direction {
+            // A send is a gather with one input and no outputs on a rank
+            // that is not its root; a receive a scatter's non-root part.
+            Direction::Send => Collective::Gather {
+                input: tensor.clone(),
+                outputs: Vec::new(),
+                root: peer,
+            },
+            Direction::Recv => Collective::Scatter {
+                output: tensor.clone(),
+                inputs: Vec::new(),
+                root: peer,
+            },
+        };
+        backend.queue(&collective, name, deadline)?;
+        backend.completion(Box::new(collective))?
     };
     let (work, completion) = Work::new();
     let bounded = Arc::new(Bounded {
         inner: event,
         backend: backend.clone(),
-        deadline: Instant::now() + timeout,
+        deadline,
         timeout,
         peer,
         during,
@@ -76,6 +81,8 @@ struct Bounded {
 
 impl DeviceEvent for Bounded {
     fn query(&self) -> Result<bool> {
+        // Aborted work looks complete: the abort's cause comes first.
+        self.backend.comm.enter().map(drop)?;
         if self.inner.query()? {
             return Ok(true);
         }

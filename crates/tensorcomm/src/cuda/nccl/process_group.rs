@@ -169,15 +169,27 @@ impl ProcessGroupNccl {
     /// call.
     fn submit(&self, call: Validated, timeout: Option<Duration>) -> Result<Work> {
         let device = Device::Cuda(self.device());
-        let wrong = call.collective.tensors().find(|t| t.device() != device);
-        if let Some(t) = wrong {
-            return Err(Error::InvalidCollective {
-                op: call.fingerprint.kind.name().into(),
-                reason: format!(
-                    "expected tensors on {device} (this group's GPU), found one on {}",
-                    t.device()
-                ),
-            });
+        let op = call.fingerprint.kind.name();
+        for t in call.collective.tensors() {
+            if t.device() != device {
+                return Err(Error::InvalidCollective {
+                    op: op.into(),
+                    reason: format!(
+                        "expected tensors on {device} (this group's GPU), found one on {}",
+                        t.device()
+                    ),
+                });
+            }
+            if !t.is_contiguous() {
+                return Err(Error::InvalidCollective {
+                    op: op.into(),
+                    reason: format!(
+                        "expected contiguous tensors (the NCCL backend sends elements in memory order), found shape {:?} with strides {:?}; pass a contiguous copy",
+                        t.shape(),
+                        t.strides()
+                    ),
+                });
+            }
         }
         self.engine.submit(call, timeout)
     }
@@ -221,6 +233,27 @@ impl ProcessGroupNccl {
         ));
         let global_ranks = members.iter().map(|&r| self.global_ranks[r]).collect();
         Self::over(store, "pg", comm, global_ranks, &self.options).map(Some)
+    }
+}
+
+impl Drop for ProcessGroupNccl {
+    /// Waits until the device is done with the collectives queued so far
+    /// (the engine, dropped next, lets go of their tensors); a collective
+    /// that never finishes is failed by the watchdog at its deadline, which
+    /// aborts the communicator and so ends this wait.
+    fn drop(&mut self) {
+        let Ok(done) = self.backend.stream.record() else {
+            return;
+        };
+        loop {
+            match done.query() {
+                Ok(false) if !self.backend.comm.is_aborted() => {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                _ => break,
+            }
+        }
+        let _ = done.synchronize();
     }
 }
 
