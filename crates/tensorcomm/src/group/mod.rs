@@ -42,6 +42,8 @@ pub(crate) mod engine;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;
+#[cfg(test)]
+mod host_engine_tests;
 mod mismatch_sides;
 mod new_group;
 mod reduce_op;

@@ -54,10 +54,6 @@ impl Completion {
     /// device until `event` has passed, and wakes every waiter (see
     /// [`Work`] for what waiting means then). On failure `event` is
     /// dropped.
-    #[allow(
-        dead_code,
-        reason = "for device backends; no backend completes on a device yet"
-    )]
     pub(crate) fn complete_on_device(&self, outcome: Result<()>, event: Arc<dyn DeviceEvent>) {
         let event = outcome.is_ok().then_some(event);
         self.finish(outcome, event);
