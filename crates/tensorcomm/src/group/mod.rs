@@ -49,6 +49,7 @@ mod new_group;
 mod reduce_op;
 mod sparse_work;
 mod stall_check;
+pub(crate) mod tensor_roles;
 pub(crate) mod turn;
 pub(crate) mod validate;
 mod watchdog;
