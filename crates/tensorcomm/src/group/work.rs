@@ -68,6 +68,14 @@ impl Completion {
         self.complete(outcome);
     }
 
+    /// Records a successful receive from `source` whose message still
+    /// goes to a device until `event` has passed (see
+    /// [`complete_on_device`](Self::complete_on_device)).
+    pub(crate) fn complete_recv_on_device(&self, source: usize, event: Arc<dyn DeviceEvent>) {
+        let _ = self.source.set(source);
+        self.complete_on_device(Ok(()), event);
+    }
+
     fn finish(&self, outcome: Result<()>, event: Option<Arc<dyn DeviceEvent>>) {
         let hooks = {
             let mut state = self.lock();
