@@ -293,7 +293,10 @@ fn cuda_tensors_through_the_cpu_backend_run_on_a_gpu_and_say_no_cuda_elsewhere()
                 .filter(|l| l.contains(" all_reduce "))
                 .collect();
             assert_eq!(rows.len(), 2, "{stdout}");
-            assert!(rows.iter().all(|r| r.trim_end().ends_with("OK")), "{stdout}");
+            assert!(
+                rows.iter().all(|r| r.trim_end().ends_with("OK")),
+                "{stdout}"
+            );
         }
         found => {
             println!("no GPU here ({found:?}): checking the NoCuda failure");

@@ -1,4 +1,5 @@
-//! The CPU process group: collectives on host tensors over a
+//! The CPU process group: collectives on host tensors (and on CUDA
+//! tensors, staged through pinned host memory by `cuda::staged`) over a
 //! [`RoutedTransport`] (shared memory with ranks on this host, TCP with the
 //! others; [`CpuOptions::transport`] or `TENSORCOMM_TRANSPORT` can force
 //! either), run in call order. A call queues its collective for the
@@ -194,6 +195,7 @@ impl ProcessGroupCpu {
             select,
             #[cfg(target_os = "linux")]
             arena,
+            #[cfg(feature = "cuda")]
             rank,
             #[cfg(feature = "cuda")]
             staging: Default::default(),

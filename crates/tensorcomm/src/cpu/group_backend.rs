@@ -33,6 +33,7 @@ pub(crate) struct CpuBackend {
     #[cfg(target_os = "linux")]
     pub(crate) arena: Option<Arc<GroupArena>>,
     /// This rank of the group.
+    #[cfg(feature = "cuda")]
     pub(crate) rank: usize,
     /// Where CUDA tensors are staged through host memory.
     #[cfg(feature = "cuda")]

@@ -49,6 +49,8 @@ mod new_group;
 mod reduce_op;
 mod sparse_work;
 mod stall_check;
+// Used by the staging of CUDA tensors only.
+#[cfg(feature = "cuda")]
 pub(crate) mod tensor_roles;
 pub(crate) mod turn;
 pub(crate) mod validate;
