@@ -31,6 +31,7 @@ impl Capabilities {
 
     /// A backend of host and CUDA tensors (the CPU backend, which stages
     /// CUDA tensors through host memory).
+    #[cfg(feature = "cuda")]
     pub(crate) const HOST_AND_CUDA: Capabilities = Capabilities {
         host: true,
         cuda: true,
