@@ -16,6 +16,16 @@ tensorcomm's reason.
     python3 bench/compare_gloo.py --tensorcomm target/release/tensorcomm \\
         --ops all_reduce --ranks 2,4,8 -b 8 -e 64M -f 2
 
+--device cuda times CUDA tensors instead: tensorcomm bench --device cuda
+(the CPU backend staging them through pinned memory) against PyTorch's
+Gloo on CUDA tensors (bench/gloo_cuda_torch.py: all_reduce only, each
+call timed with work.wait() then torch.cuda.synchronize(), median call).
+tensorcomm's column is its bench's mean call (also to the end of the copies
+back); the ratio is tensorcomm/gloo as before.
+
+    python3 bench/compare_gloo.py --device cuda --tensorcomm target/release/tensorcomm \
+        --ranks 2 --transports shm -b 8 -e 256M -f 4
+
 --no-gloo runs the tensorcomm half only (where PyTorch is missing);
 --json-out FILE also writes every measurement as JSON lines. Output lines
 that are not JSON objects (headers, launcher prefixes such as
@@ -87,11 +97,16 @@ def tensorcomm_cmd(args, op, ranks, transport):
     flags = ["--transport", "shm", "--symmetric"] if transport == "sym" else ["--transport", transport]
     return [args.tensorcomm, "bench", "--op", op, "--backend", "cpu", "-n", str(ranks),
             "-b", args.begin, "-e", args.end, "-f", str(args.factor), "--dtype", args.dtype,
-            "--iters", str(args.iters), "--warmup", str(args.warmup), "--json"] + flags
+            "--iters", str(args.iters), "--warmup", str(args.warmup), "--json",
+            "--device", args.device] + flags
 
 
 def gloo_cmd(args, op, ranks):
-    return [args.python, args.gloo_script, "--op", op, "-n", str(ranks), "-b", args.begin,
+    script = args.gloo_script
+    if script is None:
+        name = "gloo_cuda_torch.py" if args.device == "cuda" else "gloo_bench.py"
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return [args.python, script, "--op", op, "-n", str(ranks), "-b", args.begin,
             "-e", args.end, "-f", str(args.factor), "--dtype", args.dtype,
             "--warmup", str(args.warmup)]
 
@@ -144,7 +159,11 @@ def main(argv=None):
     p.add_argument("--tensorcomm", default="tensorcomm",
                    help="path of the tensorcomm binary (default: tensorcomm on PATH)")
     p.add_argument("--python", default=sys.executable, help="python with torch, for Gloo")
-    p.add_argument("--gloo-script", default=os.path.join(here, "gloo_bench.py"))
+    p.add_argument("--gloo-script", default=None,
+                   help="the PyTorch side (default: gloo_bench.py, or gloo_cuda_torch.py "
+                        f"with --device cuda, in {here})")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the tensors are (cuda: see above)")
     p.add_argument("--ops", default="all_reduce", help="comma-separated ops")
     p.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts")
     p.add_argument("-b", "--begin", default="8")
@@ -166,6 +185,8 @@ def main(argv=None):
     except ValueError as e:
         p.error(f"expected sizes like 8, 64K, 64M and ranks like 2,4,8: {e}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if args.device == "cuda" and not args.no_gloo and args.gloo_script is None and ops != ["all_reduce"]:
+        p.error("--device cuda compares all_reduce only (bench/gloo_cuda_torch.py times nothing else)")
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     bad = [t for t in transports if t not in ("shm", "tcp", "auto", "sym")]
     if bad or not transports:

@@ -51,6 +51,17 @@ class ParseAndTable(unittest.TestCase):
         self.assertEqual(compare_gloo.parse_size("64M"), 64 << 20)
         self.assertEqual(compare_gloo.parse_size("8"), 8)
 
+    def test_device_cuda_passes_the_device_and_picks_the_cuda_script(self):
+        class Args:
+            tensorcomm, python, gloo_script, device = "tc", "py", None, "cuda"
+            begin, end, factor, dtype, iters, warmup = "8", "64", 2, "f32", 5, 1
+        tc = compare_gloo.tensorcomm_cmd(Args, "all_reduce", 2, "shm")
+        self.assertEqual(tc[tc.index("--device") + 1], "cuda")
+        self.assertTrue(compare_gloo.gloo_cmd(Args, "all_reduce", 2)[1].endswith(
+            "gloo_cuda_torch.py"))
+        Args.device = "cpu"
+        self.assertTrue(compare_gloo.gloo_cmd(Args, "all_reduce", 2)[1].endswith("gloo_bench.py"))
+
     @unittest.skipUnless(os.environ.get("TENSORCOMM_BIN"), "set TENSORCOMM_BIN to run")
     def test_the_tensorcomm_half_runs(self):
         out = "/tmp/compare_gloo_test.jsonl"

@@ -266,3 +266,49 @@ fn a_one_rank_ring_and_symmetric_sparse_tensors_are_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn cuda_tensors_through_the_cpu_backend_run_on_a_gpu_and_say_no_cuda_elsewhere() {
+    let args = [
+        "--device",
+        "cuda",
+        "-n",
+        "2",
+        "--op",
+        "all_reduce",
+        "--sizes",
+        "8,1M",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ];
+    let (ok, stdout, stderr) = bench(&args);
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(n) if n >= 1 => {
+            assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            assert!(stdout.contains("tensors on cuda:0"), "{stdout}");
+            let rows: Vec<&str> = stdout
+                .lines()
+                .filter(|l| l.contains(" all_reduce "))
+                .collect();
+            assert_eq!(rows.len(), 2, "{stdout}");
+            assert!(
+                rows.iter().all(|r| r.trim_end().ends_with("OK")),
+                "{stdout}"
+            );
+        }
+        found => {
+            println!("no GPU here ({found:?}): checking the NoCuda failure");
+            assert!(!ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            assert!(stderr.contains("CUDA is not available"), "{stderr}");
+            assert!(!stderr.contains("panicked"), "{stderr}");
+        }
+    }
+    let (ok, _, stderr) = bench(&["--device", "cuda", "--backend", "nccl"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--device cuda goes with --backend cpu"),
+        "{stderr}"
+    );
+}

@@ -21,6 +21,13 @@
 //! 1-D COO tensors whose entries partly overlap between ranks,
 //! `sparse.rs`); `ops.rs` says what each row's count is and checks.
 //!
+//! `--device cuda` (with `--backend cpu`) puts each rank's tensors on
+//! cuda:(LOCAL_RANK % GPUs), so the CPU backend stages them through pinned
+//! host memory; each call is timed to the end of its copies back (`wait()`
+//! then the device synchronized), as `bench/gloo_cuda_torch.py` times
+//! PyTorch's Gloo on CUDA tensors (`bench/compare_gloo.py --device cuda`
+//! prints the ratios).
+//!
 //! `--backend nccl` times the NCCL process group on CUDA tensors, one rank
 //! per GPU, with the caller's host time per call beside the device time
 //! (`nccl.rs`).
@@ -45,10 +52,20 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::transport::{TransportChoice, TRANSPORT_ENV};
-use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp};
 
 pub use row::Row;
+
+/// Where the cpu backend's tensors are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDevice {
+    /// Host memory.
+    Cpu,
+    /// GPU memory (cuda:LOCAL_RANK % GPUs), staged through pinned host
+    /// memory by the CPU backend.
+    Cuda,
+}
 
 /// Which process-group backend runs the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -235,6 +252,12 @@ pub struct BenchArgs {
     /// from bench/cuda_comm_torch.py) to print ratios against.
     #[arg(long)]
     torch: Option<std::path::PathBuf>,
+    /// cpu: where the tensors are. cuda puts rank r's on cuda:(LOCAL_RANK %
+    /// GPUs) (ranks may share a GPU); each call is then timed to the end
+    /// of its copies back (`wait()`, then the device synchronized), as
+    /// bench/gloo_cuda_torch.py times PyTorch's Gloo.
+    #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
+    device: BenchDevice,
     /// A label printed in the table's title line (e.g. the copy method).
     #[arg(long, default_value = "")]
     label: String,
@@ -275,6 +298,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
     if args.factor < 2 || args.min_bytes == 0 || args.min_bytes > args.max_bytes || args.iters == 0
     {
         eprintln!("tensorcomm bench: expected 0 < -b <= -e, -f >= 2 and --iters >= 1");
+        return ExitCode::from(2);
+    }
+    if args.device == BenchDevice::Cuda && (args.backend != BenchBackend::Cpu || args.symmetric) {
+        eprintln!("tensorcomm bench: --device cuda goes with --backend cpu, without --symmetric");
         return ExitCode::from(2);
     }
     if args.sizes.contains(&0) {
@@ -384,6 +411,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if args.symmetric {
         rank_args.push("--symmetric".into());
     }
+    if args.device == BenchDevice::Cuda {
+        rank_args.push("--device=cuda".into());
+    }
     if !args.sizes.is_empty() {
         let sizes: Vec<String> = args.sizes.iter().map(usize::to_string).collect();
         rank_args.push(format!("--sizes={}", sizes.join(",")));
@@ -413,9 +443,10 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let (rank, ranks) = (pg.rank(), pg.size());
     ops::check_ranks(op, ranks)?;
     let dtype = args.dtype;
+    let device = bench_device(args.device)?;
     if rank == 0 && !args.json {
         println!(
-            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport{}), {} iterations after {} warm-up",
+            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
             op.name(),
             dtype,
             args.backend,
@@ -436,8 +467,8 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
         let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
-        let correct = check(&*pg, op, dtype, count, args.symmetric)?;
-        let time_us = time(&*pg, op, args, dtype, count)?;
+        let correct = check(&*pg, op, dtype, count, args.symmetric, device)?;
+        let time_us = time(&*pg, op, args, dtype, count, device)?;
         all_correct &= correct;
         progress.clear();
         if rank == 0 {
@@ -483,6 +514,37 @@ fn sizes(args: &BenchArgs) -> Vec<usize> {
     sizes
 }
 
+/// The device `--device` puts this rank's tensors on: cuda:(LOCAL_RANK %
+/// GPUs) for cuda.
+fn bench_device(device: BenchDevice) -> tensorcomm::Result<Device> {
+    match device {
+        BenchDevice::Cpu => Ok(Device::Cpu),
+        BenchDevice::Cuda => {
+            let gpus = tensorcomm::cuda::runtime::device_count()?;
+            if gpus == 0 {
+                return Err(tensorcomm::Error::NoCuda {
+                    reason: "--device cuda: this machine has no GPU".into(),
+                });
+            }
+            let local: usize = std::env::var("LOCAL_RANK")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            Ok(Device::Cuda(local % gpus))
+        }
+    }
+}
+
+/// After an op's `wait()`: on a GPU, blocks until the device is done too
+/// (PyTorch's `torch.cuda.synchronize()`), so the host may read results
+/// and a timed call includes its copies back.
+fn settle(device: Device) -> tensorcomm::Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(gpu) => tensorcomm::cuda::runtime::context(gpu)?.synchronize(),
+    }
+}
+
 /// Runs the op once on fresh inputs and compares every element (and what
 /// waiting on it gave back) with the reference; the verdict is agreed by
 /// all ranks (MIN).
@@ -492,10 +554,13 @@ fn check(
     dtype: DType,
     count: usize,
     symmetric: bool,
+    device: Device,
 ) -> tensorcomm::Result<bool> {
     let (rank, ranks) = (pg.rank(), pg.size());
     let buffers = ops::setup(op, (rank, ranks), dtype, count, symmetric.then_some(pg))?;
+    let buffers = buffers.into_device(device)?;
     let outcome = ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
+    settle(device)?;
     let ok = ops::verify(op, rank, ranks, dtype, count, &buffers, &outcome)?;
     let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
     pg.all_reduce(&verdict, ReduceOp::Min, None)?.wait()?;
@@ -509,11 +574,16 @@ fn time(
     args: &BenchArgs,
     dtype: DType,
     count: usize,
+    device: Device,
 ) -> tensorcomm::Result<f64> {
     let symmetric = args.symmetric.then_some(pg);
     let buffers = ops::setup(op, (pg.rank(), pg.size()), dtype, count, symmetric)?;
+    let buffers = buffers.into_device(device)?;
     let reduce = ops::timed_reduce(op);
-    let once = || ops::launch(pg, op, &buffers, reduce)?.wait().map(drop);
+    let once = || {
+        ops::launch(pg, op, &buffers, reduce)?.wait()?;
+        settle(device)
+    };
     for _ in 0..args.warmup {
         once()?;
     }

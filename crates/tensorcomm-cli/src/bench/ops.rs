@@ -23,7 +23,7 @@
 //! without error.
 
 use tensorcomm::group::{ProcessGroup, ReduceOp};
-use tensorcomm::tensor::{DType, SparseTensor, Tensor};
+use tensorcomm::tensor::{DType, Device, SparseTensor, Tensor};
 
 use super::data::{all_reduce_sum, decode, make, value};
 use super::pending::{Outcome, Pending};
@@ -38,6 +38,23 @@ pub struct Buffers {
     outputs: Vec<Tensor<'static>>,
     /// The sparse all-reduce's input.
     sparse: Option<SparseTensor>,
+}
+
+impl Buffers {
+    /// The same buffers with every tensor copied to `device` (a sparse
+    /// input's values too).
+    pub fn into_device(self, device: Device) -> tensorcomm::Result<Buffers> {
+        let move_all = |ts: Vec<Tensor<'static>>| {
+            ts.iter()
+                .map(|t| t.to_device(device))
+                .collect::<tensorcomm::Result<Vec<_>>>()
+        };
+        Ok(Buffers {
+            inputs: move_all(self.inputs)?,
+            outputs: move_all(self.outputs)?,
+            sparse: self.sparse.map(|s| s.to_device(device)).transpose()?,
+        })
+    }
 }
 
 /// True for ops whose buffer is split into one piece per rank.

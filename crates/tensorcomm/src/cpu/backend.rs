@@ -1,4 +1,5 @@
-//! The CPU process group: collectives on host tensors over a
+//! The CPU process group: collectives on host tensors (and on CUDA
+//! tensors, staged through pinned host memory by `cuda::staged`) over a
 //! [`RoutedTransport`] (shared memory with ranks on this host, TCP with the
 //! others; [`CpuOptions::transport`] or `TENSORCOMM_TRANSPORT` can force
 //! either), run in call order. A call queues its collective for the
@@ -36,12 +37,12 @@ use std::time::Duration;
 #[cfg(target_os = "linux")]
 use super::group_arena::GroupArena;
 use super::group_backend::CpuBackend;
-use super::p2p::P2p;
+use super::p2p::{AfterRecv, BeforeSend, P2p};
 use super::select::Selection;
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, TransportChoice,
 };
-use crate::group::collective::{Capabilities, Collective, Scope};
+use crate::group::collective::{Capabilities, Collective, Scope, Validated};
 use crate::group::engine::Engine;
 use crate::group::validate::{check_dense, check_peer_rank};
 use crate::group::{check_group_ranks, subgroup_prefix, FlightRecorder, SparseSlot, SparseWork};
@@ -83,6 +84,13 @@ impl Default for CpuOptions {
 /// quarter of a collective link's (larger messages stream through it), as
 /// every group keeps a second mesh of links for point-to-point messages.
 const P2P_SHM_CAPACITY: usize = 1 << 20;
+
+/// What the CPU group takes: host tensors, and CUDA tensors where CUDA is
+/// built in (staged through pinned host memory, see `cuda::staged`).
+#[cfg(feature = "cuda")]
+const GROUP_CAPS: Capabilities = Capabilities::HOST_AND_CUDA;
+#[cfg(not(feature = "cuda"))]
+const GROUP_CAPS: Capabilities = Capabilities::HOST;
 
 /// The CPU backend's [`ProcessGroup`].
 pub struct ProcessGroupCpu {
@@ -187,6 +195,10 @@ impl ProcessGroupCpu {
             select,
             #[cfg(target_os = "linux")]
             arena,
+            #[cfg(feature = "cuda")]
+            rank,
+            #[cfg(feature = "cuda")]
+            staging: Default::default(),
         });
         let engine = Engine::start(
             backend.clone(),
@@ -207,7 +219,7 @@ impl ProcessGroupCpu {
             scope: Scope {
                 rank,
                 size,
-                caps: Capabilities::HOST,
+                caps: GROUP_CAPS,
             },
             engine,
             backend,
@@ -249,6 +261,49 @@ impl ProcessGroupCpu {
     pub fn p2p_route(&self, peer: usize) -> Route {
         self.backend.p2p.route(peer)
     }
+
+    /// Queues a validated call. A call's CUDA tensors must be on one GPU
+    /// (checked here, on the calling rank, before anything is sent).
+    fn submit(&self, call: Validated, timeout: Option<Duration>) -> Result<Work> {
+        #[cfg(feature = "cuda")]
+        crate::cuda::staged::gpu_of(call.fingerprint.kind.name(), &call.collective)?;
+        self.engine.submit(call, timeout)
+    }
+
+    /// What a send of `tensor` sends from, and what it waits for first:
+    /// the tensor itself, or for a CUDA tensor its host copy, whose copy
+    /// down is queued now (after the caller's current stream).
+    fn send_source(
+        &self,
+        tensor: &Tensor<'static>,
+    ) -> Result<(Tensor<'static>, Option<BeforeSend>)> {
+        #[cfg(feature = "cuda")]
+        if let crate::tensor::Device::Cuda(gpu) = tensor.device() {
+            let staged =
+                crate::cuda::staged::StagedP2p::send(self.backend.staging.device(gpu)?, tensor)?;
+            let host = staged.host().clone();
+            return Ok((host, Some(Box::new(move || staged.wait_copied_down()))));
+        }
+        Ok((tensor.clone(), None))
+    }
+
+    /// What a receive into `tensor` receives into, and what it does once
+    /// the message has landed: the tensor itself, or for a CUDA tensor a
+    /// host copy that is then copied up (after the work queued so far on
+    /// the caller's current stream).
+    fn recv_target(
+        &self,
+        tensor: &Tensor<'static>,
+    ) -> Result<(Tensor<'static>, Option<AfterRecv>)> {
+        #[cfg(feature = "cuda")]
+        if let crate::tensor::Device::Cuda(gpu) = tensor.device() {
+            let staged =
+                crate::cuda::staged::StagedP2p::recv(self.backend.staging.device(gpu)?, tensor)?;
+            let host = staged.host().clone();
+            return Ok((host, Some(Box::new(move || staged.copy_up()))));
+        }
+        Ok((tensor.clone(), None))
+    }
 }
 
 impl ProcessGroup for ProcessGroupCpu {
@@ -275,7 +330,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_reduce(&self.scope, tensor, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn symmetric_zeros(&self, shape: &[usize], dtype: DType) -> Result<Tensor<'static>> {
@@ -308,7 +363,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::broadcast(&self.scope, tensor, root)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn reduce(
@@ -319,7 +374,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::reduce(&self.scope, tensor, root, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_gather(
@@ -329,7 +384,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_gather(&self.scope, outputs, input)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_gather_into_tensor(
@@ -339,7 +394,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_gather_into_tensor(&self.scope, output, input)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_gather_coalesced(
@@ -349,7 +404,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_gather_coalesced(&self.scope, outputs, inputs)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_gather_into_tensor_coalesced(
@@ -359,7 +414,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_gather_into_tensor_coalesced(&self.scope, outputs, inputs)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn gather(
@@ -370,7 +425,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::gather(&self.scope, input, outputs, root)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn scatter(
@@ -381,7 +436,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::scatter(&self.scope, output, inputs, root)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn reduce_scatter(
@@ -392,7 +447,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::reduce_scatter(&self.scope, output, inputs, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn reduce_scatter_tensor(
@@ -403,7 +458,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::reduce_scatter_tensor(&self.scope, output, input, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn reduce_scatter_tensor_coalesced(
@@ -414,7 +469,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::reduce_scatter_tensor_coalesced(&self.scope, outputs, inputs, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_to_all(
@@ -424,7 +479,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_to_all(&self.scope, outputs, inputs)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_to_all_single(
@@ -442,7 +497,7 @@ impl ProcessGroup for ProcessGroupCpu {
             output_split_sizes,
             input_split_sizes,
         )?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn all_reduce_coalesced(
@@ -452,7 +507,7 @@ impl ProcessGroup for ProcessGroupCpu {
         timeout: Option<Duration>,
     ) -> Result<Work> {
         let call = Collective::all_reduce_coalesced(&self.scope, tensors, op)?;
-        self.engine.submit(call, timeout)
+        self.submit(call, timeout)
     }
 
     fn barrier(&self, timeout: Option<Duration>) -> Result<Work> {
@@ -469,7 +524,8 @@ impl ProcessGroup for ProcessGroupCpu {
         check_dense("send", tensor, self.scope.caps)?;
         check_peer_rank("send", dst, self.rank(), self.size())?;
         let timeout = timeout.unwrap_or(self.engine.default_timeout());
-        Ok(self.backend.p2p.send(tensor.clone(), dst, tag, timeout))
+        let (source, before) = self.send_source(tensor)?;
+        Ok(self.backend.p2p.send(source, dst, tag, timeout, before))
     }
 
     fn recv(
@@ -482,10 +538,11 @@ impl ProcessGroup for ProcessGroupCpu {
         check_dense("recv", tensor, self.scope.caps)?;
         check_peer_rank("recv", src, self.rank(), self.size())?;
         let timeout = timeout.unwrap_or(self.engine.default_timeout());
+        let (target, after) = self.recv_target(tensor)?;
         Ok(self
             .backend
             .p2p
-            .recv(tensor.clone(), Some(src), tag, timeout))
+            .recv(target, Some(src), tag, timeout, after))
     }
 
     fn recv_any_source(
@@ -503,7 +560,8 @@ impl ProcessGroup for ProcessGroupCpu {
             });
         }
         let timeout = timeout.unwrap_or(self.engine.default_timeout());
-        Ok(self.backend.p2p.recv(tensor.clone(), None, tag, timeout))
+        let (target, after) = self.recv_target(tensor)?;
+        Ok(self.backend.p2p.recv(target, None, tag, timeout, after))
     }
 
     fn monitored_barrier(&self, timeout: Option<Duration>, wait_all: bool) -> Result<Work> {
@@ -525,7 +583,7 @@ impl ProcessGroup for ProcessGroupCpu {
     ) -> Result<SparseWork> {
         let slot: SparseSlot = Arc::default();
         let call = Collective::all_reduce_sparse(&self.scope, tensor, op, slot.clone())?;
-        let work = self.engine.submit(call, timeout)?;
+        let work = self.submit(call, timeout)?;
         Ok(SparseWork::new(work, slot))
     }
 

@@ -3,7 +3,9 @@
 //! arena, and how one collective runs over them, with this rank's
 //! fingerprint carried in front of its first message to each peer (and
 //! checked both ways on every pair that talks), and the call described
-//! in full when it fails.
+//! in full when it fails. A call with CUDA tensors is staged through
+//! pinned host memory (`cuda::staged`): prepared on the caller's thread,
+//! run on the host copies, and finished on the device.
 
 use std::sync::Arc;
 
@@ -30,11 +32,47 @@ pub(crate) struct CpuBackend {
     /// shared memory.
     #[cfg(target_os = "linux")]
     pub(crate) arena: Option<Arc<GroupArena>>,
+    /// This rank of the group.
+    #[cfg(feature = "cuda")]
+    pub(crate) rank: usize,
+    /// Where CUDA tensors are staged through host memory.
+    #[cfg(feature = "cuda")]
+    pub(crate) staging: crate::cuda::staged::Staging,
 }
 
 impl GroupBackend for CpuBackend {
+    #[cfg(feature = "cuda")]
+    fn prepare(&self, collective: &Collective) -> Result<Option<crate::group::backend::Prepared>> {
+        use crate::cuda::staged::{gpu_of, StagedCall};
+        let Some(gpu) = gpu_of("collective", collective)? else {
+            return Ok(None);
+        };
+        let staged = StagedCall::prepare(self.staging.device(gpu)?, collective, self.rank)?;
+        Ok(Some(Box::new(staged)))
+    }
+
     fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
-        self.run_on_host(collective, call).map(|()| None)
+        let prepared = call.take_prepared()?;
+        #[cfg(feature = "cuda")]
+        if let Some(staged) = prepared {
+            let Ok(staged) = staged.downcast::<crate::cuda::staged::StagedCall>() else {
+                return Err(crate::Error::InvalidArgument(
+                    "the CPU backend was handed a call it did not prepare".into(),
+                ));
+            };
+            let ran = staged
+                .wait_copied_down()
+                .and_then(|()| self.run_on_host(staged.host(), collective, call));
+            if let Err(e) = ran {
+                call.describe(describe(&call.fingerprint, collective));
+                return Err(e);
+            }
+            return staged.copy_up().map(Some);
+        }
+        #[cfg(not(feature = "cuda"))]
+        drop(prepared);
+        self.run_on_host(collective, collective, call)
+            .map(|()| None)
     }
 
     fn abort(&self) {
@@ -43,8 +81,15 @@ impl GroupBackend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// Runs `collective` to its end on this thread.
-    fn run_on_host(&self, collective: &Collective, call: &Call) -> Result<()> {
+    /// Runs `collective` to its end on this thread; on failure describes
+    /// the call as `described` (the caller's collective, of which
+    /// `collective` may be the host copy).
+    fn run_on_host(
+        &self,
+        collective: &Collective,
+        described: &Collective,
+        call: &Call,
+    ) -> Result<()> {
         if let Collective::MonitoredBarrier { wait_all, wait } = *collective {
             // Over the point-to-point links, tagged with the sequence
             // number (the same on every rank).
@@ -72,7 +117,7 @@ impl CpuBackend {
             if let Some((peer, theirs)) = t.mismatched() {
                 call.report_mismatch(peer, theirs);
             }
-            call.describe(describe(&call.fingerprint, collective));
+            call.describe(describe(&call.fingerprint, described));
         }
         outcome
     }

@@ -10,6 +10,8 @@
 //!   nodes), a backend of the group engine.
 //! - [`comm`]: `torch.cuda.comm` for Rust — broadcast, scatter, gather and
 //!   reduce between the GPUs of one process.
+//! - `staged` (crate-internal): CUDA tensors through the CPU process
+//!   group, staged through pinned host memory.
 //!
 //! Nothing CUDA is needed to build: the driver is loaded at run time, and
 //! without one every call returns [`Error::NoCuda`](crate::Error::NoCuda).
@@ -18,3 +20,4 @@ pub mod comm;
 pub mod kernels;
 pub mod nccl;
 pub mod runtime;
+pub(crate) mod staged;

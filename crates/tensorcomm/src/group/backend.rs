@@ -4,7 +4,8 @@
 //! turns, sequence numbers, deadlines, failure reports, the flight
 //! recorder) is the [`Engine`](super::engine::Engine)'s.
 
-use std::sync::{Arc, OnceLock};
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use super::collective::Collective;
@@ -12,13 +13,20 @@ use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::work::DeviceEvent;
 use crate::Result;
 
+/// What a backend's [`GroupBackend::prepare`] made of a call on the
+/// caller's thread, handed back to its [`GroupBackend::run`] through
+/// [`Call::take_prepared`]. The engine never looks inside.
+pub(crate) type Prepared = Box<dyn Any + Send>;
+
 /// One collective as the engine hands it to a backend: its fingerprint
-/// (sequence number filled in) and deadline, and where the backend says
-/// which peer's fingerprint differed when it finds a mismatch, and what
-/// the call was when it failed.
+/// (sequence number filled in) and deadline, what the backend prepared
+/// for it at call time, and where the backend says which peer's
+/// fingerprint differed when it finds a mismatch, and what the call was
+/// when it failed.
 pub(crate) struct Call {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline: Instant,
+    prepared: Mutex<Option<Result<Option<Prepared>>>>,
     mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
     described: OnceLock<String>,
 }
@@ -28,9 +36,26 @@ impl Call {
         Call {
             fingerprint,
             deadline,
+            prepared: Mutex::new(None),
             mismatched: OnceLock::new(),
             described: OnceLock::new(),
         }
+    }
+
+    /// The call with what [`GroupBackend::prepare`] returned for it.
+    pub(crate) fn with_prepared(self, prepared: Result<Option<Prepared>>) -> Self {
+        *self.prepared.lock().unwrap_or_else(PoisonError::into_inner) = Some(prepared);
+        self
+    }
+
+    /// What [`GroupBackend::prepare`] returned for this call (its error,
+    /// if it failed); `Ok(None)` once taken, or if nothing was prepared.
+    pub(crate) fn take_prepared(&self) -> Result<Option<Prepared>> {
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or(Ok(None))
     }
 
     /// Records that `peer` sent the fingerprint `theirs`, unlike this
@@ -61,6 +86,18 @@ impl Call {
 
 /// What a backend does for the engine.
 pub(crate) trait GroupBackend: Send + Sync + 'static {
+    /// Runs on the caller's thread when `collective` is submitted, before
+    /// it is queued (so in call order with the caller's other work, such
+    /// as its current CUDA stream), and may return something for
+    /// [`run`](GroupBackend::run) to take back with
+    /// [`Call::take_prepared`]. An error is the collective's error when
+    /// it runs (so the group fails on every rank, not only here). By
+    /// default nothing is prepared.
+    fn prepare(&self, collective: &Collective) -> Result<Option<Prepared>> {
+        let _ = collective;
+        Ok(None)
+    }
+
     /// Runs `collective` (validated, its turn come) on the calling thread
     /// until it completes, fails or passes `call.deadline`. On a mismatch
     /// found through its own messages it calls [`Call::report_mismatch`]
@@ -72,6 +109,11 @@ pub(crate) trait GroupBackend: Send + Sync + 'static {
     /// watchdog polls that event against the deadline.
     /// The engine keeps `collective` (its tensors) until the device work
     /// is done.
+    ///
+    /// A host backend may also return an event (copies of results back
+    /// to a GPU still queued): its `Work` then completes on the device.
+    /// The engine does not watch such an event or keep the collective
+    /// for it; the backend keeps what the device work needs alive.
     fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>>;
 
     /// Closes this rank's connections so the other ranks fail promptly;

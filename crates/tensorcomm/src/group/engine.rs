@@ -145,6 +145,11 @@ impl Engine {
             collective,
         } = call;
         let timeout = timeout.unwrap_or(self.timeout);
+        // On the caller's thread, before the call is queued: what the
+        // backend must do in call order with the caller (see
+        // `GroupBackend::prepare`); a failure here fails the collective
+        // when it runs, so every rank hears of it.
+        let prepared = self.shared.backend.prepare(&collective);
         let deadline = Instant::now() + timeout;
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         fingerprint.seq = queue.next_seq;
@@ -154,7 +159,8 @@ impl Engine {
             // Still under the queue's lock: device work is queued in call
             // order.
             dog.started(&fingerprint);
-            let outcome = run(&self.shared, Call::new(fingerprint, deadline), &collective);
+            let call = Call::new(fingerprint, deadline).with_prepared(prepared);
+            let outcome = run(&self.shared, call, &collective);
             let pending = Pending {
                 fingerprint,
                 collective,
@@ -169,14 +175,23 @@ impl Engine {
         let (work, completion) = Work::new();
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            let outcome = {
+            let (outcome, event) = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
-                let outcome =
-                    run(&shared, Call::new(fingerprint, deadline), &collective).map(|_| ());
+                let call = Call::new(fingerprint, deadline).with_prepared(prepared);
+                let (outcome, event) = match run(&shared, call, &collective) {
+                    Ok(event) => (Ok(()), event),
+                    Err(e) => (Err(e), None),
+                };
                 shared.recorder.finished(fingerprint.seq, &outcome);
-                outcome
+                (outcome, event)
             };
-            completion.complete(outcome)
+            // A host backend may leave device work behind (copies of CUDA
+            // tensors back to their GPU): the work then completes on the
+            // device, as a device backend's does.
+            match event {
+                Some(event) => completion.complete_on_device(outcome, event),
+                None => completion.complete(outcome),
+            }
         });
         let job = Arc::new(QueuedJob {
             job: Mutex::new(Some(job)),

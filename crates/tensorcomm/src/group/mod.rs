@@ -42,11 +42,16 @@ pub(crate) mod engine;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;
+#[cfg(test)]
+mod host_engine_tests;
 mod mismatch_sides;
 mod new_group;
 mod reduce_op;
 mod sparse_work;
 mod stall_check;
+// Used by the staging of CUDA tensors only.
+#[cfg(feature = "cuda")]
+pub(crate) mod tensor_roles;
 pub(crate) mod turn;
 pub(crate) mod validate;
 mod watchdog;

@@ -15,10 +15,26 @@ pub(crate) struct Capabilities {
 }
 
 impl Capabilities {
-    /// A backend of host tensors only (the CPU backend today).
+    /// A backend of host tensors only (the CPU backend built without
+    /// CUDA).
+    #[cfg_attr(
+        all(feature = "cuda", not(test)),
+        allow(
+            dead_code,
+            reason = "the CPU group takes CUDA tensors too where CUDA is built in"
+        )
+    )]
     pub(crate) const HOST: Capabilities = Capabilities {
         host: true,
         cuda: false,
+    };
+
+    /// A backend of host and CUDA tensors (the CPU backend, which stages
+    /// CUDA tensors through host memory).
+    #[cfg(feature = "cuda")]
+    pub(crate) const HOST_AND_CUDA: Capabilities = Capabilities {
+        host: true,
+        cuda: true,
     };
 
     /// True if a tensor on `device` may be passed.

@@ -54,10 +54,6 @@ impl Completion {
     /// device until `event` has passed, and wakes every waiter (see
     /// [`Work`] for what waiting means then). On failure `event` is
     /// dropped.
-    #[allow(
-        dead_code,
-        reason = "for device backends; no backend completes on a device yet"
-    )]
     pub(crate) fn complete_on_device(&self, outcome: Result<()>, event: Arc<dyn DeviceEvent>) {
         let event = outcome.is_ok().then_some(event);
         self.finish(outcome, event);
@@ -70,6 +66,14 @@ impl Completion {
             let _ = self.source.set(source);
         });
         self.complete(outcome);
+    }
+
+    /// Records a successful receive from `source` whose message still
+    /// goes to a device until `event` has passed (see
+    /// [`complete_on_device`](Self::complete_on_device)).
+    pub(crate) fn complete_recv_on_device(&self, source: usize, event: Arc<dyn DeviceEvent>) {
+        let _ = self.source.set(source);
+        self.complete_on_device(Ok(()), event);
     }
 
     fn finish(&self, outcome: Result<()>, event: Option<Arc<dyn DeviceEvent>>) {

@@ -33,7 +33,7 @@ pub(crate) use message::Channel;
 use message::{Header, HEADER_LEN};
 
 use super::transport::{RoutedTransport, RoutedTransportOptions, Transport};
-use crate::group::Work;
+use crate::group::{DeviceEvent, Work};
 use crate::store::Store;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -115,6 +115,15 @@ impl Link {
 }
 
 type SendJob = Box<dyn FnOnce() + Send>;
+
+/// Runs on the sender thread before a send reads its tensor (a staged
+/// CUDA tensor waits there for its copy to the host).
+pub(crate) type BeforeSend = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// Runs after a receive's message landed in its tensor, on the thread
+/// that delivered it (a staged CUDA tensor queues its copy back to the
+/// GPU there); the `Work` then completes on the device event it gives.
+pub(crate) type AfterRecv = Box<dyn FnOnce() -> Result<Arc<dyn DeviceEvent>> + Send>;
 
 /// One rank's point-to-point side of a group.
 pub(crate) struct P2p {
@@ -201,21 +210,25 @@ impl P2p {
         self.link.write(to, channel, tag, data, deadline)
     }
 
-    /// Queues the bytes of `tensor` to `to` with `tag` on the sender thread.
+    /// Queues the bytes of `tensor` to `to` with `tag` on the sender
+    /// thread, after `before`, if given.
     pub(crate) fn send(
         &self,
         tensor: Tensor<'static>,
         to: usize,
         tag: u64,
         timeout: Duration,
+        before: Option<BeforeSend>,
     ) -> Work {
         let (work, completion) = Work::new();
         let link = self.link.clone();
         let deadline = Instant::now() + timeout;
         let job: SendJob = Box::new(move || {
-            let outcome = tensor
-                .with_bytes(|data| link.write(to, Channel::User, tag, data, deadline))
-                .and_then(|sent| sent);
+            let outcome = before.map_or(Ok(()), |before| before()).and_then(|()| {
+                tensor
+                    .with_bytes(|data| link.write(to, Channel::User, tag, data, deadline))
+                    .and_then(|sent| sent)
+            });
             completion.complete(outcome);
         });
         let sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
@@ -230,18 +243,27 @@ impl P2p {
     }
 
     /// Receives a message with `tag` from `from` (any peer when `None`)
-    /// into `tensor`, which must be exactly the message's size.
+    /// into `tensor`, which must be exactly the message's size, then runs
+    /// `after`, if given.
     pub(crate) fn recv(
         &self,
         tensor: Tensor<'static>,
         from: Option<usize>,
         tag: u64,
         timeout: Duration,
+        after: Option<AfterRecv>,
     ) -> Work {
         let (work, completion) = Work::new();
         let rank = self.rank;
         let deliver: Deliver = Box::new(move |message: Result<Message>| {
-            completion.complete_recv(message.and_then(|m| copy_into(&tensor, m, rank, tag)));
+            let landed = message.and_then(|m| copy_into(&tensor, m, rank, tag));
+            match (landed, after) {
+                (Ok(source), Some(after)) => match after() {
+                    Ok(event) => completion.complete_recv_on_device(source, event),
+                    Err(e) => completion.complete_recv(Err(e)),
+                },
+                (landed, _) => completion.complete_recv(landed),
+            }
         });
         self.mailbox
             .post(from, Channel::User, tag, timeout, deliver);

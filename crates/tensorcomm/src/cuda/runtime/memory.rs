@@ -331,6 +331,59 @@ pub(crate) fn copy_dtoh_sync(ctx: &Context, dst: &mut [u8], src: DevicePtr) -> R
     stream.synchronize()
 }
 
+/// Queues a copy of `len` bytes from the device to host memory at `dst`
+/// on `stream`, and returns without waiting for it (the copy runs
+/// asynchronously to the host only from pinned memory).
+///
+/// # Safety
+///
+/// `dst .. dst + len` must be pinned host memory ([`PinnedBuffer`]) that
+/// stays allocated, and that the host neither reads nor writes, until
+/// `stream` has run the copy; `src .. src + len` must lie in device memory
+/// of `ctx` that stays allocated until then.
+pub(crate) unsafe fn copy_dtoh_async(
+    ctx: &Context,
+    dst: *mut u8,
+    src: DevicePtr,
+    len: usize,
+    stream: &Stream,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    ctx.bind()?;
+    // SAFETY: the caller upholds the contract above.
+    check_raw("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst.cast(), src.0, len, stream.cu_stream())
+    })
+}
+
+/// Queues a copy of `len` bytes of host memory at `src` to the device on
+/// `stream`, and returns without waiting for it.
+///
+/// # Safety
+///
+/// `src .. src + len` must be pinned host memory ([`PinnedBuffer`]) that
+/// stays allocated, and that the host does not write, until `stream` has
+/// run the copy; `dst .. dst + len` must lie in device memory of `ctx`
+/// that stays allocated until then.
+pub(crate) unsafe fn copy_htod_async(
+    ctx: &Context,
+    dst: DevicePtr,
+    src: *const u8,
+    len: usize,
+    stream: &Stream,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    ctx.bind()?;
+    // SAFETY: the caller upholds the contract above.
+    check_raw("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), len, stream.cu_stream())
+    })
+}
+
 /// Queues a copy of `len` bytes between device buffers, possibly on two
 /// GPUs (the copy engines move it over NVLink or PCIe). Runs on `stream`.
 pub(crate) fn copy_dtod_async(

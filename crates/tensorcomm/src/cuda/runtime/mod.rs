@@ -47,5 +47,8 @@ pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
 pub use nvrtc::cache_dir;
 pub use stream::{Event, Stream};
 
-pub(crate) use memory::{copy_dtod_async, copy_dtoh_sync, copy_htod_sync, cudarc_slice_parts};
+pub(crate) use memory::{
+    copy_dtod_async, copy_dtoh_async, copy_dtoh_sync, copy_htod_async, copy_htod_sync,
+    cudarc_slice_parts,
+};
 pub(crate) use module::{Function, KernelArg, Program};

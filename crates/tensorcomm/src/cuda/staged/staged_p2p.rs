@@ -1,0 +1,86 @@
+//! A point-to-point message of a CUDA tensor through the CPU group: a
+//! send copies the tensor down at call time (after the caller's current
+//! stream) and the sender thread waits for that copy before sending the
+//! host copy; a receive lands in a host copy, then copies up to the GPU,
+//! and its `Work` completes on the device.
+
+use std::sync::Arc;
+
+use super::staged_event::StagedEvent;
+use super::staging_device::StagingDevice;
+use crate::group::DeviceEvent;
+use crate::tensor::Tensor;
+use crate::Result;
+
+/// See the module docs.
+pub(crate) struct StagedP2p {
+    device: Arc<StagingDevice>,
+    gpu: Tensor<'static>,
+    host: Tensor<'static>,
+    /// A send's copy down.
+    down: Option<Arc<StagedEvent>>,
+}
+
+impl StagedP2p {
+    /// At call time, on the caller's thread: the host copy of `tensor`
+    /// that a send reads, its copy down queued after the caller's current
+    /// stream.
+    pub(crate) fn send(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
+        let queued = (|| {
+            device.order_after_caller()?;
+            let host = device.host_copy_of(tensor)?;
+            device.copy_down(tensor, &host)?;
+            Ok(host)
+        })();
+        if queued.is_err() {
+            device.settle();
+        }
+        let host = queued?;
+        let down = device.record(vec![tensor.clone(), host.clone()])?;
+        Ok(StagedP2p {
+            device,
+            gpu: tensor.clone(),
+            host,
+            down: Some(down),
+        })
+    }
+
+    /// At call time, on the caller's thread: the host copy a receive
+    /// lands in; its copy up will run after the work queued so far on the
+    /// caller's current stream.
+    pub(crate) fn recv(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
+        device.order_after_caller()?;
+        let host = device.host_copy_of(tensor)?;
+        Ok(StagedP2p {
+            device,
+            gpu: tensor.clone(),
+            host,
+            down: None,
+        })
+    }
+
+    /// The host tensor the message is sent from or received into.
+    pub(crate) fn host(&self) -> &Tensor<'static> {
+        &self.host
+    }
+
+    /// A send's step before reading the host copy: blocks until its copy
+    /// down is done.
+    pub(crate) fn wait_copied_down(&self) -> Result<()> {
+        match &self.down {
+            Some(down) => down.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// A receive's step after the message landed in the host copy: queues
+    /// the copy up and gives the event after which it is done.
+    pub(crate) fn copy_up(self) -> Result<Arc<dyn DeviceEvent>> {
+        if let Err(e) = self.device.copy_up(&self.host, &self.gpu) {
+            self.device.settle();
+            return Err(e);
+        }
+        let event: Arc<dyn DeviceEvent> = self.device.record(vec![self.gpu, self.host])?;
+        Ok(event)
+    }
+}

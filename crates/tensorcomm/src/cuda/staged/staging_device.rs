@@ -1,0 +1,168 @@
+//! One GPU's staging for one group: a stream of its own that every copy
+//! between that GPU's tensors and their pinned host copies runs on, the
+//! pool those host copies come from, and the copies still in flight.
+//!
+//! Lifetimes: every queued copy is followed by a [`StagedEvent`] that
+//! holds both ends of it (the caller's CUDA tensor and the host copy over
+//! a pooled pinned buffer). The device keeps each event in its in-flight
+//! list until the event has passed, whatever happens to the `Work`, so
+//! neither the caller's GPU memory nor a pinned buffer is freed or reused
+//! while a copy may still touch it. Dropping the device waits for its
+//! stream first.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::pinned_pool::PinnedPool;
+use super::staged_event::StagedEvent;
+use crate::cuda::runtime::{
+    context, copy_dtoh_async, copy_htod_async, current_stream, Context, Stream,
+};
+use crate::tensor::{Device, Tensor};
+use crate::{Error, Result};
+
+/// See the module docs.
+pub(crate) struct StagingDevice {
+    ctx: Arc<Context>,
+    stream: Stream,
+    pool: Arc<PinnedPool>,
+    in_flight: Mutex<Vec<Arc<StagedEvent>>>,
+}
+
+impl StagingDevice {
+    /// Staging for GPU `ordinal`, with a new stream.
+    pub(crate) fn new(ordinal: usize) -> Result<Self> {
+        let ctx = context(ordinal)?;
+        let stream = ctx.new_stream()?;
+        Ok(StagingDevice {
+            ctx,
+            stream,
+            pool: Arc::default(),
+            in_flight: Mutex::default(),
+        })
+    }
+
+    /// The GPU's ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The GPU's context.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Makes the staging stream wait for the work queued so far on the
+    /// calling thread's current stream of this GPU (call on the caller's
+    /// thread, at call time).
+    pub(crate) fn order_after_caller(&self) -> Result<()> {
+        self.ctx.bind()?;
+        let caller = current_stream(self.ordinal())?;
+        // A fresh event per call: recording and waiting need no lock, and
+        // destroying it with the wait still queued is allowed (CUDA frees
+        // it once the wait is done).
+        let point = caller.record()?;
+        self.stream.wait(&point)
+    }
+
+    /// A host tensor over a pooled pinned buffer with `t`'s shape, dtype
+    /// and strides (`t` dense): its bytes are `t`'s span, byte for byte.
+    /// Its contents are whatever the buffer held.
+    pub(crate) fn host_copy_of(&self, t: &Tensor<'static>) -> Result<Tensor<'static>> {
+        let lease = self.pool.lend(t.nbytes())?;
+        let flat = Tensor::from_host_buffer(Box::new(lease), t.dtype(), &[t.numel()])?;
+        flat.as_strided_like(t)
+    }
+
+    /// Queues the copy of CUDA tensor `device`'s bytes into `host` (from
+    /// [`host_copy_of`](Self::host_copy_of) it).
+    pub(crate) fn copy_down(&self, device: &Tensor<'static>, host: &Tensor<'static>) -> Result<()> {
+        let (ctx, src) = self.cuda_ptr(device)?;
+        let len = device.nbytes();
+        let dst = host.with_bytes_mut(|b| {
+            (b.len() == len)
+                .then_some(b.as_mut_ptr())
+                .ok_or_else(|| size_error(len, b.len()))
+        })??;
+        // SAFETY: `dst` is the span of `host`, a pooled pinned buffer that
+        // nothing else uses until the copy's event (`record`) has passed:
+        // the event and the in-flight list hold `host` and `device` (whose
+        // span `src .. src + len` is) until then.
+        unsafe { copy_dtoh_async(&ctx, dst, src, len, &self.stream) }
+    }
+
+    /// Queues the copy of `host`'s bytes into CUDA tensor `device`.
+    pub(crate) fn copy_up(&self, host: &Tensor<'static>, device: &Tensor<'static>) -> Result<()> {
+        let (ctx, dst) = self.cuda_ptr(device)?;
+        let len = device.nbytes();
+        let src = host.with_bytes(|b| {
+            (b.len() == len)
+                .then_some(b.as_ptr())
+                .ok_or_else(|| size_error(len, b.len()))
+        })??;
+        // SAFETY: as in `copy_down`: both ends are held until the copy's
+        // event has passed, and `host` is pinned.
+        unsafe { copy_htod_async(&ctx, dst, src, len, &self.stream) }
+    }
+
+    /// Records the point after every copy queued so far on the staging
+    /// stream, holding `keep` (both ends of those copies) until it has
+    /// passed; also lets go of earlier points that have.
+    pub(crate) fn record(&self, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
+        self.ctx.bind()?;
+        let event = Arc::new(StagedEvent::new(
+            self.stream.record()?,
+            self.ordinal(),
+            keep,
+        ));
+        let mut in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        in_flight.retain(|e| !e.is_done());
+        in_flight.push(event.clone());
+        Ok(event)
+    }
+
+    /// After a failure between queuing copies and recording their event:
+    /// waits for the staging stream, so that the tensors dropped with the
+    /// failed call are no longer in use.
+    pub(crate) fn settle(&self) {
+        if self.ctx.bind().is_ok() {
+            let _ = self.stream.synchronize();
+        }
+    }
+
+    /// The context and address of CUDA tensor `t`, which must be on this
+    /// GPU.
+    fn cuda_ptr(
+        &self,
+        t: &Tensor<'static>,
+    ) -> Result<(Arc<Context>, crate::cuda::runtime::DevicePtr)> {
+        if t.device() != Device::Cuda(self.ordinal()) {
+            return Err(Error::InvalidArgument(format!(
+                "staging for cuda:{} was handed a tensor on {}",
+                self.ordinal(),
+                t.device()
+            )));
+        }
+        t.cuda_ptr()
+    }
+}
+
+fn size_error(expected: usize, found: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "staging: expected a host copy of {expected} bytes, found {found}"
+    ))
+}
+
+impl Drop for StagingDevice {
+    fn drop(&mut self) {
+        // Copies may still be queued (a Work dropped without waiting):
+        // let them finish before their tensors and buffers go.
+        self.settle();
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}

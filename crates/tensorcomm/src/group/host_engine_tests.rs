@@ -1,0 +1,129 @@
+//! The engine with a host backend (not inline) that prepares each call on
+//! the caller's thread and leaves device work behind, as the CPU backend
+//! does for CUDA tensors: what `prepare` returned reaches `run`, a failed
+//! `prepare` fails the collective when it runs, and a returned event makes
+//! the `Work` complete on the device.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::backend::{Call, GroupBackend, Prepared};
+use super::collective::{Capabilities, Collective, Scope};
+use super::engine::Engine;
+use super::{DeviceEvent, FlightRecorder, ReduceOp};
+use crate::store::HashStore;
+use crate::tensor::{DType, Tensor};
+use crate::{Error, Result};
+
+/// Done once a test sets it.
+#[derive(Default)]
+struct Flag(AtomicBool);
+
+impl DeviceEvent for Flag {
+    fn query(&self) -> Result<bool> {
+        Ok(self.0.load(Ordering::Acquire))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        while !self.query()? {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn wait_on_current_stream(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Prepares the caller thread's name (or fails when told to), and returns
+/// `event` from every run.
+struct PreparingBackend {
+    fail_prepare: bool,
+    event: Arc<Flag>,
+    seen: Mutex<Vec<String>>,
+}
+
+impl GroupBackend for PreparingBackend {
+    fn prepare(&self, _: &Collective) -> Result<Option<Prepared>> {
+        if self.fail_prepare {
+            return Err(Error::InvalidArgument("staging failed".into()));
+        }
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        Ok(Some(Box::new(name)))
+    }
+
+    fn run(&self, _: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        let prepared = call.take_prepared()?.expect("prepared");
+        let name = prepared.downcast::<String>().expect("a String");
+        self.seen.lock().unwrap().push(*name);
+        assert!(call.take_prepared()?.is_none(), "taken twice");
+        Ok(Some(self.event.clone()))
+    }
+
+    fn abort(&self) {}
+}
+
+fn engine(backend: Arc<PreparingBackend>) -> (Engine, Scope) {
+    let engine = Engine::start(
+        backend,
+        Arc::new(HashStore::new()),
+        "host",
+        (0, 1),
+        FlightRecorder::new(16, 0, 1, "host"),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let scope = Scope {
+        rank: 0,
+        size: 1,
+        caps: Capabilities::HOST,
+    };
+    (engine, scope)
+}
+
+#[test]
+fn prepared_calls_complete_on_the_device_when_run_returns_an_event() {
+    let backend = Arc::new(PreparingBackend {
+        fail_prepare: false,
+        event: Arc::default(),
+        seen: Mutex::default(),
+    });
+    let (engine, scope) = engine(backend.clone());
+    let caller = std::thread::Builder::new()
+        .name("the-caller".into())
+        .spawn(move || {
+            let t = Tensor::zeros(&[2], DType::F32).unwrap();
+            let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+            let work = engine.submit(call, None).unwrap();
+            // The host part finishes; the device part has not.
+            assert!(!work.wait_timeout(Duration::from_millis(50)));
+            assert!(!work.is_completed());
+            work
+        })
+        .unwrap();
+    let work = caller.join().unwrap();
+    assert_eq!(*backend.seen.lock().unwrap(), ["the-caller"]);
+    backend.event.0.store(true, Ordering::Release);
+    assert!(work.is_completed());
+    work.synchronize().unwrap();
+}
+
+#[test]
+fn a_failed_prepare_fails_the_collective_when_it_runs() {
+    let backend = Arc::new(PreparingBackend {
+        fail_prepare: true,
+        event: Arc::default(),
+        seen: Mutex::default(),
+    });
+    let (engine, scope) = engine(backend.clone());
+    let t = Tensor::zeros(&[2], DType::F32).unwrap();
+    let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+    let err = engine.submit(call, None).unwrap().wait().unwrap_err();
+    assert!(
+        matches!(&err, Error::CollectiveFailed { source, .. } if err.to_string().contains("staging failed") && matches!(**source, Error::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert!(backend.seen.lock().unwrap().is_empty());
+}

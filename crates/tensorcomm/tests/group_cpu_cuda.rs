@@ -1,0 +1,544 @@
+//! CUDA tensors through the CPU process group (staged through pinned host
+//! memory): every collective on two ranks against a reference computed
+//! from the rank numbers, sparse all-reduce, ranks mixing host and CUDA
+//! tensors, ordering after the caller's current stream, and the errors.
+//! Ranks are threads of this process sharing cuda:0. Each test prints a
+//! line and returns when the machine has no GPU.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use tensorcomm::cpu::backend::ProcessGroupCpu;
+use tensorcomm::cuda::runtime::{self, set_current_stream, Stream};
+use tensorcomm::group::{ProcessGroup, ReduceOp};
+use tensorcomm::store::HashStore;
+use tensorcomm::tensor::{Device, SparseTensor, Tensor};
+use tensorcomm::Error;
+
+use common::{groups, on_every_rank};
+
+/// True when this machine has a GPU; prints why not.
+fn can_run(test: &str) -> bool {
+    match runtime::device_count() {
+        Ok(0) => println!("skipped {test}: no GPU"),
+        Err(e) => println!("skipped {test}: {e}"),
+        Ok(_) => return true,
+    }
+    false
+}
+
+const GPU: Device = Device::Cuda(0);
+
+/// Two CPU groups (ranks as threads) named `prefix`.
+fn two_ranks(prefix: &str) -> Vec<ProcessGroupCpu> {
+    groups(2, &Arc::new(HashStore::new()), prefix)
+}
+
+/// An f32 tensor of `values` on `device`.
+fn on(device: Device, values: Vec<f32>, shape: &[usize]) -> Tensor<'static> {
+    Tensor::from_vec(values, shape)
+        .unwrap()
+        .to_device(device)
+        .unwrap()
+}
+
+/// `n` copies of `v` on the GPU.
+fn full(v: f32, n: usize) -> Tensor<'static> {
+    on(GPU, vec![v; n], &[n])
+}
+
+/// A GPU tensor of `n` elements holding a value no result has.
+fn poisoned(n: usize) -> Tensor<'static> {
+    full(-77.0, n)
+}
+
+fn get(t: &Tensor<'_>) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+/// Rank `r`'s data: `n` elements `10 r + i`.
+fn rank_data(r: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (10 * r + i) as f32).collect()
+}
+
+#[test]
+fn every_collective_through_the_staged_path_gives_the_reference_result() {
+    if !can_run("every_collective_through_the_staged_path_gives_the_reference_result") {
+        return;
+    }
+    let pgs = two_ranks("every");
+    on_every_rank(&pgs, |pg| {
+        let (me, other) = (pg.rank(), 1 - pg.rank());
+        let n = 6;
+
+        // all_reduce, two ops.
+        let t = on(GPU, rank_data(me, n), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let sum: Vec<f32> = (0..n).map(|i| (10 + 2 * i) as f32).collect();
+        assert_eq!(get(&t), sum, "all_reduce sum, rank {me}");
+        let t = on(GPU, rank_data(me, n), &[n]);
+        pg.all_reduce(&t, ReduceOp::Max, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), rank_data(1, n), "all_reduce max, rank {me}");
+
+        // all_reduce_coalesced.
+        let ts = [full(me as f32 + 1.0, 3), full(10.0 * (me as f32 + 1.0), 5)];
+        pg.all_reduce_coalesced(&ts, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&ts[0]), [3.0; 3]);
+        assert_eq!(get(&ts[1]), [30.0; 5]);
+
+        // broadcast from rank 1.
+        let t = if me == 1 {
+            on(GPU, rank_data(1, n), &[n])
+        } else {
+            poisoned(n)
+        };
+        pg.broadcast(&t, 1, None).unwrap().synchronize().unwrap();
+        assert_eq!(get(&t), rank_data(1, n), "broadcast, rank {me}");
+
+        // reduce to rank 0: the other rank's tensor is left as it was.
+        let t = on(GPU, rank_data(me, n), &[n]);
+        pg.reduce(&t, 0, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let want = if me == 0 {
+            sum.clone()
+        } else {
+            rank_data(1, n)
+        };
+        assert_eq!(get(&t), want, "reduce, rank {me}");
+
+        // all_gather and its forms.
+        let input = on(GPU, rank_data(me, n), &[n]);
+        let outs = [poisoned(n), poisoned(n)];
+        pg.all_gather(&outs, &input, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        for (r, out) in outs.iter().enumerate() {
+            assert_eq!(get(out), rank_data(r, n), "all_gather [{r}], rank {me}");
+        }
+        let gathered: Vec<f32> = [rank_data(0, n), rank_data(1, n)].concat();
+        let out = poisoned(2 * n);
+        pg.all_gather_into_tensor(&out, &input, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), gathered, "all_gather_into_tensor, rank {me}");
+        let inputs = [input.clone(), full(me as f32, 2)];
+        let lists = [
+            vec![poisoned(n), poisoned(2)],
+            vec![poisoned(n), poisoned(2)],
+        ];
+        pg.all_gather_coalesced(&lists, &inputs, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        for (r, list) in lists.iter().enumerate() {
+            assert_eq!(get(&list[0]), rank_data(r, n));
+            assert_eq!(get(&list[1]), [r as f32; 2]);
+        }
+        let outs = [poisoned(2 * n), poisoned(4)];
+        pg.all_gather_into_tensor_coalesced(&outs, &inputs, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&outs[0]), gathered);
+        assert_eq!(get(&outs[1]), [0.0, 0.0, 1.0, 1.0]);
+
+        // gather to rank 1, scatter from rank 0.
+        let list = [poisoned(n), poisoned(n)];
+        let outputs = (me == 1).then_some(&list[..]);
+        pg.gather(&input, outputs, 1, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        if me == 1 {
+            assert_eq!(get(&list[0]), rank_data(0, n));
+            assert_eq!(get(&list[1]), rank_data(1, n));
+        }
+        let pieces = [full(5.0, n), full(6.0, n)];
+        let inputs = (me == 0).then_some(&pieces[..]);
+        let out = poisoned(n);
+        pg.scatter(&out, inputs, 0, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), vec![5.0 + me as f32; n], "scatter, rank {me}");
+
+        // reduce_scatter and its forms: block r of the sum goes to rank r.
+        let inputs = [full(me as f32 + 1.0, n), full(10.0 * (me as f32 + 1.0), n)];
+        let out = poisoned(n);
+        pg.reduce_scatter(&out, &inputs, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), vec![if me == 0 { 3.0 } else { 30.0 }; n]);
+        let big = on(GPU, [rank_data(me, n), rank_data(me, n)].concat(), &[2 * n]);
+        let out = poisoned(n);
+        pg.reduce_scatter_tensor(&out, &big, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), sum, "reduce_scatter_tensor, rank {me}");
+        let outs = [poisoned(n), poisoned(1)];
+        let bigs = [big.clone(), full(me as f32 + 1.0, 2)];
+        pg.reduce_scatter_tensor_coalesced(&outs, &bigs, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&outs[0]), sum);
+        assert_eq!(get(&outs[1]), [3.0]);
+
+        // all_to_all: rank r sends 100 r + p to rank p.
+        let inputs = [full((100 * me) as f32, 2), full((100 * me + 1) as f32, 2)];
+        let outs = [poisoned(2), poisoned(2)];
+        pg.all_to_all(&outs, &inputs, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        for (p, out) in outs.iter().enumerate() {
+            assert_eq!(get(out), [(100 * p + me) as f32; 2], "all_to_all from {p}");
+        }
+        // all_to_all_single, even then uneven (rank r sends r + 1 rows to
+        // each peer).
+        let input = on(GPU, vec![me as f32, me as f32], &[2]);
+        let out = poisoned(2);
+        pg.all_to_all_single(&out, &input, &[], &[], None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), [0.0, 1.0]);
+        let rows = me + 1;
+        let input = on(GPU, vec![me as f32; 2 * rows], &[2 * rows]);
+        let out = poisoned(3);
+        pg.all_to_all_single(&out, &input, &[1, 2], &[rows, rows], None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), [0.0, 1.0, 1.0]);
+
+        // send/recv both ways, then a barrier.
+        let mine = full(me as f32 + 0.5, 4);
+        let theirs = poisoned(4);
+        let sent = pg.send(&mine, other, 7, None).unwrap();
+        let got = pg.recv(&theirs, other, 7, None).unwrap();
+        got.synchronize().unwrap();
+        sent.synchronize().unwrap();
+        assert_eq!(get(&theirs), [other as f32 + 0.5; 4]);
+        pg.barrier(None).unwrap().wait().unwrap();
+    });
+}
+
+#[test]
+fn large_tensors_and_permuted_layouts_round_trip() {
+    if !can_run("large_tensors_and_permuted_layouts_round_trip") {
+        return;
+    }
+    let pgs = two_ranks("large");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank() as f32;
+        // 64 MiB, several times (pinned buffers are reused).
+        let n = 16 << 20;
+        for round in 0..3 {
+            let t = full(me + round as f32, n);
+            pg.all_reduce(&t, ReduceOp::Sum, None)
+                .unwrap()
+                .synchronize()
+                .unwrap();
+            let got = get(&t);
+            assert!(
+                got.iter().all(|&v| v == 1.0 + 2.0 * round as f32),
+                "round {round}"
+            );
+        }
+        // A transposed [3, 4] view travels in logical order.
+        let base = on(GPU, (0..12).map(|i| i as f32 + me).collect(), &[4, 3]);
+        let t = base.permute(&[1, 0]).unwrap();
+        let want: Vec<f32> = get(&t).iter().map(|v| 2.0 * v + 1.0 - 2.0 * me).collect();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), want);
+    });
+}
+
+#[test]
+fn ranks_may_mix_host_and_cuda_tensors() {
+    if !can_run("ranks_may_mix_host_and_cuda_tensors") {
+        return;
+    }
+    let pgs = two_ranks("mixed");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        // Rank 0 on the host, rank 1 on the GPU.
+        let device = if me == 0 { Device::Cpu } else { GPU };
+        let t = on(device, rank_data(me, 4), &[4]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), [10.0, 12.0, 14.0, 16.0], "rank {me}");
+        assert_eq!(t.device(), device);
+        let out = on(device, vec![-1.0; 8], &[8]);
+        pg.all_gather_into_tensor(&out, &on(device, rank_data(me, 4), &[4]), None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&out), [rank_data(0, 4), rank_data(1, 4)].concat());
+        // Within one call too: a CUDA input gathered into host outputs.
+        let outs = [
+            on(Device::Cpu, vec![-1.0; 4], &[4]),
+            on(Device::Cpu, vec![-1.0; 4], &[4]),
+        ];
+        pg.all_gather(&outs, &on(GPU, rank_data(me, 4), &[4]), None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&outs[1]), rank_data(1, 4));
+        // Sparse: host values on one rank, GPU values on the other.
+        let values = on(device, vec![1.0 + me as f32], &[1]);
+        let s = SparseTensor::new(vec![2], values, &[4]).unwrap();
+        let sum = pg
+            .all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(sum.device(), device);
+        assert_eq!((sum.indices(), get(sum.values())), (&[2][..], vec![3.0]));
+    });
+}
+
+#[test]
+fn sparse_all_reduce_on_cuda_sums_overlapping_and_disjoint_entries() {
+    if !can_run("sparse_all_reduce_on_cuda_sums_overlapping_and_disjoint_entries") {
+        return;
+    }
+    let pgs = two_ranks("sparse");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        // Rows of a [5, 2] tensor: rank 0 has rows 1 and 3, rank 1 rows 3
+        // and 4 (row 3 overlaps), each row [10 r + row, 1].
+        let rows: Vec<i64> = if me == 0 { vec![3, 1] } else { vec![3, 4] };
+        let values: Vec<f32> = rows
+            .iter()
+            .flat_map(|&row| [(10 * me) as f32 + row as f32, 1.0])
+            .collect();
+        let s = SparseTensor::new(rows, on(GPU, values, &[2, 2]), &[5, 2]).unwrap();
+        let sum = pg
+            .all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(sum.device(), GPU);
+        assert!(sum.is_coalesced());
+        assert_eq!(sum.indices(), [1, 3, 4]);
+        // wait() ordered the current stream; the host reads after it.
+        assert_eq!(
+            get(sum.values()),
+            [1.0, 1.0, 3.0 + 13.0, 2.0, 14.0, 1.0],
+            "rank {me}"
+        );
+        // Disjoint: nothing to sum.
+        let s =
+            SparseTensor::new(vec![me as i64], on(GPU, vec![7.0, 8.0], &[1, 2]), &[5, 2]).unwrap();
+        let sum = pg
+            .all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(sum.indices(), [0, 1]);
+        assert_eq!(get(sum.values()), [7.0, 8.0, 7.0, 8.0]);
+    });
+}
+
+#[test]
+fn sparse_errors_are_clear() {
+    if !can_run("sparse_errors_are_clear") {
+        return;
+    }
+    let pgs = two_ranks("sparse-errors");
+    let s = SparseTensor::new(vec![0], full(1.0, 1), &[3]).unwrap();
+    // Only SUM, refused on the calling rank.
+    let err = pgs[0]
+        .all_reduce_sparse(&s, ReduceOp::Max, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedReduceOp { .. }), "{err}");
+    assert!(err.to_string().contains("MAX"), "{err}");
+    // One rank sparse, the other dense: both fail, naming the mismatch.
+    let outcomes = on_every_rank(&pgs, |pg| {
+        if pg.rank() == 0 {
+            pg.all_reduce_sparse(&s, ReduceOp::Sum, None)
+                .unwrap()
+                .wait()
+                .map(drop)
+        } else {
+            pg.all_reduce(&full(1.0, 3), ReduceOp::Sum, None)
+                .unwrap()
+                .synchronize()
+        }
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let text = outcome
+            .expect_err("a sparse call against a dense one must fail")
+            .to_string();
+        assert!(
+            text.contains("all_reduce_sparse") || text.to_lowercase().contains("mismatch"),
+            "rank {rank}: {text}"
+        );
+    }
+}
+
+#[test]
+fn tensors_on_two_gpus_in_one_call_are_refused() {
+    if !can_run("tensors_on_two_gpus_in_one_call_are_refused") {
+        return;
+    }
+    if runtime::device_count().unwrap() < 2 {
+        println!("skipped tensors_on_two_gpus_in_one_call_are_refused: one GPU");
+        return;
+    }
+    let pgs = two_ranks("two-gpus");
+    let outs = [full(0.0, 2), on(Device::Cuda(1), vec![0.0; 2], &[2])];
+    let err = pgs[0].all_gather(&outs, &full(1.0, 2), None).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("cuda:0") && text.contains("cuda:1"), "{text}");
+}
+
+/// A kernel that spins for `cycles` clock cycles, then fills `p` with `v`.
+const SPIN: &str = r#"
+extern "C" __global__ void spin_fill(float* p, int n, float v, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = v;
+}
+extern "C" __global__ void copy(float* dst, const float* src, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+"#;
+
+struct Spin {
+    module: Arc<cudarc::driver::CudaModule>,
+}
+
+impl Spin {
+    fn load(stream: &Stream) -> Spin {
+        let ptx = cudarc::nvrtc::compile_ptx(SPIN).unwrap();
+        Spin {
+            module: stream.cudarc().context().load_module(ptx).unwrap(),
+        }
+    }
+
+    /// Queues on `stream`: spin about `ms` milliseconds, then fill.
+    fn fill_after(&self, stream: &Stream, ptr: u64, n: usize, v: f32, ms: u64) {
+        let f = self.module.load_function("spin_fill").unwrap();
+        let cycles: i64 = ms as i64 * 2_000_000; // ~2 GHz
+        let n = n as i32;
+        let mut b = stream.cudarc().launch_builder(&f);
+        b.arg(&ptr).arg(&n).arg(&v).arg(&cycles);
+        unsafe { b.launch(LaunchConfig::for_num_elems(256)) }.unwrap();
+    }
+
+    fn copy(&self, stream: &Stream, dst: u64, src: u64, n: usize) {
+        let f = self.module.load_function("copy").unwrap();
+        let n = n as i32;
+        let mut b = stream.cudarc().launch_builder(&f);
+        b.arg(&dst).arg(&src).arg(&n);
+        unsafe { b.launch(LaunchConfig::for_num_elems(256)) }.unwrap();
+    }
+}
+
+/// A GPU f32 tensor of `n` zeros and its device address.
+fn tensor_with_address(stream: &Stream, n: usize) -> (Tensor<'static>, u64) {
+    let slice: CudaSlice<f32> = stream.cudarc().alloc_zeros(n).unwrap();
+    let addr = {
+        let (ptr, _record) = slice.device_ptr(stream.cudarc());
+        ptr
+    };
+    stream.synchronize().unwrap();
+    (Tensor::from_cuda_slice(slice, &[n]).unwrap(), addr)
+}
+
+#[test]
+fn collectives_follow_the_callers_stream_and_wait_orders_it_after_them() {
+    if !can_run("collectives_follow_the_callers_stream_and_wait_orders_it_after_them") {
+        return;
+    }
+    let pgs = two_ranks("streams");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        let mine = Stream::new(0).unwrap();
+        let spin = Spin::load(&mine);
+        let n = 1 << 16;
+        let (input, input_addr) = tensor_with_address(&mine, n);
+        let (check, check_addr) = tensor_with_address(&mine, n);
+        let (got_p2p, got_addr) = tensor_with_address(&mine, n);
+        let _current = set_current_stream(&mine);
+        for round in 0..3 {
+            let v = 3.0 + round as f32 + me as f32;
+            // Written by a slow kernel just before the call: the call sees it.
+            spin.fill_after(&mine, input_addr, n, v, 30);
+            let work = pg.all_reduce(&input, ReduceOp::Sum, None).unwrap();
+            // The host is not blocked on the device by wait(); work queued
+            // after it on this stream sees the result.
+            work.wait().unwrap();
+            spin.copy(&mine, check_addr, input_addr, n);
+            mine.synchronize().unwrap();
+            let want = 7.0 + 2.0 * round as f32;
+            let got = get(&check);
+            assert!(
+                got.iter().all(|&g| g == want),
+                "round {round}: {:?}",
+                &got[..4]
+            );
+        }
+        // The same for a send (its copy down follows the stream) and a
+        // receive (wait() orders the stream after its copy up).
+        let other = 1 - me;
+        spin.fill_after(&mine, input_addr, n, 40.0 + me as f32, 30);
+        let sent = pg.send(&input, other, 1, None).unwrap();
+        let got = pg.recv(&got_p2p, other, 1, None).unwrap();
+        got.wait().unwrap();
+        spin.copy(&mine, check_addr, got_addr, n);
+        sent.wait().unwrap();
+        mine.synchronize().unwrap();
+        assert!(get(&check).iter().all(|&g| g == 40.0 + other as f32));
+    });
+}
+
+#[test]
+fn dropped_works_keep_their_tensors_until_the_copies_are_done() {
+    if !can_run("dropped_works_keep_their_tensors_until_the_copies_are_done") {
+        return;
+    }
+    let pgs = two_ranks("dropped");
+    on_every_rank(&pgs, |pg| {
+        for _ in 0..20 {
+            let t = full(1.0, 1 << 20);
+            let work = pg.all_reduce(&t, ReduceOp::Sum, None).unwrap();
+            // Neither the tensor nor the Work is kept by the caller.
+            drop(t);
+            drop(work);
+        }
+        let t = full(2.0, 4);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), [4.0; 4]);
+    });
+    drop(pgs);
+}
