@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use crate::cuda::kernels::{self, CopyDesc};
 use crate::cuda::runtime::{self, Context, DevicePtr, Stream};
 use crate::tensor::{Device, Tensor};
-use crate::Result;
+use crate::{Error, Result};
 
 /// Which copy method `TENSORCOMM_CUDA_COPY` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,26 +64,43 @@ impl Default for Tuning {
 }
 
 impl Tuning {
-    /// The tuning described by `var` (an environment lookup); unknown or
-    /// malformed values keep the default.
-    pub(crate) fn from_vars(var: &dyn Fn(&str) -> Option<String>) -> Tuning {
+    /// The tuning described by `var` (an environment lookup); a value
+    /// that does not parse is an [`Error::BadValue`] naming the variable,
+    /// as for every other `TENSORCOMM_*` variable.
+    pub(crate) fn from_vars(var: &dyn Fn(&str) -> Option<String>) -> Result<Tuning> {
         let mut t = Tuning::default();
-        match var("TENSORCOMM_CUDA_COPY").as_deref() {
-            Some("ce") => t.strategy = Strategy::CopyEngine,
-            Some("kernel") => t.strategy = Strategy::Kernel,
-            _ => {}
+        let bad = |name: &str, expected: &str, found: String| Error::BadValue {
+            name: name.into(),
+            expected: expected.into(),
+            found,
+        };
+        match var("TENSORCOMM_CUDA_COPY") {
+            None => {}
+            Some(v) => match v.trim() {
+                "auto" => {}
+                "ce" => t.strategy = Strategy::CopyEngine,
+                "kernel" => t.strategy = Strategy::Kernel,
+                _ => return Err(bad("TENSORCOMM_CUDA_COPY", "auto, kernel or ce", v)),
+            },
         }
-        let bytes = |name: &str| var(name).and_then(|v| crate::tuning::parse_size(&v));
-        if let Some(b) = bytes("TENSORCOMM_CUDA_CE_MIN") {
+        let bytes = |name: &str| -> Result<Option<usize>> {
+            match var(name) {
+                None => Ok(None),
+                Some(v) => crate::tuning::parse_size(&v)
+                    .map(Some)
+                    .ok_or_else(|| bad(name, "a size such as 4M (suffixes K, M, G)", v)),
+            }
+        };
+        if let Some(b) = bytes("TENSORCOMM_CUDA_CE_MIN")? {
             t.ce_min_bytes = b;
         }
-        if let Some(n) = bytes("TENSORCOMM_CUDA_CE_STREAMS") {
+        if let Some(n) = bytes("TENSORCOMM_CUDA_CE_STREAMS")? {
             t.ce_streams = n.clamp(1, runtime::COPY_STREAMS - KERNEL_STREAMS);
         }
-        if let Some(b) = bytes("TENSORCOMM_CUDA_ONE_LAUNCH_MAX") {
+        if let Some(b) = bytes("TENSORCOMM_CUDA_ONE_LAUNCH_MAX")? {
             t.one_launch_max = b;
         }
-        t
+        Ok(t)
     }
 
     /// How a range of `bytes` moves; `peer` says whether kernels on the
@@ -111,10 +128,14 @@ impl Tuning {
     }
 }
 
-/// The process's tuning (environment read on first use).
-pub(crate) fn tuning() -> &'static Tuning {
-    static TUNING: OnceLock<Tuning> = OnceLock::new();
-    TUNING.get_or_init(|| Tuning::from_vars(&|name| std::env::var(name).ok()))
+/// The process's tuning (environment read on first use), or the error of
+/// its bad value (every call reports it).
+pub(crate) fn tuning() -> Result<&'static Tuning> {
+    static TUNING: OnceLock<Result<Tuning>> = OnceLock::new();
+    TUNING
+        .get_or_init(|| Tuning::from_vars(&|name| std::env::var(name).ok()))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// One dense range between two GPUs.
@@ -218,7 +239,7 @@ impl Queue {
         if spans.is_empty() {
             return Ok(());
         }
-        let tuning = tuning();
+        let tuning = tuning()?;
         let mut kernel_spans: Vec<&Span> = Vec::with_capacity(spans.len());
         for s in spans {
             let (from, to) = (s.src_ctx.ordinal(), s.dst_ctx.ordinal());
@@ -367,23 +388,31 @@ mod tests {
     }
 
     #[test]
-    fn the_environment_sets_the_tuning_and_bad_values_keep_defaults() {
-        assert_eq!(Tuning::from_vars(&vars(&[])), Tuning::default());
+    fn the_environment_sets_the_tuning_and_bad_values_are_named() {
+        assert_eq!(Tuning::from_vars(&vars(&[])).unwrap(), Tuning::default());
         let t = Tuning::from_vars(&vars(&[
             ("TENSORCOMM_CUDA_COPY", "ce"),
             ("TENSORCOMM_CUDA_CE_MIN", "4M"),
             ("TENSORCOMM_CUDA_CE_STREAMS", "9"),
             ("TENSORCOMM_CUDA_ONE_LAUNCH_MAX", "64k"),
-        ]));
+        ]))
+        .unwrap();
         assert_eq!(t.strategy, Strategy::CopyEngine);
         assert_eq!(t.ce_min_bytes, 4 << 20);
         assert_eq!(t.ce_streams, runtime::COPY_STREAMS - KERNEL_STREAMS);
         assert_eq!(t.one_launch_max, 64 << 10);
-        let t = Tuning::from_vars(&vars(&[
+        const BAD: [(&str, &str); 2] = [
             ("TENSORCOMM_CUDA_COPY", "fast"),
             ("TENSORCOMM_CUDA_CE_MIN", "lots"),
-        ]));
-        assert_eq!(t, Tuning::default());
+        ];
+        for (i, &(name, value)) in BAD.iter().enumerate() {
+            match Tuning::from_vars(&vars(&BAD[i..=i])) {
+                Err(Error::BadValue { name: n, found, .. }) => {
+                    assert_eq!((n.as_str(), found.as_str()), (name, value));
+                }
+                other => panic!("{name}={value}: expected BadValue, got {other:?}"),
+            }
+        }
     }
 
     #[test]
