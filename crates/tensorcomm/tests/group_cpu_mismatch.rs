@@ -298,8 +298,18 @@ fn two_agreeing_ranks_against_one_name_the_mismatch_by_the_next_call(choice: Tra
     let err = outcomes[1]
         .as_ref()
         .expect_err("rank 1's barrier must fail");
-    assert!(
-        err.to_string().contains("broadcast") && err.to_string().contains("mismatch"),
-        "{choice}: {err}"
-    );
+    // It names the broadcast it ran (seq 0, root 0), not its barrier.
+    match err {
+        Error::CollectiveFailed { op, source, .. } => match source.as_ref() {
+            Error::CollectiveMismatch { mine, .. } => {
+                assert_eq!(op, "barrier", "{choice}: {err}");
+                assert!(
+                    mine.starts_with("broadcast (seq 0") && mine.contains("root 0"),
+                    "{choice}: {err}"
+                );
+            }
+            other => panic!("{choice}: rank 1 failed without naming the mismatch: {other}"),
+        },
+        other => panic!("{choice}: {other}"),
+    }
 }

@@ -61,7 +61,7 @@ impl GroupBackend for CpuBackend {
                 ));
             };
             let ran = staged
-                .wait_copied_down()
+                .wait_copied_down_until(call.deadline)
                 .and_then(|()| self.run_on_host(staged.host(), collective, call));
             if let Err(e) = ran {
                 call.describe(describe(&call.fingerprint, collective));

@@ -266,7 +266,7 @@ impl OnDeviceFailure for DeviceHooks {
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
         source: Error,
     ) -> Error {
-        settle(&self.shared, fp, mismatched, source)
+        settle(&self.shared, fp, mismatched, source).0
     }
 
     fn abort(&self) {
@@ -334,31 +334,36 @@ fn run(
 /// closed finds it), closes them, adds both sides' descriptions of a
 /// mismatch, and names what failed.
 fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
-    let source = settle(shared, fp, call.mismatched(), source);
+    let (source, earlier) = settle(shared, fp, call.mismatched(), source);
     if let Some(dog) = shared.watchdog.get() {
         // Device work queued before this call is aborted with it: its
         // `Work`s fail too, not report aborted kernels as done.
         dog.fail_pending(fp.seq, named(shared, fp, source.clone()));
     }
     shared.backend.abort();
-    let source = shared
-        .failures
-        .with_both_sides(fp, source, call.description());
+    // Both sides' descriptions are of this call; a cause inherited from an
+    // earlier collective is told as its report has it.
+    let source = match earlier {
+        None => shared
+            .failures
+            .with_both_sides(fp, source, call.description()),
+        Some(_) => source,
+    };
     named(shared, fp, source)
 }
 
 /// [`fail`] short of closing the connections: marks the group broken and
-/// posts the report; gives the root cause.
+/// posts the report; gives the root cause, and the sequence number of the
+/// earlier collective it belongs to when it is not `fp`'s.
 fn settle(
     shared: &Shared,
     fp: &Fingerprint,
     mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     source: Error,
-) -> Error {
+) -> (Error, Option<u64>) {
     let op = fp.kind.name();
     *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
     let source = shared.failures.settle(fp, shared.rank, source, mismatched);
-    shared.failures.mark_failed(fp.seq);
     shared
         .failures
         .earlier_cause(fp.seq, shared.rank, source, |seq| shared.recent(seq))

@@ -477,6 +477,9 @@ impl FailureBoard {
         let Some(stored) = post_first(&self.store, key, encoded.clone()) else {
             return err;
         };
+        // A report is there now: ranks that fail later because of it can
+        // find it (see `earlier_cause`).
+        self.mark_failed(fp.seq);
         if stored == encoded || !may_be_secondary(&err) {
             return err;
         }
@@ -501,7 +504,7 @@ impl FailureBoard {
     /// connections.
     /// Says, for ranks that fail later, that collective `seq` failed (the
     /// first such post counts).
-    pub(crate) fn mark_failed(&self, seq: u64) {
+    fn mark_failed(&self, seq: u64) {
         let _ = post_first(
             &self.store,
             failed_seq_key(&self.key_prefix),
@@ -512,23 +515,28 @@ impl FailureBoard {
     /// The root cause of a failure of collective `seq` on this rank (`err`,
     /// which only says a peer went away) when an earlier collective failed
     /// first: that collective's report, told from this rank's side with
-    /// `mine`, its fingerprint of that collective, when it still has it.
+    /// `mine`, its fingerprint of that collective, when it still has it,
+    /// and that collective's sequence number (`None`: `err` as it was).
     pub(crate) fn earlier_cause(
         &self,
         seq: u64,
         rank: usize,
         err: Error,
         mine: impl Fn(u64) -> Option<Fingerprint>,
-    ) -> Error {
+    ) -> (Error, Option<u64>) {
         if !may_be_secondary(&err) {
-            return err;
+            return (err, None);
         }
-        let first = || -> Option<Error> {
-            let key = failed_seq_key(&self.key_prefix);
-            if !self.store.check(&[&key]).ok()? {
-                return None;
+        // Only keys that are there are read: a plain get would wait for
+        // a missing one until the store's timeout.
+        let read = |key: &str| -> Option<Vec<u8>> {
+            match self.store.check(&[key]) {
+                Ok(true) => self.store.get(key).ok(),
+                _ => None,
             }
-            let failed: u64 = String::from_utf8(self.store.get(&key).ok()?)
+        };
+        let first = || -> Option<(Error, u64)> {
+            let failed: u64 = String::from_utf8(read(&failed_seq_key(&self.key_prefix))?)
                 .ok()?
                 .trim()
                 .parse()
@@ -536,14 +544,13 @@ impl FailureBoard {
             if failed >= seq {
                 return None;
             }
-            let report = self
-                .store
-                .get(&failure_key(&self.key_prefix, failed))
-                .ok()?;
-            let report = FailureReport::decode(&report)?;
-            Some(report.to_error(&mine(failed)?, rank))
+            let report = FailureReport::decode(&read(&failure_key(&self.key_prefix, failed))?)?;
+            Some((report.to_error(&mine(failed)?, rank), failed))
         };
-        first().unwrap_or(err)
+        match first() {
+            Some((cause, failed)) => (cause, Some(failed)),
+            None => (err, None),
+        }
     }
 
     pub(crate) fn with_both_sides(

@@ -104,6 +104,11 @@ fn prepared_calls_complete_on_the_device_when_run_returns_an_event() {
         })
         .unwrap();
     let work = caller.join().unwrap();
+    // The group's thread runs the job; wait (bounded) until it has.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while backend.seen.lock().unwrap().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(*backend.seen.lock().unwrap(), ["the-caller"]);
     backend.event.0.store(true, Ordering::Release);
     assert!(work.is_completed());

@@ -41,7 +41,7 @@ pub(crate) const RECHECK: Duration = Duration::from_millis(500);
 pub(crate) const RECENT: usize = 64;
 
 /// This rank's most recent calls' fingerprints, oldest first.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct RecentCalls {
     ring: VecDeque<Fingerprint>,
 }
@@ -162,11 +162,18 @@ pub(crate) fn posted_failure(
         .trim()
         .parse()
         .ok()?;
-    let report = FailureReport::decode(&store.get(&failure_key(&keys.prefix, seq)).ok()?)?;
+    // Only a key that is there is read (a get would wait for it).
+    let report_key = failure_key(&keys.prefix, seq);
+    if !store.check(&[&report_key]).unwrap_or(false) {
+        return None;
+    }
+    let report = FailureReport::decode(&store.get(&report_key).ok()?)?;
     let fp = mine.get(seq).unwrap_or(*front);
     Some((fp, report.to_error(&fp, keys.rank)))
 }
 
+/// The longest wait between two checks of one stalled collective.
+const MAX_RECHECK: Duration = Duration::from_secs(8);
 /// How often a [`StallMonitor`] looks at the running collective.
 const MONITOR_EVERY: Duration = Duration::from_millis(10);
 
@@ -244,25 +251,37 @@ impl StallMonitor {
     }
 
     fn run(&self, store: &dyn Store, keys: &StallKeys, engine: &dyn OnDeviceFailure) {
-        let mut checked: Option<(u64, Instant)> = None;
+        // The last check: which collective, when, and the wait before the
+        // next check of the same one (doubling, so a collective that is
+        // merely slow costs the store little).
+        let mut checked: Option<(u64, Instant, Duration)> = None;
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(MONITOR_EVERY);
             let running = *self.running.lock().unwrap_or_else(PoisonError::into_inner);
             let Some((fp, since)) = running else {
                 continue;
             };
-            let due = match checked {
-                Some((seq, at)) => seq != fp.seq || at.elapsed() >= RECHECK,
-                None => true,
+            let next_wait = match checked {
+                Some((seq, at, wait)) if seq == fp.seq => {
+                    if at.elapsed() < wait {
+                        continue;
+                    }
+                    (wait * 2).min(MAX_RECHECK)
+                }
+                _ => RECHECK,
             };
-            if since.elapsed() < STALL || !due {
+            if since.elapsed() < STALL {
                 continue;
             }
-            checked = Some((fp.seq, Instant::now()));
-            let found = {
-                let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-                compare(store, keys, &recent)
-            };
+            checked = Some((fp.seq, Instant::now(), next_wait));
+            // Compared on a copy: the group thread records its next call
+            // meanwhile, without waiting for the store.
+            let recent = self
+                .recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let found = compare(store, keys, &recent);
             if let Some(found) = found {
                 let error = found.error(keys.rank);
                 engine.settle(&found.mine, Some((found.peer, found.theirs)), error);

@@ -400,14 +400,16 @@ impl Watchdog {
         store: &dyn Store,
         front: &Fingerprint,
     ) -> bool {
-        let (found, posted) = {
-            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-            let found = stall_check::compare(store, stall, &recent);
-            let posted = match found {
-                Some(_) => None,
-                None => stall_check::posted_failure(store, stall, &recent, front),
-            };
-            (found, posted)
+        // Compared on a copy: callers record their calls meanwhile.
+        let recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let found = stall_check::compare(store, stall, &recent);
+        let posted = match found {
+            Some(_) => None,
+            None => stall_check::posted_failure(store, stall, &recent, front),
         };
         if let Some(found) = found {
             let error = found.error(stall.rank);

@@ -60,6 +60,8 @@ pub struct ProcessGroupNccl {
     backend: Arc<NcclBackend>,
     global_ranks: Vec<usize>,
     options: NcclOptions,
+    /// This group's keys in `_store` (sub-groups' keys go under it).
+    key_prefix: String,
     subgroups: AtomicU64,
 }
 
@@ -145,6 +147,7 @@ impl ProcessGroupNccl {
             backend,
             global_ranks,
             options: options.clone(),
+            key_prefix: key_prefix.into(),
             subgroups: AtomicU64::new(0),
         })
     }
@@ -228,7 +231,7 @@ impl ProcessGroupNccl {
             return Ok(None);
         };
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
-            subgroup_prefix("nccl", n),
+            subgroup_prefix(&self.key_prefix, n),
             self._store.clone(),
         ));
         let global_ranks = members.iter().map(|&r| self.global_ranks[r]).collect();

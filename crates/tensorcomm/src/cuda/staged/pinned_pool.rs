@@ -27,9 +27,20 @@ pub(crate) fn allocation_size(len: usize) -> usize {
 #[derive(Default)]
 pub(crate) struct PinnedPool {
     free: Mutex<Vec<PinnedBuffer>>,
+    /// The GPU whose context is made current to free the buffers (a GPU
+    /// the process already uses, not GPU 0 by default).
+    device: Option<usize>,
 }
 
 impl PinnedPool {
+    /// An empty pool staging for GPU `device`.
+    pub(crate) fn for_device(device: usize) -> PinnedPool {
+        PinnedPool {
+            free: Mutex::default(),
+            device: Some(device),
+        }
+    }
+
     /// A buffer of at least `len` bytes, lent until the lease is dropped:
     /// the smallest free one that fits, else a new one.
     pub(crate) fn lend(self: &Arc<Self>, len: usize) -> Result<PinnedLease> {
@@ -38,7 +49,12 @@ impl PinnedPool {
             let best = free
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.len() >= len)
+                // At most twice the size asked for: a small call does
+                // not take (and so keep a large one from reusing) a large
+                // buffer.
+                .filter(|(_, b)| {
+                    b.len() >= len && b.len() <= allocation_size(len).saturating_mul(2)
+                })
                 .min_by_key(|(_, b)| b.len())
                 .map(|(i, _)| i);
             best.map(|i| free.swap_remove(i))
@@ -68,8 +84,8 @@ impl PinnedPool {
 impl Drop for PinnedPool {
     fn drop(&mut self) {
         // Freeing pinned memory wants a current context (any: the
-        // buffers are portable).
-        if let Ok(ctx) = context(0) {
+        // buffers are portable): the one of the GPU staged for.
+        if let Some(ctx) = self.device.and_then(|d| context(d).ok()) {
             let _ = ctx.bind();
         }
     }

@@ -5,7 +5,7 @@
 //!    GPU's staging stream waits for the caller's current stream, then the
 //!    copies down of every CUDA tensor the collective reads are queued on
 //!    it, followed by an event;
-//! 2. when the collective's turn comes ([`StagedCall::wait_copied_down`]):
+//! 2. when the collective's turn comes ([`StagedCall::wait_copied_down_until`]):
 //!    the host waits for that event, then the CPU collective runs on the
 //!    host copies ([`StagedCall::host`]);
 //! 3. the copies up of every CUDA tensor it writes are queued on the
@@ -119,9 +119,29 @@ impl StagedCall {
         &self.host
     }
 
-    /// Step 2: blocks until the copies down are done.
-    pub(crate) fn wait_copied_down(&self) -> Result<()> {
-        self.down.synchronize()
+    /// Step 2, bounded by the call's `deadline`: the copies wait for the
+    /// caller's stream, and a stream that does not get there in time is
+    /// this rank's problem, said as such (not a peer's timeout).
+    pub(crate) fn wait_copied_down_until(&self, deadline: std::time::Instant) -> Result<()> {
+        let started = std::time::Instant::now();
+        while !self.down.query()? {
+            if std::time::Instant::now() >= deadline {
+                return Err(crate::Error::Cuda {
+                    call: "copying CUDA tensors to pinned host memory".into(),
+                    code: "timeout".into(),
+                    message: format!(
+                        "the copies had not run after {:?}: they wait for the work queued before the call on the caller's current stream, which had not finished",
+                        started.elapsed()
+                    ),
+                });
+            }
+            if started.elapsed() < std::time::Duration::from_micros(200) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+        Ok(())
     }
 
     /// Step 3, after the host collective succeeded: queues the copies up

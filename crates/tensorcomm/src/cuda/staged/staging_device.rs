@@ -36,7 +36,7 @@ impl StagingDevice {
         Ok(StagingDevice {
             ctx,
             stream,
-            pool: Arc::default(),
+            pool: Arc::new(PinnedPool::for_device(ordinal)),
             in_flight: Mutex::default(),
         })
     }
@@ -108,12 +108,18 @@ impl StagingDevice {
     /// stream, holding `keep` (both ends of those copies) until it has
     /// passed; also lets go of earlier points that have.
     pub(crate) fn record(&self, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
-        self.ctx.bind()?;
-        let event = Arc::new(StagedEvent::new(
-            self.stream.record()?,
-            self.ordinal(),
-            keep,
-        ));
+        let recorded = self.ctx.bind().and_then(|()| self.stream.record());
+        let recorded = match recorded {
+            Ok(e) => e,
+            Err(e) => {
+                // Without an event nothing tells when the queued copies
+                // end: wait for them before `keep` lets their memory go.
+                self.settle();
+                drop(keep);
+                return Err(e);
+            }
+        };
+        let event = Arc::new(StagedEvent::new(recorded, self.ordinal(), keep));
         let mut in_flight = self
             .in_flight
             .lock()
