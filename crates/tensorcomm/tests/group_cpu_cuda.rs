@@ -542,3 +542,33 @@ fn dropped_works_keep_their_tensors_until_the_copies_are_done() {
     });
     drop(pgs);
 }
+
+#[test]
+fn back_to_back_calls_on_one_tensor_see_each_others_results() {
+    if !can_run("back_to_back_calls_on_one_tensor_see_each_others_results") {
+        return;
+    }
+    let pgs = two_ranks("back-to-back");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        // Rank 0 on the GPU, rank 1 on the host: the result must not depend
+        // on where a rank keeps its tensor.
+        let device = if me == 0 { GPU } else { Device::Cpu };
+        for round in 0..20 {
+            let t = on(device, vec![me as f32 + 1.0; 1024], &[1024]);
+            // No wait between the calls: the second reads what the first
+            // wrote (3 after the first, 6 after the second).
+            let works: Vec<_> = (0..3)
+                .map(|_| pg.all_reduce(&t, ReduceOp::Sum, None).unwrap())
+                .collect();
+            for w in works {
+                w.synchronize().unwrap();
+            }
+            assert!(
+                get(&t).iter().all(|&v| v == 12.0),
+                "rank {me} round {round}: {:?}",
+                &get(&t)[..4]
+            );
+        }
+    });
+}

@@ -47,19 +47,20 @@ impl GroupBackend for CpuBackend {
         let Some(gpu) = gpu_of("collective", collective)? else {
             return Ok(None);
         };
-        let staged = StagedCall::prepare(self.staging.device(gpu)?, collective, self.rank)?;
-        Ok(Some(Box::new(staged)))
+        let ordered = StagedCall::prepare(self.staging.device(gpu)?)?;
+        Ok(Some(Box::new(ordered)))
     }
 
     fn run(&self, collective: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
         let prepared = call.take_prepared()?;
         #[cfg(feature = "cuda")]
         if let Some(staged) = prepared {
-            let Ok(staged) = staged.downcast::<crate::cuda::staged::StagedCall>() else {
+            let Ok(ordered) = staged.downcast::<crate::cuda::staged::Ordered>() else {
                 return Err(crate::Error::InvalidArgument(
                     "the CPU backend was handed a call it did not prepare".into(),
                 ));
             };
+            let staged = ordered.copy_down(collective, self.rank)?;
             let ran = staged
                 .wait_copied_down_until(call.deadline)
                 .and_then(|()| self.run_on_host(staged.host(), collective, call));

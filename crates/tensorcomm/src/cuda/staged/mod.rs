@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub(crate) use one_gpu::gpu_of;
-pub(crate) use staged_call::StagedCall;
+pub(crate) use staged_call::{Ordered, StagedCall};
 pub(crate) use staged_p2p::StagedP2p;
 pub(crate) use staging_device::StagingDevice;
 

@@ -2,12 +2,14 @@
 //! pinned host memory (PyTorch's `ProcessGroupGloo` CUDA work):
 //!
 //! 1. at call time, on the caller's thread ([`StagedCall::prepare`]): the
-//!    GPU's staging stream waits for the caller's current stream, then the
-//!    copies down of every CUDA tensor the collective reads are queued on
-//!    it, followed by an event;
-//! 2. when the collective's turn comes ([`StagedCall::wait_copied_down_until`]):
-//!    the host waits for that event, then the CPU collective runs on the
-//!    host copies ([`StagedCall::host`]);
+//!    GPU's staging stream waits for the caller's current stream;
+//! 2. when the collective's turn comes ([`Ordered::copy_down`]): the copies
+//!    down of every CUDA tensor the collective reads are queued on the
+//!    staging stream, after the copies up of every earlier call (so a
+//!    tensor written by an earlier call is read as that call left it, even
+//!    when the caller did not wait in between), followed by an event; the
+//!    host waits for it ([`StagedCall::wait_copied_down_until`]), then the
+//!    CPU collective runs on the host copies ([`StagedCall::host`]);
 //! 3. the copies up of every CUDA tensor it writes are queued on the
 //!    staging stream, followed by the event the `Work` completes on
 //!    ([`StagedCall::copy_up`]): `wait()` makes the caller's current
@@ -49,15 +51,18 @@ enum Results {
     },
 }
 
-impl StagedCall {
-    /// Step 1 (see the module docs) for rank `rank`'s `collective`, whose
-    /// CUDA tensors are all on `device`'s GPU.
-    pub(crate) fn prepare(
-        device: Arc<StagingDevice>,
-        collective: &Collective,
-        rank: usize,
-    ) -> Result<StagedCall> {
-        let staged = Self::queue_copies_down(&device, collective, rank);
+/// A staged call ordered after the caller's stream, its copies not yet
+/// queued (step 1 done).
+pub(crate) struct Ordered {
+    device: Arc<StagingDevice>,
+}
+
+impl Ordered {
+    /// Step 2's first half for rank `rank`'s `collective` (see the module
+    /// docs): queues the copies down, in call order.
+    pub(crate) fn copy_down(self, collective: &Collective, rank: usize) -> Result<StagedCall> {
+        let device = self.device;
+        let staged = StagedCall::queue_copies_down(&device, collective, rank);
         if staged.is_err() {
             device.settle();
         }
@@ -70,6 +75,15 @@ impl StagedCall {
             down,
         })
     }
+}
+
+impl StagedCall {
+    /// Step 1 (see the module docs), on the caller's thread at call time,
+    /// for a collective whose CUDA tensors are all on `device`'s GPU.
+    pub(crate) fn prepare(device: Arc<StagingDevice>) -> Result<Ordered> {
+        device.order_after_caller()?;
+        Ok(Ordered { device })
+    }
 
     /// The host collective, what it copies back, and every tensor the
     /// queued copies touch.
@@ -78,7 +92,6 @@ impl StagedCall {
         collective: &Collective,
         rank: usize,
     ) -> Result<(Collective, Results, Vec<Tensor<'static>>)> {
-        device.order_after_caller()?;
         let mut keep = Vec::new();
         if let Collective::AllReduceSparse { tensor, result } = collective {
             let values = tensor.values();
