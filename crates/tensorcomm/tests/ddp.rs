@@ -256,8 +256,8 @@ fn a_parameter_one_rank_skipped_gets_the_other_ranks_gradient() {
 /// A linear model `y = W x + b` (W: 2x3, b: 2) with loss
 /// `mean over the batch of 0.5 * |y - t|^2`; its gradients over `samples`.
 fn linear_grads(w: &[f32], b: &[f32], samples: &[([f32; 3], [f32; 2])]) -> (Vec<f32>, Vec<f32>) {
-    let mut gw = vec![0.0f32; 6];
-    let mut gb = vec![0.0f32; 2];
+    let mut gw = [0.0f32; 6];
+    let mut gb = [0.0f32; 2];
     for (x, t) in samples {
         for o in 0..2 {
             let y: f32 = (0..3).map(|i| w[3 * o + i] * x[i]).sum::<f32>() + b[o];
