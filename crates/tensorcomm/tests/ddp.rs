@@ -10,8 +10,8 @@ use std::thread;
 
 use half::{bf16, f16};
 use tensorcomm::ddp::{
-    broadcast_coalesced, AllReduceHook, CommHook, CompressHook, GradBucket, Reducer,
-    ReducerOptions, TensorSpec,
+    broadcast_coalesced, AllReduceHook, CommHook, CompressHook, GradBucket, QuantizePerTensorHook,
+    Reducer, ReducerOptions, TensorSpec,
 };
 use tensorcomm::group::ProcessGroup;
 use tensorcomm::store::HashStore;
@@ -176,6 +176,40 @@ fn fp16_and_bf16_hooks_reduce_in_low_precision_and_write_back() {
         CompressHook::wrap(DType::F32, Arc::new(AllReduceHook)),
         Err(Error::BadValue { .. })
     ));
+}
+
+fn spread(r: usize) -> Vec<f32> {
+    (0..10)
+        .map(|i| (i as f32 - 3.0 - r as f32) * 0.37 + r as f32 * 0.05)
+        .collect()
+}
+
+#[test]
+fn quantize_per_tensor_hook_averages_dequantized_uint8_codes() {
+    // Direct computation: PyTorch's MinMaxObserver parameters per rank,
+    // quantize, dequantize, sum in rank order, divide by the world size.
+    let world = 3;
+    let mut sum = vec![0.0f32; 10];
+    for r in 0..world {
+        let v = spread(r);
+        let min = v.iter().copied().fold(0.0f32, f32::min);
+        let max = v.iter().copied().fold(0.0f32, f32::max);
+        let scale = ((max - min) / 255.0).max(f32::EPSILON);
+        let zero = (-(min / scale).round_ties_even()).clamp(0.0, 255.0);
+        for (acc, x) in sum.iter_mut().zip(v) {
+            let q = ((x / scale).round_ties_even() + zero).clamp(0.0, 255.0);
+            *acc += (q - zero) * scale;
+        }
+    }
+    let want: Vec<f32> = sum.iter().map(|s| s / world as f32).collect();
+    let exact: Vec<f32> = (0..10)
+        .map(|i| (0..world).map(|r| spread(r)[i]).sum::<f32>() / 3.0)
+        .collect();
+    for got in run_hook(world, "hook-q", Arc::new(QuantizePerTensorHook), spread) {
+        assert_eq!(got, want);
+        // Within half a step of the largest scale (about 0.017) of the mean.
+        assert!(max_diff(&got, &exact) <= 0.01, "{got:?} vs {exact:?}");
+    }
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! - [`GradBucket`]: one bucket of gradients in a flat buffer, what a hook
 //!   gets.
 //! - [`CommHook`]: how a bucket is communicated: [`AllReduceHook`] (the
-//!   default), [`CompressHook`] (f16 or bf16), [`NoOpHook`].
+//!   default), [`CompressHook`] (f16 or bf16), [`QuantizePerTensorHook`]
+//!   (uint8 codes), [`NoOpHook`].
 //! - [`Reducer`]: buckets gradients as they are produced and starts each
 //!   bucket's hook as soon as it is complete.
 //!
@@ -39,6 +40,7 @@ mod comm_hook;
 mod compression;
 mod flat_buffer;
 mod grad_bucket;
+mod quantization;
 mod reducer;
 mod tensor_spec;
 
@@ -50,5 +52,6 @@ pub use bucket_assignment::{
 pub use comm_hook::{AllReduceHook, CommHook, NoOpHook};
 pub use compression::CompressHook;
 pub use grad_bucket::GradBucket;
+pub use quantization::QuantizePerTensorHook;
 pub use reducer::{Reducer, ReducerOptions};
 pub use tensor_spec::TensorSpec;
