@@ -189,7 +189,7 @@ fn quantize_per_tensor_hook_averages_dequantized_uint8_codes() {
     // Direct computation: PyTorch's MinMaxObserver parameters per rank,
     // quantize, dequantize, sum in rank order, divide by the world size.
     let world = 3;
-    let mut sum = vec![0.0f32; 10];
+    let mut sum = [0.0f32; 10];
     for r in 0..world {
         let v = spread(r);
         let min = v.iter().copied().fold(0.0f32, f32::min);
