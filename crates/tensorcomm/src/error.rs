@@ -331,6 +331,26 @@ pub enum Error {
         found: String,
     },
 
+    // ---- data-parallel training ------------------------------------------
+    /// Ranks built a DDP [`Reducer`](crate::ddp::Reducer) from different
+    /// parameter lists (count, shapes, dtypes or devices).
+    #[error("DDP parameters differ between ranks: rank {rank} has {mine}, rank {peer} has {theirs}; every rank must build the Reducer from the same parameters in the same order")]
+    ParamsMismatch {
+        rank: usize,
+        peer: usize,
+        mine: String,
+        theirs: String,
+    },
+    /// A DDP [`Reducer`](crate::ddp::Reducer) was used out of order: a
+    /// gradient marked twice, `finish` before every gradient arrived, a new
+    /// iteration before the last one finished.
+    #[error("DDP reducer, iteration {iteration}: expected {expected}, found {found}")]
+    ReducerMisuse {
+        iteration: u64,
+        expected: String,
+        found: String,
+    },
+
     // ---- system -------------------------------------------------------
     /// An operating-system call failed.
     #[error("{context}: {source}")]

@@ -17,6 +17,10 @@
 //! - [`cpu`]: the CPU backend: collectives (one file each) over
 //!   algorithms (one file each), chosen in one place (`cpu/select.rs`),
 //!   over transports (TCP, shared memory).
+//! - [`ddp`]: data-parallel training over any [`ProcessGroup`]: gradient
+//!   buckets, a `Reducer` that averages gradients while the backward pass
+//!   runs, communication hooks (all-reduce, f16/bf16 compression),
+//!   `broadcast_coalesced`.
 //! - [`auto_group`]: [`Backend::Auto`], host tensors to the CPU backend and
 //!   CUDA tensors to NCCL in one group.
 //! - `cuda` (feature `cuda`, on by default): `cuda::nccl`, the NCCL
@@ -45,6 +49,7 @@ pub mod auto_group;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod ddp;
 pub mod env_vars;
 pub mod error;
 pub mod group;

@@ -346,6 +346,26 @@ impl Clone for Error {
                 expected: expected.clone(),
                 found: found.clone(),
             },
+            Error::ParamsMismatch {
+                rank,
+                peer,
+                mine,
+                theirs,
+            } => Error::ParamsMismatch {
+                rank: *rank,
+                peer: *peer,
+                mine: mine.clone(),
+                theirs: theirs.clone(),
+            },
+            Error::ReducerMisuse {
+                iteration,
+                expected,
+                found,
+            } => Error::ReducerMisuse {
+                iteration: *iteration,
+                expected: expected.clone(),
+                found: found.clone(),
+            },
             Error::Io { context, source } => Error::Io {
                 context: context.clone(),
                 source: clone_io(source),

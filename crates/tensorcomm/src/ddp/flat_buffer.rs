@@ -1,0 +1,137 @@
+//! Flat buffers: allocating one on a tensor's device, viewing a slice of it
+//! as a tensor's shape, and element-wise float maths on it (scaling,
+//! casting between float dtypes) for the communication hooks.
+
+use half::{bf16, f16};
+
+use crate::tensor::{DType, Device, Tensor};
+use crate::{Error, Result};
+
+/// A zeroed one-dimensional tensor of `numel` elements on `device`.
+pub(crate) fn zeros_on(numel: usize, dtype: DType, device: Device) -> Result<Tensor<'static>> {
+    match device {
+        Device::Cpu => Tensor::zeros(&[numel], dtype),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => Tensor::zeros_on(&[numel], dtype, device),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(Error::NoCuda {
+            reason: "tensorcomm was built without the `cuda` feature".into(),
+        }),
+    }
+}
+
+/// The elements `offset..offset + numel(shape)` of the flat `buffer`,
+/// viewed with `shape`.
+pub(crate) fn view_of<'a>(
+    buffer: &Tensor<'a>,
+    offset: usize,
+    shape: &[usize],
+) -> Result<Tensor<'a>> {
+    let numel = shape.iter().product();
+    buffer.narrow(0, offset, numel)?.view(shape)
+}
+
+/// The elements of a float tensor, widened to f64 (exactly).
+pub(crate) fn read_floats(t: &Tensor<'_>, context: &str) -> Result<Vec<f64>> {
+    Ok(match t.dtype() {
+        DType::F64 => t.to_vec::<f64>()?,
+        DType::F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+        DType::F16 => t.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
+        DType::BF16 => t.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
+        other => return Err(not_float(context, other)),
+    })
+}
+
+/// Writes `values` into the float tensor `t`, each rounded once to its
+/// dtype (round to nearest even).
+pub(crate) fn write_floats(t: &Tensor<'_>, values: &[f64], context: &str) -> Result<()> {
+    let shape = t.shape().to_vec();
+    let src = match t.dtype() {
+        DType::F64 => Tensor::from_vec(values.to_vec(), &shape)?,
+        DType::F32 => Tensor::from_vec(values.iter().map(|&v| v as f32).collect(), &shape)?,
+        DType::F16 => Tensor::from_vec(values.iter().map(|&v| f16::from_f64(v)).collect(), &shape)?,
+        DType::BF16 => {
+            Tensor::from_vec(values.iter().map(|&v| bf16::from_f64(v)).collect(), &shape)?
+        }
+        other => return Err(not_float(context, other)),
+    };
+    if t.device().is_cpu() {
+        t.copy_from(&src)
+    } else {
+        copy_from_host(t, &src)
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn copy_from_host(t: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
+    t.copy_from(&src.to_device(t.device())?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn copy_from_host(t: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
+    t.copy_from(src)
+}
+
+/// Divides every element of the float tensor `t` by `divisor` in place,
+/// correctly rounded in `t`'s dtype (f64 division then one rounding is
+/// exact for every float dtype here: f64 has more than twice their
+/// precision plus two bits).
+pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Result<()> {
+    let values: Vec<f64> = read_floats(t, context)?
+        .into_iter()
+        .map(|v| v / divisor)
+        .collect();
+    write_floats(t, &values, context)
+}
+
+/// Copies the float tensor `src` into the float tensor `dst` of the same
+/// shape, converting between their dtypes (rounding to nearest even).
+pub(crate) fn cast_into(dst: &Tensor<'_>, src: &Tensor<'_>, context: &str) -> Result<()> {
+    if dst.dtype() == src.dtype() {
+        return dst.copy_from(src);
+    }
+    write_floats(dst, &read_floats(src, context)?, context)
+}
+
+fn not_float(context: &str, found: DType) -> Error {
+    Error::DTypeMismatch {
+        context: format!("{context}: expected a floating-point tensor (f32, f64, f16, bf16)"),
+        expected: DType::F32,
+        found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn casts_round_to_nearest_and_divide_exactly() {
+        let t = Tensor::from_vec(vec![1.0f32, 3.0, 1.0 / 3.0, 65520.0], &[4]).unwrap();
+        let h = zeros_on(4, DType::F16, Device::Cpu).unwrap();
+        cast_into(&h, &t, "test").unwrap();
+        let expect: Vec<f16> = [1.0f32, 3.0, 1.0 / 3.0, 65520.0]
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect();
+        assert_eq!(h.to_vec::<f16>().unwrap(), expect);
+        divide_in_place(&t, 3.0, "test").unwrap();
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            [1.0f32 / 3.0, 1.0, (1.0f32 / 3.0) / 3.0, 65520.0f32 / 3.0]
+        );
+        let ints = Tensor::from_vec(vec![1i32], &[1]).unwrap();
+        let e = divide_in_place(&ints, 2.0, "all_reduce hook").unwrap_err();
+        assert!(e.to_string().contains("all_reduce hook"), "{e}");
+    }
+
+    #[test]
+    fn views_are_slices_of_the_buffer() {
+        let buffer = Tensor::from_vec((0..10).map(|v| v as f32).collect(), &[10]).unwrap();
+        let v = view_of(&buffer, 4, &[2, 3]).unwrap();
+        assert_eq!(v.shape(), [2, 3]);
+        assert_eq!(v.to_vec::<f32>().unwrap(), [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+        v.fill(0.0f32).unwrap();
+        assert_eq!(buffer.to_vec::<f32>().unwrap()[4..], [0.0; 6]);
+    }
+}

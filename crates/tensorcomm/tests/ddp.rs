@@ -1,0 +1,429 @@
+//! Data-parallel training across ranks (threads, CPU backend):
+//! broadcast_coalesced, the communication hooks' numerics, the Reducer's
+//! parameter check, unused parameters, and training equivalence with
+//! single-process training.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use half::{bf16, f16};
+use tensorcomm::ddp::{
+    broadcast_coalesced, AllReduceHook, CommHook, CompressHook, GradBucket, QuantizePerTensorHook,
+    Reducer, ReducerOptions, TensorSpec,
+};
+use tensorcomm::group::ProcessGroup;
+use tensorcomm::store::HashStore;
+use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::Error;
+
+/// One group per rank, as `Arc<dyn ProcessGroup>`.
+fn ranks(world: usize, prefix: &str) -> Vec<Arc<dyn ProcessGroup>> {
+    let store = Arc::new(HashStore::new());
+    common::groups(world, &store, prefix)
+        .into_iter()
+        .map(|pg| Arc::new(pg) as Arc<dyn ProcessGroup>)
+        .collect()
+}
+
+/// Runs `f` on every rank at once; results in rank order.
+fn on_ranks<T: Send + 'static>(
+    pgs: Vec<Arc<dyn ProcessGroup>>,
+    f: impl Fn(Arc<dyn ProcessGroup>) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = pgs
+        .into_iter()
+        .map(|pg| {
+            let f = f.clone();
+            thread::spawn(move || f(pg))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn broadcast_coalesced_copies_mixed_dtypes_from_the_root() {
+    let results = on_ranks(ranks(3, "bc"), |pg| {
+        let rank = pg.rank();
+        let scale = if rank == 1 { 1.0 } else { 0.0 };
+        let tensors = vec![
+            Tensor::from_vec((0..5).map(|i| i as f32 * scale).collect(), &[5]).unwrap(),
+            Tensor::from_vec(
+                (0..3).map(|i| (i * 100) as i64 * scale as i64).collect(),
+                &[3],
+            )
+            .unwrap(),
+            Tensor::from_vec(
+                (0..4).map(|i| f16::from_f32(i as f32 * scale)).collect(),
+                &[2, 2],
+            )
+            .unwrap(),
+            Tensor::zeros(&[0], DType::U8).unwrap(),
+            Tensor::from_vec((0..7).map(|i| -(i as f32) * scale).collect(), &[7]).unwrap(),
+            Tensor::from_vec(
+                (0..3).map(|i| bf16::from_f32(i as f32 * scale)).collect(),
+                &[3],
+            )
+            .unwrap(),
+        ];
+        // 16-byte buckets: several per dtype, more than two in flight.
+        broadcast_coalesced(&*pg, &tensors, 16, 1).unwrap();
+        (
+            tensors[0].to_vec::<f32>().unwrap(),
+            tensors[1].to_vec::<i64>().unwrap(),
+            tensors[2].to_vec::<f16>().unwrap(),
+            tensors[4].to_vec::<f32>().unwrap(),
+            tensors[5].to_vec::<bf16>().unwrap(),
+        )
+    });
+    for (f, i, h, neg, b) in results {
+        assert_eq!(f, [0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(i, [0, 100, 200]);
+        assert_eq!(h, [0.0f32, 1.0, 2.0, 3.0].map(f16::from_f32));
+        assert_eq!(neg, [0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0]);
+        assert_eq!(b, [0.0f32, 1.0, 2.0].map(bf16::from_f32));
+    }
+}
+
+/// Runs `hook` on a one-gradient bucket holding `values(rank)` on every
+/// rank; the reduced f32 values of each rank.
+fn run_hook(
+    world: usize,
+    prefix: &str,
+    hook: Arc<dyn CommHook>,
+    values: fn(usize) -> Vec<f32>,
+) -> Vec<Vec<f32>> {
+    on_ranks(ranks(world, prefix), move |pg| {
+        let v = values(pg.rank());
+        let n = v.len();
+        let buffer = Tensor::from_vec(v, &[n]).unwrap();
+        let bucket = GradBucket::new(0, 1, buffer.clone(), vec![vec![n]], vec![0]).unwrap();
+        let out = hook.run(&pg, bucket).unwrap().wait().unwrap();
+        assert_eq!(out.dtype(), DType::F32);
+        // The result is written into the bucket's own buffer.
+        assert_eq!(
+            buffer.to_vec::<f32>().unwrap(),
+            out.to_vec::<f32>().unwrap()
+        );
+        out.to_vec::<f32>().unwrap()
+    })
+}
+
+#[test]
+fn all_reduce_hook_divides_then_sums() {
+    // Multiples of 3 divide exactly by 3, so the sum is exact in any order.
+    let values = |r: usize| (0..6).map(|i| (3 * (i + 2 * r)) as f32).collect();
+    let want: Vec<f32> = (0..6)
+        .map(|i| (0..3).map(|r| (3 * (i + 2 * r)) as f32 / 3.0).sum())
+        .collect();
+    for got in run_hook(3, "hook-ar", Arc::new(AllReduceHook), values) {
+        assert_eq!(got, want);
+    }
+}
+
+/// What an f16/bf16 compression hook gives on two ranks: each value cast,
+/// halved in the low precision, summed in the low precision (two terms:
+/// any order gives the same rounding), cast back.
+fn compressed_reference<T>(
+    values: fn(usize) -> Vec<f32>,
+    from: fn(f32) -> T,
+    to: fn(T) -> f32,
+) -> Vec<f32> {
+    let (a, b) = (values(0), values(1));
+    a.iter()
+        .zip(&b)
+        .map(|(&x, &y)| {
+            let hx = to(from(to(from(x)) / 2.0));
+            let hy = to(from(to(from(y)) / 2.0));
+            to(from(hx + hy))
+        })
+        .collect()
+}
+
+fn thirds(r: usize) -> Vec<f32> {
+    (0..8)
+        .map(|i| (i as f32 + 1.0) / 3.0 + r as f32 * 0.1)
+        .collect()
+}
+
+#[test]
+fn fp16_and_bf16_hooks_reduce_in_low_precision_and_write_back() {
+    let want16 = compressed_reference(thirds, f16::from_f32, f16::to_f32);
+    for got in run_hook(2, "hook-f16", Arc::new(CompressHook::fp16()), thirds) {
+        assert_eq!(got, want16);
+    }
+    let want_b = compressed_reference(thirds, bf16::from_f32, bf16::to_f32);
+    for got in run_hook(2, "hook-bf16", Arc::new(CompressHook::bf16()), thirds) {
+        assert_eq!(got, want_b);
+    }
+    // Not the full-precision mean: the compression is really applied.
+    assert_ne!(
+        want_b,
+        thirds(0)
+            .iter()
+            .zip(thirds(1))
+            .map(|(a, b)| a / 2.0 + b / 2.0)
+            .collect::<Vec<_>>()
+    );
+    // The wrapper around the all-reduce hook is the same computation.
+    let wrapped = CompressHook::wrap(DType::BF16, Arc::new(AllReduceHook)).unwrap();
+    for got in run_hook(2, "hook-wrap", Arc::new(wrapped), thirds) {
+        assert_eq!(got, want_b);
+    }
+    assert!(matches!(
+        CompressHook::wrap(DType::F32, Arc::new(AllReduceHook)),
+        Err(Error::BadValue { .. })
+    ));
+}
+
+fn spread(r: usize) -> Vec<f32> {
+    (0..10)
+        .map(|i| (i as f32 - 3.0 - r as f32) * 0.37 + r as f32 * 0.05)
+        .collect()
+}
+
+#[test]
+fn quantize_per_tensor_hook_averages_dequantized_uint8_codes() {
+    // Direct computation: PyTorch's MinMaxObserver parameters per rank,
+    // quantize, dequantize, sum in rank order, divide by the world size.
+    let world = 3;
+    let mut sum = [0.0f32; 10];
+    for r in 0..world {
+        let v = spread(r);
+        let min = v.iter().copied().fold(0.0f32, f32::min);
+        let max = v.iter().copied().fold(0.0f32, f32::max);
+        let scale = ((max - min) / 255.0).max(f32::EPSILON);
+        let zero = (-(min / scale).round_ties_even()).clamp(0.0, 255.0);
+        for (acc, x) in sum.iter_mut().zip(v) {
+            let q = ((x / scale).round_ties_even() + zero).clamp(0.0, 255.0);
+            *acc += (q - zero) * scale;
+        }
+    }
+    let want: Vec<f32> = sum.iter().map(|s| s / world as f32).collect();
+    let exact: Vec<f32> = (0..10)
+        .map(|i| (0..world).map(|r| spread(r)[i]).sum::<f32>() / 3.0)
+        .collect();
+    for got in run_hook(world, "hook-q", Arc::new(QuantizePerTensorHook), spread) {
+        assert_eq!(got, want);
+        // Within half a step of the largest scale (about 0.017) of the mean.
+        assert!(max_diff(&got, &exact) <= 0.01, "{got:?} vs {exact:?}");
+    }
+}
+
+#[test]
+fn ranks_with_different_parameters_fail_at_construction() {
+    let results = on_ranks(ranks(2, "mismatch"), |pg| {
+        let last = if pg.rank() == 0 { [4] } else { [5] };
+        let params = vec![
+            TensorSpec::new(&[2, 2], DType::F32),
+            TensorSpec::new(&last, DType::F32),
+        ];
+        Reducer::new(
+            pg,
+            params,
+            Arc::new(AllReduceHook),
+            ReducerOptions::default(),
+        )
+        .err()
+    });
+    for (rank, e) in results.into_iter().enumerate() {
+        match e {
+            Some(Error::ParamsMismatch {
+                rank: r,
+                peer,
+                mine,
+                theirs,
+            }) => {
+                assert_eq!((r, peer), (rank, 1 - rank));
+                assert_ne!(mine, theirs);
+                assert!(mine.starts_with("2 parameters"), "{mine}");
+            }
+            other => panic!("rank {rank}: expected ParamsMismatch, found {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_parameter_one_rank_skipped_gets_the_other_ranks_gradient() {
+    let results = on_ranks(ranks(2, "unused"), |pg| {
+        let rank = pg.rank();
+        let params = vec![TensorSpec::new(&[2], DType::F32); 4];
+        let options = ReducerOptions {
+            find_unused_parameters: true,
+            ..ReducerOptions::default()
+        };
+        let mut reducer = Reducer::new(pg, params, Arc::new(AllReduceHook), options).unwrap();
+        // Rank 0 uses parameters 0..3, rank 1 only 0 and 1; nobody uses 3.
+        let unused: &[usize] = if rank == 0 { &[3] } else { &[2, 3] };
+        reducer.prepare_for_backward(unused).unwrap();
+        let grads: Vec<_> = (0..3)
+            .map(|p| Tensor::from_vec(vec![(4 * p + 2 * rank) as f32; 2], &[2]).unwrap())
+            .collect();
+        for p in (0..3).rev() {
+            if !unused.contains(&p) {
+                reducer.mark_ready(p, &grads[p]).unwrap();
+            }
+        }
+        reducer.finish().unwrap();
+        let views: Vec<Vec<f32>> = (0..3)
+            .map(|p| reducer.gradient(p).unwrap().to_vec().unwrap())
+            .collect();
+        (
+            reducer.globally_unused().to_vec(),
+            grads[2].to_vec::<f32>().unwrap(),
+            views,
+        )
+    });
+    for (rank, (unused, grad2, views)) in results.into_iter().enumerate() {
+        assert_eq!(unused, [3], "rank {rank}");
+        assert_eq!(views[0], [1.0; 2]); // (0 + 2) / 2
+        assert_eq!(views[1], [5.0; 2]); // (4 + 6) / 2
+        assert_eq!(views[2], [4.0; 2]); // (8 + 0) / 2: rank 1 counts as zero
+        if rank == 0 {
+            assert_eq!(grad2, [4.0; 2]);
+        }
+    }
+}
+
+/// A linear model `y = W x + b` (W: 2x3, b: 2) with loss
+/// `mean over the batch of 0.5 * |y - t|^2`; its gradients over `samples`.
+fn linear_grads(w: &[f32], b: &[f32], samples: &[([f32; 3], [f32; 2])]) -> (Vec<f32>, Vec<f32>) {
+    let mut gw = [0.0f32; 6];
+    let mut gb = [0.0f32; 2];
+    for (x, t) in samples {
+        for o in 0..2 {
+            let y: f32 = (0..3).map(|i| w[3 * o + i] * x[i]).sum::<f32>() + b[o];
+            let r = y - t[o];
+            for i in 0..3 {
+                gw[3 * o + i] += r * x[i];
+            }
+            gb[o] += r;
+        }
+    }
+    let n = samples.len() as f32;
+    (
+        gw.iter().map(|g| g / n).collect(),
+        gb.iter().map(|g| g / n).collect(),
+    )
+}
+
+fn dataset() -> Vec<([f32; 3], [f32; 2])> {
+    (0..12)
+        .map(|k| {
+            let k = k as f32;
+            let x = [(k * 0.37).sin(), (k * 0.11).cos(), k / 12.0 - 0.5];
+            let t = [0.3 * x[0] - 1.2 * x[1] + 0.5, 0.8 * x[2] + 0.1 * x[0] - 0.2];
+            (x, t)
+        })
+        .collect()
+}
+
+const STEPS: usize = 20;
+const LR: f32 = 0.3;
+
+fn train_single_process() -> (Vec<f32>, Vec<f32>) {
+    let data = dataset();
+    let (mut w, mut b) = (vec![0.1f32; 6], vec![0.0f32; 2]);
+    for _ in 0..STEPS {
+        let (gw, gb) = linear_grads(&w, &b, &data);
+        w.iter_mut().zip(&gw).for_each(|(p, g)| *p -= LR * g);
+        b.iter_mut().zip(&gb).for_each(|(p, g)| *p -= LR * g);
+    }
+    (w, b)
+}
+
+fn train_data_parallel(
+    world: usize,
+    hook: Arc<dyn CommHook>,
+    prefix: &str,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    on_ranks(ranks(world, prefix), move |pg| {
+        let rank = pg.rank();
+        let data = dataset();
+        let per_rank = data.len() / world;
+        let mine = &data[rank * per_rank..(rank + 1) * per_rank];
+        // Only rank 0 starts from the right values: broadcast makes them common.
+        let init: f32 = if rank == 0 { 0.1 } else { 7.0 };
+        let w = Tensor::from_vec(vec![init; 6], &[2, 3]).unwrap();
+        let b = Tensor::from_vec(vec![init - 0.1; 2], &[2]).unwrap();
+        broadcast_coalesced(&*pg, &[w.clone(), b.clone()], 1 << 20, 0).unwrap();
+        let params = vec![TensorSpec::of(&w), TensorSpec::of(&b)];
+        // 8-byte buckets: b and W in buckets of their own.
+        let options = ReducerOptions {
+            bucket_cap_bytes: 8,
+            first_bucket_bytes: 8,
+            ..ReducerOptions::default()
+        };
+        let mut reducer = Reducer::new(pg, params, hook.clone(), options).unwrap();
+        for _ in 0..STEPS {
+            let (wv, bv) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+            let (gw, gb) = linear_grads(&wv, &bv, mine);
+            let (gw, gb) = (
+                Tensor::from_vec(gw, &[2, 3]).unwrap(),
+                Tensor::from_vec(gb, &[2]).unwrap(),
+            );
+            reducer.mark_ready(1, &gb).unwrap(); // backward: the bias first
+            reducer.mark_ready(0, &gw).unwrap();
+            reducer.finish().unwrap();
+            let step = |p: &Tensor<'static>, g: &Tensor<'static>| {
+                let v: Vec<f32> = p
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .zip(g.to_vec::<f32>().unwrap())
+                    .map(|(p, g)| p - LR * g)
+                    .collect();
+                p.copy_from(&Tensor::from_vec(v, p.shape()).unwrap())
+                    .unwrap();
+            };
+            step(&w, &gw);
+            step(&b, &gb);
+        }
+        (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap())
+    })
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn data_parallel_training_matches_single_process_training() {
+    let (w, b) = train_single_process();
+    for world in [2, 3] {
+        let results = train_data_parallel(world, Arc::new(AllReduceHook), &format!("train{world}"));
+        for (rank, (rw, rb)) in results.iter().enumerate() {
+            // Every rank holds bitwise the same parameters.
+            assert_eq!(
+                (rw, rb),
+                (&results[0].0, &results[0].1),
+                "rank {rank} of {world}"
+            );
+            // Single-process training sums the batch in another order:
+            // equal within f32 rounding, not bitwise.
+            let diff = max_diff(rw, &w).max(max_diff(rb, &b));
+            assert!(
+                diff <= 1e-5,
+                "world {world} rank {rank}: max difference {diff}"
+            );
+        }
+        // The training really moved the parameters.
+        assert!(max_diff(&results[0].0, &[0.1; 6]) > 0.1);
+    }
+}
+
+#[test]
+fn fp16_compressed_training_stays_close_to_single_process_training() {
+    let (w, b) = train_single_process();
+    let results = train_data_parallel(2, Arc::new(CompressHook::fp16()), "train-f16");
+    for (rw, rb) in &results {
+        assert_eq!((rw, rb), (&results[0].0, &results[0].1));
+        let diff = max_diff(rw, &w).max(max_diff(rb, &b));
+        assert!(diff <= 1e-3, "max difference {diff}");
+    }
+}
