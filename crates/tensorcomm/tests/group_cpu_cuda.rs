@@ -15,7 +15,7 @@ use tensorcomm::cpu::backend::ProcessGroupCpu;
 use tensorcomm::cuda::runtime::{self, set_current_stream, Stream};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
-use tensorcomm::tensor::{Device, SparseTensor, Tensor};
+use tensorcomm::tensor::{DType, Device, SparseTensor, Tensor};
 use tensorcomm::Error;
 
 use common::{groups, on_every_rank};
@@ -571,4 +571,52 @@ fn back_to_back_calls_on_one_tensor_see_each_others_results() {
             );
         }
     });
+}
+
+#[test]
+fn a_reducer_averages_cuda_gradients_through_the_cpu_group() {
+    use tensorcomm::ddp::{AllReduceHook, CompressHook, Reducer, ReducerOptions, TensorSpec};
+    if !can_run("a_reducer_averages_cuda_gradients_through_the_cpu_group") {
+        return;
+    }
+    let pgs: Vec<Arc<dyn ProcessGroup>> = two_ranks("ddp-cuda")
+        .into_iter()
+        .map(|pg| Arc::new(pg) as Arc<dyn ProcessGroup>)
+        .collect();
+    let handles: Vec<_> = pgs
+        .into_iter()
+        .map(|pg| {
+            std::thread::spawn(move || {
+                let me = pg.rank();
+                let specs = vec![
+                    TensorSpec::new(&[64, 32], DType::F32).on(GPU),
+                    TensorSpec::new(&[32], DType::F32).on(GPU),
+                ];
+                let hooks: [Arc<dyn tensorcomm::ddp::CommHook>; 2] =
+                    [Arc::new(AllReduceHook), Arc::new(CompressHook::bf16())];
+                for hook in hooks {
+                    let mut reducer =
+                        Reducer::new(pg.clone(), specs.clone(), hook, ReducerOptions::default())
+                            .unwrap();
+                    for step in 0..3 {
+                        // Gradients rank + step + 1 (exact in bf16): the
+                        // mean over 2 ranks is step + 1.5.
+                        let v = (me + step) as f32 + 1.0;
+                        let w = on(GPU, vec![v; 64 * 32], &[64, 32]);
+                        let b = on(GPU, vec![v; 32], &[32]);
+                        reducer.mark_ready(1, &b).unwrap();
+                        reducer.mark_ready(0, &w).unwrap();
+                        reducer.finish().unwrap();
+                        let want = step as f32 + 1.5;
+                        for t in [&w, &b] {
+                            assert!(get(t).iter().all(|&x| x == want), "rank {me} step {step}");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
 }
