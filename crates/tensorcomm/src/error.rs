@@ -56,6 +56,9 @@ pub enum Error {
     InvalidSparse(String),
 
     // ---- stores -------------------------------------------------------
+    /// A file store path names something that is not a regular file.
+    #[error("file store {path} must be a regular file, found {found}")]
+    StoreFileNotRegular { path: String, found: String },
     /// `get`/`wait`/`queue_pop` ran out of time before the keys existed.
     #[error("timed out after {timeout:?} waiting for keys {keys:?} in the store")]
     StoreTimeout {
