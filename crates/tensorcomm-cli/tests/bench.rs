@@ -312,3 +312,31 @@ fn cuda_tensors_through_the_cpu_backend_run_on_a_gpu_and_say_no_cuda_elsewhere()
         "{stderr}"
     );
 }
+
+/// Sizes that cannot fit in memory are refused before any rank starts,
+/// with the size, what it needs and what the machine has; before, they
+/// panicked (`capacity overflow`), aborted in the allocator or grew until
+/// memory ran out.
+#[test]
+fn sizes_that_cannot_fit_are_refused_up_front() {
+    let cases: [&[&str]; 3] = [
+        &["--sizes", "18446744073709551615"],
+        &["--sizes", "8,100000G"],
+        &["-n", "4", "-b", "8", "-e", "100000G"],
+    ];
+    for args in cases {
+        let start = std::time::Instant::now();
+        let (ok, stdout, stderr) = bench(args);
+        assert!(
+            !ok,
+            "{args:?} must fail\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("does not fit in memory") && stderr.contains("available"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stdout.is_empty(), "no rank ran: {stdout}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    }
+}

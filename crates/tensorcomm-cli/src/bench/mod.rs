@@ -47,6 +47,7 @@ mod progress;
 mod row;
 mod sparse;
 
+use crate::memory;
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -313,7 +314,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         BenchBackend::Auto => return cpu_then_gpus(args),
         BenchBackend::Cpu | BenchBackend::Nccl => {}
     }
-    if let Err(msg) = args.cpu_op() {
+    if let Err(msg) = args.cpu_op().and_then(|op| fits_in_memory(&args, op)) {
         eprintln!("tensorcomm bench: {msg}");
         return ExitCode::from(2);
     }
@@ -369,6 +370,42 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// Refuses a run whose largest row cannot fit in this host's memory: each
+/// rank holds at least an input and an output of the row's bytes, and
+/// ranks started here (`-n`, or `LOCAL_WORLD_SIZE` inside a launcher) share
+/// the host.
+fn fits_in_memory(args: &BenchArgs, op: BenchOp) -> Result<(), String> {
+    let launched = std::env::var_os("RANK").is_some();
+    let env_count = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let (ranks, on_host) = if launched {
+        let ranks = env_count("WORLD_SIZE").unwrap_or(1).max(1);
+        (ranks, env_count("LOCAL_WORLD_SIZE").unwrap_or(ranks).max(1))
+    } else {
+        (args.nproc.max(1), args.nproc.max(1))
+    };
+    let dtype = args.dtype.size();
+    let Some(largest) = op_sizes(args, op).into_iter().max() else {
+        return Ok(());
+    };
+    if ops::sizeless(op) {
+        return Ok(());
+    }
+    let row = ops::row_count(op, (largest / dtype).max(1), ranks) as u128 * dtype as u128;
+    let needed = row * 2 * on_host as u128;
+    memory::check(
+        &format!("a row of {largest} bytes"),
+        needed,
+        &format!(
+            "{on_host} rank(s) on this host, each with an input and an output of {}",
+            memory::human(row)
+        ),
+    )
 }
 
 /// The name of the cpu run's op (already validated by `main`).
