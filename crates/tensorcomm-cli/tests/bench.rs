@@ -340,3 +340,38 @@ fn sizes_that_cannot_fit_are_refused_up_front() {
         assert!(start.elapsed() < std::time::Duration::from_secs(5));
     }
 }
+
+/// `tensorcomm bench | head`: a reader that goes away ends the job quietly.
+/// Before, rank 0 panicked (`failed printing to stdout: Broken pipe`), the
+/// other ranks dumped their flight recorders and the job failed.
+#[test]
+fn a_closed_stdout_ends_the_job_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    for read_first in [false, true] {
+        let start = std::time::Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+            .args(["bench", "-n", "3", "-b", "8", "-e", "64K", "--iters", "1"])
+            .args(["--warmup", "0", "--transport", "tcp"])
+            .env_remove("RANK")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tensorcomm bench");
+        let mut stdout = child.stdout.take().unwrap();
+        if read_first {
+            // Read the header's first bytes, then go away like `head -c`.
+            let mut first = [0u8; 16];
+            stdout.read_exact(&mut first).unwrap();
+            assert!(first.starts_with(b"# tensorcomm"));
+        }
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!stderr.contains("flight recorder"), "{stderr}");
+        assert!(!stderr.contains("failed"), "{stderr}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    }
+}

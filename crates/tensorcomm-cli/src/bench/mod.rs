@@ -354,19 +354,29 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
     }
     match tensorcomm::cuda::runtime::device_count() {
         Ok(n) if n >= 2 => {
-            println!();
+            use std::io::Write;
+            if writeln!(std::io::stdout()).is_err() {
+                // The reader of the rows went away (`| head`): done.
+                return ExitCode::SUCCESS;
+            }
             cuda_comm::main(&BenchArgs {
                 backend: BenchBackend::CudaComm,
                 op: Vec::new(),
                 ..args
             })
         }
+        // Best effort: the reader may have gone (`| head`).
         Ok(n) => {
-            println!("# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2");
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stdout(),
+                "# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2"
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("# cuda-comm: skipped ({e})");
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "# cuda-comm: skipped ({e})");
             ExitCode::SUCCESS
         }
     }
@@ -481,8 +491,10 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     ops::check_ranks(op, ranks)?;
     let dtype = args.dtype;
     let device = bench_device(args.device)?;
+    // Rank 0's stdout, until a write to it fails (`bench | head`).
+    let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
-        println!(
+        stdout.line(format_args!(
             "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
             op.name(),
             dtype,
@@ -494,13 +506,17 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             },
             args.iters,
             args.warmup
-        );
-        println!("{}", Row::header());
+        ));
+        stdout.line(format_args!("{}", Row::header()));
     }
     let mut all_correct = true;
     let sizes = op_sizes(args, op);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     for size in sizes {
+        if !stdout.agree_open(&*pg)? {
+            // Nobody reads the rows any more: every rank stops here.
+            break;
+        }
         let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
@@ -518,11 +534,46 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
                 time_us,
                 correct,
             );
-            println!("{}", if args.json { row.json() } else { row.text() });
+            stdout.line(format_args!(
+                "{}",
+                if args.json { row.json() } else { row.text() }
+            ));
         }
     }
     pg.barrier(None)?.wait()?;
     Ok(all_correct)
+}
+
+/// Rank 0's standard output for the rows. A failed write (the reader went
+/// away: `tensorcomm bench | head`) closes it instead of panicking like
+/// `println!`, and [`Stdout::agree_open`] tells every rank, so the job
+/// ends quietly and successfully instead of with rank 0 gone mid-collective.
+struct Stdout {
+    open: bool,
+}
+
+impl Stdout {
+    fn new(printing: bool) -> Self {
+        Stdout { open: printing }
+    }
+
+    /// Writes one line if still open.
+    fn line(&mut self, text: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        if self.open {
+            let mut out = std::io::stdout().lock();
+            self.open = writeln!(out, "{text}").and_then(|()| out.flush()).is_ok();
+        }
+    }
+
+    /// Whether rank 0's stdout is still open, agreed by every rank (MIN of
+    /// a flag that only rank 0 can clear).
+    fn agree_open(&self, pg: &dyn ProcessGroup) -> tensorcomm::Result<bool> {
+        let flag = i32::from(self.open || pg.rank() != 0);
+        let flag = Tensor::from_vec(vec![flag], &[1])?;
+        pg.all_reduce(&flag, ReduceOp::Min, None)?.wait()?;
+        Ok(flag.to_vec::<i32>()?[0] == 1)
+    }
 }
 
 /// The sizes a cpu run of `op` goes through: [`sizes`], except for the
