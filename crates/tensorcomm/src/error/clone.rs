@@ -58,6 +58,15 @@ impl Clone for Error {
                 key: key.clone(),
                 found: found.clone(),
             },
+            Error::CounterOverflow {
+                key,
+                current,
+                delta,
+            } => Error::CounterOverflow {
+                key: key.clone(),
+                current: *current,
+                delta: *delta,
+            },
             Error::AddressInUse { addr } => Error::AddressInUse { addr: addr.clone() },
             Error::ClientsTimeout {
                 joined,

@@ -396,7 +396,7 @@ impl Store for FileStore {
                 None => 0,
                 Some(bytes) => super::state::parse_counter(key, bytes)?,
             };
-            let next = current.wrapping_add(delta);
+            let next = super::state::checked_add(key, current, delta)?;
             Ok((
                 next,
                 vec![record(Op::Set, key, next.to_string().as_bytes())],
