@@ -157,3 +157,28 @@ fn a_file_store_keeps_a_file_it_did_not_create() {
         assert_eq!(meta.len(), 0, "round {round}: left as it was given");
     }
 }
+
+/// A parameter given twice is refused rather than silently keeping the
+/// first value; so is a host that is no host name or address (`%00`).
+#[test]
+fn a_repeated_parameter_or_a_bad_host_is_refused() {
+    use tensorcomm::rendezvous::InitMethod;
+    for url in [
+        "tcp://127.0.0.1:29500?rank=0&world_size=2&rank=1",
+        "file:///tmp/x?rank=0&world_size=2&world_size=3",
+    ] {
+        let err = InitMethod::parse(url, |_| None).unwrap_err();
+        assert!(matches!(err, Error::BadValue { .. }), "{url}: {err:?}");
+        assert!(err.to_string().contains("once"), "{url}: {err}");
+    }
+    for host in ["%00", "a b", "x\u{0}y", "[::1%00]", "h/x", "[::1]x"] {
+        let url = format!("tcp://{host}:29500?rank=0&world_size=1");
+        let err = InitMethod::parse(&url, |_| None).unwrap_err();
+        assert!(matches!(err, Error::BadValue { .. }), "{url:?}: {err:?}");
+        assert!(err.to_string().contains("host"), "{url:?}: {err}");
+    }
+    for host in ["node-7.cluster_a", "10.0.0.1", "[::1]", "[fe80::1]"] {
+        let url = format!("tcp://{host}:29500?rank=0&world_size=1");
+        InitMethod::parse(&url, |_| None).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}
