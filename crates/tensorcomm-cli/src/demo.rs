@@ -110,8 +110,11 @@ fn launch_self(args: &DemoArgs) -> ExitCode {
     .map(OsString::from)
     .collect();
     println!(
-        "tensorcomm demo: starting {} ranks ({:?} store, {} bytes each, {} adds each)",
-        args.nproc_per_node, args.store, args.bytes, args.adds
+        "tensorcomm demo: starting {} ({:?} store, {} bytes each, {} adds each)",
+        crate::bench::rank_count(args.nproc_per_node),
+        args.store,
+        args.bytes,
+        args.adds
     );
     crate::launch::launch_local(&exe, &rank_args, args.nproc_per_node, None, &[])
 }

@@ -375,3 +375,29 @@ fn a_closed_stdout_ends_the_job_quietly() {
         assert!(start.elapsed() < std::time::Duration::from_secs(5));
     }
 }
+
+/// The help texts name every command and what the CPU backend really
+/// uses, a bad --op lists the valid ones, and one rank is "1 rank".
+#[test]
+fn help_op_errors_and_titles_say_what_is_true() {
+    let top = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.lines().next().unwrap().contains("bench"), "{top}");
+    let (ok, help, _) = bench(&["--help"]);
+    assert!(ok);
+    assert!(!help.contains("TCP between ranks"), "{help}");
+    assert!(help.contains("shared memory"), "{help}");
+    let (ok, _, stderr) = bench(&["--op", "all_reduc"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("expected one of") && stderr.contains("all_reduce, broadcast"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("monitored_barrier"), "{stderr}");
+    let (ok, stdout, stderr) = bench(&["-n", "1", "--sizes", "8", "--iters", "1", "--warmup", "0"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains(" on 1 rank ("), "{stdout}");
+}

@@ -71,7 +71,8 @@ pub enum BenchDevice {
 /// Which process-group backend runs the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchBackend {
-    /// The CPU backend (TCP between ranks).
+    /// The CPU backend (shared memory between ranks on one host, TCP
+    /// across hosts).
     Cpu,
     /// The NCCL backend: one rank per GPU, CUDA tensors.
     Nccl,
@@ -151,7 +152,6 @@ pub enum BenchOp {
 
 impl BenchOp {
     /// Every op, in the order above.
-    #[cfg(test)]
     const ALL: [BenchOp; 18] = [
         BenchOp::AllReduce,
         BenchOp::Broadcast,
@@ -271,7 +271,11 @@ impl BenchArgs {
         match self.op.as_slice() {
             [] => Ok(BenchOp::AllReduce),
             [one] => BenchOp::from_str(one, false).map_err(|_| {
-                format!("--op {one:?} is not a collective of the cpu backend (cuda-comm ops need --backend cuda-comm)")
+                let valid: Vec<&str> = BenchOp::ALL.iter().map(|op| op.name()).collect();
+                format!(
+                    "--op {one:?} is not a collective of the cpu backend: expected one of {} (cuda-comm ops need --backend cuda-comm)",
+                    valid.join(", ")
+                )
             }),
             many => Err(format!(
                 "the cpu backend times one op per run, found {}",
@@ -418,6 +422,15 @@ fn fits_in_memory(args: &BenchArgs, op: BenchOp) -> Result<(), String> {
     )
 }
 
+/// `1 rank`, `4 ranks`.
+pub(crate) fn rank_count(n: usize) -> String {
+    if n == 1 {
+        "1 rank".into()
+    } else {
+        format!("{n} ranks")
+    }
+}
+
 /// The name of the cpu run's op (already validated by `main`).
 fn op_name(args: &BenchArgs) -> &'static str {
     args.cpu_op().map_or("all_reduce", BenchOp::name)
@@ -495,9 +508,10 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
         stdout.line(format_args!(
-            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
+            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
             op.name(),
             dtype,
+            rank_count(ranks),
             args.backend,
             if args.symmetric && !ops::sizeless(op) {
                 ", symmetric memory"
