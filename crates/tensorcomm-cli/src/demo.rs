@@ -48,6 +48,10 @@ pub struct DemoArgs {
 }
 
 pub fn main(args: DemoArgs) -> ExitCode {
+    if let Err(msg) = fits_in_memory(&args) {
+        eprintln!("tensorcomm demo: {msg}");
+        return ExitCode::from(2);
+    }
     if std::env::var_os("RANK").is_none() {
         return launch_self(&args);
     }
@@ -58,6 +62,26 @@ pub fn main(args: DemoArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Refuses a payload that cannot fit in this host's memory: every rank
+/// holds its own payload, everyone's as read back and a regenerated copy to
+/// compare; the store holds one of each rank's.
+fn fits_in_memory(args: &DemoArgs) -> Result<(), String> {
+    let world = match std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(n) if std::env::var_os("RANK").is_some() => n,
+        _ => args.nproc_per_node,
+    }
+    .max(1) as u128;
+    let bytes = args.bytes as u128;
+    crate::memory::check(
+        &format!("--bytes {}", args.bytes),
+        world * (world + 3) * bytes,
+        &format!("{world} rank(s) each holding {world} payloads of {} and 2 of its own, and the store one per rank", crate::memory::human(bytes)),
+    )
 }
 
 /// Starts `nproc_per_node` copies of this program as ranks of the demo.
@@ -86,8 +110,11 @@ fn launch_self(args: &DemoArgs) -> ExitCode {
     .map(OsString::from)
     .collect();
     println!(
-        "tensorcomm demo: starting {} ranks ({:?} store, {} bytes each, {} adds each)",
-        args.nproc_per_node, args.store, args.bytes, args.adds
+        "tensorcomm demo: starting {} ({:?} store, {} bytes each, {} adds each)",
+        crate::bench::rank_count(args.nproc_per_node),
+        args.store,
+        args.bytes,
+        args.adds
     );
     crate::launch::launch_local(&exe, &rank_args, args.nproc_per_node, None, &[])
 }
@@ -139,7 +166,7 @@ fn exchange_payloads(store: &dyn Store, rank: usize, world: usize, bytes: usize)
             return Err(format!("payload of rank {peer} differs from what it published").into());
         }
     }
-    let moved = (bytes * world) as f64;
+    let moved = bytes as f64 * world as f64;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "exchanged {world} payloads of {bytes} bytes in {:.1} ms ({:.0} MB/s through the store), all verified",

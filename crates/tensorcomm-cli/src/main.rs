@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod launch;
+mod memory;
 mod store_cmd;
 
 use std::process::ExitCode;

@@ -312,3 +312,92 @@ fn cuda_tensors_through_the_cpu_backend_run_on_a_gpu_and_say_no_cuda_elsewhere()
         "{stderr}"
     );
 }
+
+/// Sizes that cannot fit in memory are refused before any rank starts,
+/// with the size, what it needs and what the machine has; before, they
+/// panicked (`capacity overflow`), aborted in the allocator or grew until
+/// memory ran out.
+#[test]
+fn sizes_that_cannot_fit_are_refused_up_front() {
+    let cases: [&[&str]; 3] = [
+        &["--sizes", "18446744073709551615"],
+        &["--sizes", "8,100000G"],
+        &["-n", "4", "-b", "8", "-e", "100000G"],
+    ];
+    for args in cases {
+        let start = std::time::Instant::now();
+        let (ok, stdout, stderr) = bench(args);
+        assert!(
+            !ok,
+            "{args:?} must fail\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("does not fit in memory") && stderr.contains("available"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stdout.is_empty(), "no rank ran: {stdout}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    }
+}
+
+/// `tensorcomm bench | head`: a reader that goes away ends the job quietly.
+/// Before, rank 0 panicked (`failed printing to stdout: Broken pipe`), the
+/// other ranks dumped their flight recorders and the job failed.
+#[test]
+fn a_closed_stdout_ends_the_job_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    for read_first in [false, true] {
+        let start = std::time::Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+            .args(["bench", "-n", "3", "-b", "8", "-e", "64K", "--iters", "1"])
+            .args(["--warmup", "0", "--transport", "tcp"])
+            .env_remove("RANK")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tensorcomm bench");
+        let mut stdout = child.stdout.take().unwrap();
+        if read_first {
+            // Read the header's first bytes, then go away like `head -c`.
+            let mut first = [0u8; 16];
+            stdout.read_exact(&mut first).unwrap();
+            assert!(first.starts_with(b"# tensorcomm"));
+        }
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!stderr.contains("flight recorder"), "{stderr}");
+        assert!(!stderr.contains("failed"), "{stderr}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    }
+}
+
+/// The help texts name every command and what the CPU backend really
+/// uses, a bad --op lists the valid ones, and one rank is "1 rank".
+#[test]
+fn help_op_errors_and_titles_say_what_is_true() {
+    let top = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.lines().next().unwrap().contains("bench"), "{top}");
+    let (ok, help, _) = bench(&["--help"]);
+    assert!(ok);
+    assert!(!help.contains("TCP between ranks"), "{help}");
+    assert!(help.contains("shared memory"), "{help}");
+    let (ok, _, stderr) = bench(&["--op", "all_reduc"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("expected one of") && stderr.contains("all_reduce, broadcast"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("monitored_barrier"), "{stderr}");
+    let (ok, stdout, stderr) = bench(&["-n", "1", "--sizes", "8", "--iters", "1", "--warmup", "0"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains(" on 1 rank ("), "{stdout}");
+}

@@ -71,3 +71,21 @@ fn a_demo_rank_that_cannot_meet_the_others_fails_with_the_reason() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("1/2 clients joined"), "{stderr}");
 }
+
+/// A payload that cannot fit in memory is refused before any rank starts;
+/// before, it panicked or aborted in the allocator.
+#[test]
+fn a_payload_that_cannot_fit_is_refused_up_front() {
+    for bytes in ["18446744073709551615", "107374182400000"] {
+        let (ok, stdout, stderr) = demo(&["--nproc-per-node", "2", "--bytes", bytes]);
+        assert!(
+            !ok,
+            "--bytes {bytes} must fail\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            stderr.contains("does not fit in memory") && stderr.contains("available"),
+            "--bytes {bytes}: {stderr}"
+        );
+    }
+}

@@ -550,6 +550,48 @@ fn ranks_die_when_the_launcher_is_killed_hard() {
     }
 }
 
+/// `kill -9` of the launcher also ends what the ranks started: a rank
+/// dies of its parent-death signal, but its children used to survive it.
+#[test]
+fn the_ranks_children_die_when_the_launcher_is_killed_hard() {
+    let mut launcher = Launcher::start(&[
+        "--nproc-per-node",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        r#"sleep 30 & echo "child $!"; wait"#,
+    ]);
+    let pids: Vec<u32> = launcher
+        .wait_for_lines("child ", 3)
+        .iter()
+        .map(|l| {
+            l.trim_end()
+                .rsplit_once(' ')
+                .and_then(|(_, pid)| pid.parse().ok())
+                .unwrap_or_else(|| panic!("no pid in {l:?}"))
+        })
+        .collect();
+    launcher.signal("KILL");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pids.iter().all(|&pid| is_dead(pid)) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let alive: Vec<u32> = pids.iter().copied().filter(|&p| !is_dead(p)).collect();
+    for pid in &alive {
+        // Do not leave them behind when the assertion fails.
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(
+        alive.is_empty(),
+        "children {alive:?} of {pids:?} survived the launcher"
+    );
+    let out = launcher.finish();
+    assert_eq!(out.code, None, "killed by a signal: {out:?}");
+}
+
 #[test]
 fn a_missing_program_is_named_and_exits_127() {
     let out = run(&[

@@ -56,6 +56,9 @@ pub enum Error {
     InvalidSparse(String),
 
     // ---- stores -------------------------------------------------------
+    /// A file store path names something that is not a regular file.
+    #[error("file store {path} must be a regular file, found {found}")]
+    StoreFileNotRegular { path: String, found: String },
     /// `get`/`wait`/`queue_pop` ran out of time before the keys existed.
     #[error("timed out after {timeout:?} waiting for keys {keys:?} in the store")]
     StoreTimeout {
@@ -68,6 +71,13 @@ pub enum Error {
     /// A counter key held something that is not an ASCII decimal integer.
     #[error("key {key:?} holds {found:?}, expected an ASCII decimal integer for add()")]
     NotACounter { key: String, found: String },
+    /// `add` would take a counter past the range of an i64.
+    #[error("add({delta}) on counter {key:?} overflows: it holds {current}, expected a sum within {} to {}", i64::MIN, i64::MAX)]
+    CounterOverflow {
+        key: String,
+        current: i64,
+        delta: i64,
+    },
     /// The store server could not bind its address.
     #[error("address {addr} is already in use (is another store or job running there?)")]
     AddressInUse { addr: String },

@@ -97,3 +97,37 @@ fn tcp_out_of_order_waits_keep_call_order() {
 fn shm_out_of_order_waits_keep_call_order() {
     out_of_order_waits_keep_call_order(TransportChoice::Shm);
 }
+
+/// A barrier implies completion of all earlier work (as in PyTorch): once
+/// `barrier().wait()` returns, every un-waited collective queued before it
+/// reports `is_completed()`. Before the fix a collective handed the turn to
+/// the next one before marking its `Work` complete, so the barrier could
+/// finish first (about 1 run in 15); hundreds of rounds catch that.
+#[test]
+fn a_barrier_implies_every_earlier_collective_is_complete() {
+    let world = 3;
+    let pgs = groups(world, TransportChoice::Shm);
+    thread::scope(|s| {
+        for (rank, pg) in pgs.iter().enumerate() {
+            s.spawn(move || {
+                let tensors: Vec<_> = (0..16)
+                    .map(|i| Tensor::from_vec(vec![(rank + i) as i64; 4], &[4]).unwrap())
+                    .collect();
+                for round in 0..300 {
+                    let works: Vec<_> = tensors
+                        .iter()
+                        .map(|t| pg.all_reduce(t, ReduceOp::Max, None).unwrap())
+                        .collect();
+                    pg.barrier(None).unwrap().wait().unwrap();
+                    for (i, work) in works.iter().enumerate() {
+                        assert!(
+                            work.is_completed(),
+                            "rank {rank}, round {round}: all_reduce {i} not complete after the barrier"
+                        );
+                    }
+                    assert_eq!(tensors[15].to_vec::<i64>().unwrap(), vec![17; 4]);
+                }
+            });
+        }
+    });
+}

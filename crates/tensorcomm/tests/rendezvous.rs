@@ -108,3 +108,77 @@ fn a_file_rendezvous_reports_missing_ranks() {
     let err = rendezvous(&url, Duration::from_millis(200)).unwrap_err();
     assert!(err.to_string().contains("1/3"), "{err}");
 }
+
+/// A path that is not a regular file (here a link to `/dev/null`, which
+/// before this check was accepted and, as root, unlinked on drop) is refused,
+/// and the path is left alone.
+#[test]
+fn a_file_store_refuses_what_is_not_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("null");
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    let err = tensorcomm::store::FileStore::open(&link)
+        .err()
+        .expect("a character device is not a store file");
+    assert!(matches!(err, Error::StoreFileNotRegular { .. }), "{err:?}");
+    assert!(err.to_string().contains("character device"), "{err}");
+    let url = format!("file://{}?rank=0&world_size=1", link.display());
+    let err = rendezvous(&url, Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(err, Error::StoreFileNotRegular { .. }), "{err:?}");
+    assert!(
+        link.symlink_metadata().is_ok(),
+        "the path must not be removed"
+    );
+    let err = tensorcomm::store::FileStore::open(dir.path())
+        .err()
+        .expect("a directory is not a store file");
+    assert!(err.to_string().contains("directory"), "{err}");
+    assert!(dir.path().is_dir());
+}
+
+/// An existing empty file is used but never deleted: the store did not
+/// create it. The last user leaves it empty, as it was given, so the next
+/// job can use it again.
+#[test]
+fn a_file_store_keeps_a_file_it_did_not_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("given");
+    std::fs::write(&path, b"").unwrap();
+    let url = format!("file://{}?rank=0&world_size=1", path.display());
+    for round in 0..2 {
+        let r = rendezvous(&url, Duration::from_secs(5)).unwrap();
+        assert!(
+            !r.store.check(&["k"]).unwrap(),
+            "round {round} starts empty"
+        );
+        r.store.set("k", b"v").unwrap();
+        drop(r);
+        let meta = std::fs::metadata(&path).expect("the given file must stay");
+        assert_eq!(meta.len(), 0, "round {round}: left as it was given");
+    }
+}
+
+/// A parameter given twice is refused rather than silently keeping the
+/// first value; so is a host that is no host name or address (`%00`).
+#[test]
+fn a_repeated_parameter_or_a_bad_host_is_refused() {
+    use tensorcomm::rendezvous::InitMethod;
+    for url in [
+        "tcp://127.0.0.1:29500?rank=0&world_size=2&rank=1",
+        "file:///tmp/x?rank=0&world_size=2&world_size=3",
+    ] {
+        let err = InitMethod::parse(url, |_| None).unwrap_err();
+        assert!(matches!(err, Error::BadValue { .. }), "{url}: {err:?}");
+        assert!(err.to_string().contains("once"), "{url}: {err}");
+    }
+    for host in ["%00", "a b", "x\u{0}y", "[::1%00]", "h/x", "[::1]x"] {
+        let url = format!("tcp://{host}:29500?rank=0&world_size=1");
+        let err = InitMethod::parse(&url, |_| None).unwrap_err();
+        assert!(matches!(err, Error::BadValue { .. }), "{url:?}: {err:?}");
+        assert!(err.to_string().contains("host"), "{url:?}: {err}");
+    }
+    for host in ["node-7.cluster_a", "10.0.0.1", "[::1]", "[fe80::1]"] {
+        let url = format!("tcp://{host}:29500?rank=0&world_size=1");
+        InitMethod::parse(&url, |_| None).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}

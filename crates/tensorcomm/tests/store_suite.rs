@@ -137,6 +137,20 @@ fn add_counts_in_ascii_decimal(f: &dyn Fixture) {
     assert_eq!(b.add("c", 0).unwrap(), 42);
 }
 
+/// A counter that would pass i64::MAX (or MIN) is an error naming the key,
+/// and keeps its value; it used to wrap around to negative.
+fn add_past_i64_max_is_an_error(f: &dyn Fixture) {
+    let (a, b) = (f.client(), f.client());
+    a.set("big", i64::MAX.to_string().as_bytes()).unwrap();
+    let err = b.add("big", 1).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("overflow") && text.contains("big"), "{err:?}");
+    assert_eq!(a.get("big").unwrap(), i64::MAX.to_string().as_bytes());
+    assert_eq!(b.add("big", -1).unwrap(), i64::MAX - 1);
+    a.set("small", i64::MIN.to_string().as_bytes()).unwrap();
+    assert!(b.add("small", -1).is_err());
+}
+
 fn compare_set_follows_c10d(f: &dyn Fixture) {
     let (a, b) = (f.client(), f.client());
     assert_eq!(a.compare_set("cs", b"x", b"y").unwrap(), b"x");
@@ -287,6 +301,7 @@ macro_rules! suite {
                 get_blocks_until_another_client_sets,
                 get_timeout_names_key_and_client_stays_usable,
                 add_counts_in_ascii_decimal,
+                add_past_i64_max_is_an_error,
                 compare_set_follows_c10d,
                 wait_and_check,
                 delete_and_count_keys,

@@ -369,3 +369,15 @@ fn a_hosting_store_lingers_until_its_clients_are_done() {
         assert!(start.elapsed() < Duration::from_secs(10), "round {round}");
     }
 }
+
+/// Hosting a store for a world of 0 ranks is refused before binding (the
+/// hosting rank is itself one of the world); it used to be accepted.
+#[test]
+fn hosting_for_a_world_of_zero_is_refused() {
+    let err = TcpStore::host("127.0.0.1:0", 0, &options(Duration::from_secs(5)))
+        .expect_err("world_size 0 must be refused");
+    assert!(matches!(err, Error::BadValue { .. }), "{err:?}");
+    assert!(err.to_string().contains("world_size"), "{err}");
+    let one = TcpStore::host("127.0.0.1:0", 1, &options(Duration::from_secs(5))).unwrap();
+    one.set("k", b"v").unwrap();
+}

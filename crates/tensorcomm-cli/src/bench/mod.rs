@@ -47,6 +47,7 @@ mod progress;
 mod row;
 mod sparse;
 
+use crate::memory;
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -70,7 +71,8 @@ pub enum BenchDevice {
 /// Which process-group backend runs the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchBackend {
-    /// The CPU backend (TCP between ranks).
+    /// The CPU backend (shared memory between ranks on one host, TCP
+    /// across hosts).
     Cpu,
     /// The NCCL backend: one rank per GPU, CUDA tensors.
     Nccl,
@@ -150,7 +152,6 @@ pub enum BenchOp {
 
 impl BenchOp {
     /// Every op, in the order above.
-    #[cfg(test)]
     const ALL: [BenchOp; 18] = [
         BenchOp::AllReduce,
         BenchOp::Broadcast,
@@ -270,7 +271,11 @@ impl BenchArgs {
         match self.op.as_slice() {
             [] => Ok(BenchOp::AllReduce),
             [one] => BenchOp::from_str(one, false).map_err(|_| {
-                format!("--op {one:?} is not a collective of the cpu backend (cuda-comm ops need --backend cuda-comm)")
+                let valid: Vec<&str> = BenchOp::ALL.iter().map(|op| op.name()).collect();
+                format!(
+                    "--op {one:?} is not a collective of the cpu backend: expected one of {} (cuda-comm ops need --backend cuda-comm)",
+                    valid.join(", ")
+                )
             }),
             many => Err(format!(
                 "the cpu backend times one op per run, found {}",
@@ -313,7 +318,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         BenchBackend::Auto => return cpu_then_gpus(args),
         BenchBackend::Cpu | BenchBackend::Nccl => {}
     }
-    if let Err(msg) = args.cpu_op() {
+    if let Err(msg) = args.cpu_op().and_then(|op| fits_in_memory(&args, op)) {
         eprintln!("tensorcomm bench: {msg}");
         return ExitCode::from(2);
     }
@@ -353,21 +358,76 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
     }
     match tensorcomm::cuda::runtime::device_count() {
         Ok(n) if n >= 2 => {
-            println!();
+            use std::io::Write;
+            if writeln!(std::io::stdout()).is_err() {
+                // The reader of the rows went away (`| head`): done.
+                return ExitCode::SUCCESS;
+            }
             cuda_comm::main(&BenchArgs {
                 backend: BenchBackend::CudaComm,
                 op: Vec::new(),
                 ..args
             })
         }
+        // Best effort: the reader may have gone (`| head`).
         Ok(n) => {
-            println!("# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2");
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stdout(),
+                "# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2"
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("# cuda-comm: skipped ({e})");
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout(), "# cuda-comm: skipped ({e})");
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// Refuses a run whose largest row cannot fit in this host's memory: each
+/// rank holds at least an input and an output of the row's bytes, and
+/// ranks started here (`-n`, or `LOCAL_WORLD_SIZE` inside a launcher) share
+/// the host.
+fn fits_in_memory(args: &BenchArgs, op: BenchOp) -> Result<(), String> {
+    let launched = std::env::var_os("RANK").is_some();
+    let env_count = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let (ranks, on_host) = if launched {
+        let ranks = env_count("WORLD_SIZE").unwrap_or(1).max(1);
+        (ranks, env_count("LOCAL_WORLD_SIZE").unwrap_or(ranks).max(1))
+    } else {
+        (args.nproc.max(1), args.nproc.max(1))
+    };
+    let dtype = args.dtype.size();
+    let Some(largest) = op_sizes(args, op).into_iter().max() else {
+        return Ok(());
+    };
+    if ops::sizeless(op) {
+        return Ok(());
+    }
+    let row = ops::row_count(op, (largest / dtype).max(1), ranks) as u128 * dtype as u128;
+    let needed = row * 2 * on_host as u128;
+    memory::check(
+        &format!("a row of {largest} bytes"),
+        needed,
+        &format!(
+            "{on_host} rank(s) on this host, each with an input and an output of {}",
+            memory::human(row)
+        ),
+    )
+}
+
+/// `1 rank`, `4 ranks`.
+pub(crate) fn rank_count(n: usize) -> String {
+    if n == 1 {
+        "1 rank".into()
+    } else {
+        format!("{n} ranks")
     }
 }
 
@@ -444,11 +504,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     ops::check_ranks(op, ranks)?;
     let dtype = args.dtype;
     let device = bench_device(args.device)?;
+    // Rank 0's stdout, until a write to it fails (`bench | head`).
+    let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
-        println!(
-            "# tensorcomm bench: {} {} on {ranks} ranks ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
+        stdout.line(format_args!(
+            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
             op.name(),
             dtype,
+            rank_count(ranks),
             args.backend,
             if args.symmetric && !ops::sizeless(op) {
                 ", symmetric memory"
@@ -457,13 +520,17 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             },
             args.iters,
             args.warmup
-        );
-        println!("{}", Row::header());
+        ));
+        stdout.line(format_args!("{}", Row::header()));
     }
     let mut all_correct = true;
     let sizes = op_sizes(args, op);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     for size in sizes {
+        if !stdout.agree_open(&*pg)? {
+            // Nobody reads the rows any more: every rank stops here.
+            break;
+        }
         let count = ops::row_count(op, (size / dtype.size()).max(1), ranks);
         let bytes = count * dtype.size();
         progress.show(bytes);
@@ -481,11 +548,46 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
                 time_us,
                 correct,
             );
-            println!("{}", if args.json { row.json() } else { row.text() });
+            stdout.line(format_args!(
+                "{}",
+                if args.json { row.json() } else { row.text() }
+            ));
         }
     }
     pg.barrier(None)?.wait()?;
     Ok(all_correct)
+}
+
+/// Rank 0's standard output for the rows. A failed write (the reader went
+/// away: `tensorcomm bench | head`) closes it instead of panicking like
+/// `println!`, and [`Stdout::agree_open`] tells every rank, so the job
+/// ends quietly and successfully instead of with rank 0 gone mid-collective.
+struct Stdout {
+    open: bool,
+}
+
+impl Stdout {
+    fn new(printing: bool) -> Self {
+        Stdout { open: printing }
+    }
+
+    /// Writes one line if still open.
+    fn line(&mut self, text: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        if self.open {
+            let mut out = std::io::stdout().lock();
+            self.open = writeln!(out, "{text}").and_then(|()| out.flush()).is_ok();
+        }
+    }
+
+    /// Whether rank 0's stdout is still open, agreed by every rank (MIN of
+    /// a flag that only rank 0 can clear).
+    fn agree_open(&self, pg: &dyn ProcessGroup) -> tensorcomm::Result<bool> {
+        let flag = i32::from(self.open || pg.rank() != 0);
+        let flag = Tensor::from_vec(vec![flag], &[1])?;
+        pg.all_reduce(&flag, ReduceOp::Min, None)?.wait()?;
+        Ok(flag.to_vec::<i32>()?[0] == 1)
+    }
 }
 
 /// The sizes a cpu run of `op` goes through: [`sizes`], except for the

@@ -171,8 +171,9 @@ pub fn run_rank(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
     let dtype = args.dtype;
     if rank == 0 && !args.json {
         println!(
-            "# tensorcomm bench: {} {dtype} on {ranks} ranks (NCCL backend), {} iterations after {} warm-up; host = the caller's time per call, time = device time per call (medians)",
+            "# tensorcomm bench: {} {dtype} on {} (NCCL backend), {} iterations after {} warm-up; host = the caller's time per call, time = device time per call (medians)",
             op.name(),
+            super::rank_count(ranks),
             args.iters,
             args.warmup
         );

@@ -12,6 +12,7 @@
 //! copies of a program (usually `std::env::current_exe()`) on this machine.
 
 mod args;
+mod guard;
 mod outcome;
 mod output;
 mod plan;

@@ -7,6 +7,7 @@
 //! program. Ranks are reaped only here, so a pid that is signalled always
 //! still belongs to its rank.
 
+use super::guard::TreeGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -38,6 +39,14 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
     };
     let take_signal = || watch.as_ref().and_then(SignalWatch::take);
 
+    // Kills the ranks' process trees if this process dies hard.
+    let mut guard = match TreeGuard::start() {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            tracing::warn!("cannot start the guardian, a kill -9 of the launcher will leave what the ranks started running: {e}");
+            None
+        }
+    };
     let progress = Arc::new(AtomicU64::new(0));
     let mut job = Supervisor::new(plan.kill_grace);
     let mut forwarders = Vec::new();
@@ -52,6 +61,9 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
         }
         match spawn::spawn_rank(plan, local_rank, &progress) {
             Ok((rank, rank_forwarders)) => {
+                if let Some(guard) = guard.as_mut() {
+                    guard.watch(rank.pid);
+                }
                 job.ranks.push(Rank {
                     process: rank,
                     exit: None,
@@ -102,6 +114,9 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
         thread::sleep(POLL);
     }
     drop(watch);
+    if let Some(guard) = guard {
+        guard.done();
+    }
 
     drain(forwarders, &progress, plan.kill_grace.max(MIN_DRAIN_STALL));
     Outcome {

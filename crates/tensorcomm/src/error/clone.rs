@@ -45,6 +45,10 @@ impl Clone for Error {
             Error::InvalidLayout(a) => Error::InvalidLayout(a.clone()),
             Error::InvalidArgument(a) => Error::InvalidArgument(a.clone()),
             Error::InvalidSparse(a) => Error::InvalidSparse(a.clone()),
+            Error::StoreFileNotRegular { path, found } => Error::StoreFileNotRegular {
+                path: path.clone(),
+                found: found.clone(),
+            },
             Error::StoreTimeout { keys, timeout } => Error::StoreTimeout {
                 keys: keys.clone(),
                 timeout: *timeout,
@@ -53,6 +57,15 @@ impl Clone for Error {
             Error::NotACounter { key, found } => Error::NotACounter {
                 key: key.clone(),
                 found: found.clone(),
+            },
+            Error::CounterOverflow {
+                key,
+                current,
+                delta,
+            } => Error::CounterOverflow {
+                key: key.clone(),
+                current: *current,
+                delta: *delta,
             },
             Error::AddressInUse { addr } => Error::AddressInUse { addr: addr.clone() },
             Error::ClientsTimeout {

@@ -175,7 +175,7 @@ impl Engine {
         let (work, completion) = Work::new();
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
-            let (outcome, event) = {
+            let hooks = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
                 let call = Call::new(fingerprint, deadline).with_prepared(prepared);
                 let (outcome, event) = match run(&shared, call, &collective) {
@@ -183,15 +183,17 @@ impl Engine {
                     Err(e) => (Err(e), None),
                 };
                 shared.recorder.finished(fingerprint.seq, &outcome);
-                (outcome, event)
+                // Complete before the turn passes on (when `_turn` drops),
+                // so no later collective (a barrier) can finish while this
+                // one's Work is not complete. A host backend may leave
+                // device work behind (copies of CUDA tensors back to their
+                // GPU): the work then completes on the device, as a device
+                // backend's does.
+                completion.settle(outcome, event)
             };
-            // A host backend may leave device work behind (copies of CUDA
-            // tensors back to their GPU): the work then completes on the
-            // device, as a device backend's does.
-            match event {
-                Some(event) => completion.complete_on_device(outcome, event),
-                None => completion.complete(outcome),
-            }
+            // The futures' callbacks run after the turn has passed on, so
+            // one may wait on another collective of this group.
+            hooks.run();
         });
         let job = Arc::new(QueuedJob {
             job: Mutex::new(Some(job)),

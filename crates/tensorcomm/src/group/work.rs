@@ -36,6 +36,27 @@ struct State {
     hooks: Vec<Hook>,
 }
 
+/// The hooks of a work that [`Completion::settle`] completed, to run with
+/// its outcome.
+#[derive(Default)]
+#[must_use = "the futures of the work wait for these hooks"]
+pub(crate) struct SettledHooks {
+    hooks: Vec<Hook>,
+    outcome: Option<Result<()>>,
+    event: Option<Arc<dyn DeviceEvent>>,
+}
+
+impl SettledHooks {
+    /// Runs every hook with the outcome.
+    pub(crate) fn run(self) {
+        if let Some(outcome) = self.outcome {
+            for hook in self.hooks {
+                hook(outcome.clone(), self.event.clone());
+            }
+        }
+    }
+}
+
 /// See [`Completion::on_complete`].
 type Hook = Box<dyn FnOnce(Result<()>, Option<Arc<dyn DeviceEvent>>) + Send>;
 
@@ -77,18 +98,37 @@ impl Completion {
     }
 
     fn finish(&self, outcome: Result<()>, event: Option<Arc<dyn DeviceEvent>>) {
+        self.settle(outcome, event).run();
+    }
+
+    /// Records the outcome (a success still waiting on the device until
+    /// `event` has passed) and wakes every waiter, like
+    /// [`complete`](Self::complete) and
+    /// [`complete_on_device`](Self::complete_on_device), but leaves the
+    /// hooks (the futures' callbacks) to the caller: the engine marks a
+    /// collective complete while it still holds the group's turn, so the
+    /// next collective cannot finish first, and runs the callbacks after
+    /// handing the turn on, so a callback may itself wait on a collective.
+    pub(crate) fn settle(
+        &self,
+        outcome: Result<()>,
+        event: Option<Arc<dyn DeviceEvent>>,
+    ) -> SettledHooks {
+        let event = if outcome.is_ok() { event } else { None };
         let hooks = {
             let mut state = self.lock();
             if state.outcome.is_some() {
-                return;
+                return SettledHooks::default();
             }
             state.outcome = Some(outcome.clone());
             state.event = event.clone();
             std::mem::take(&mut state.hooks)
         };
         self.done.notify_all();
-        for hook in hooks {
-            hook(outcome.clone(), event.clone());
+        SettledHooks {
+            hooks,
+            outcome: Some(outcome),
+            event,
         }
     }
 

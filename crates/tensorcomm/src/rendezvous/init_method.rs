@@ -176,7 +176,16 @@ fn parse_host_port(url: &str, authority: &str) -> Result<(String, u16)> {
             expected: "an IPv6 address in brackets such as [::1]:29500".into(),
             found: authority.into(),
         })?;
-        (host, rest.strip_prefix(':'))
+        let port = match rest {
+            "" => None,
+            _ => Some(rest.strip_prefix(':').ok_or_else(|| Error::BadValue {
+                name: "host".into(),
+                expected: "[IPv6 address]:port".into(),
+                found: authority.into(),
+            })?),
+        };
+        check_host(host, true)?;
+        (host, port)
     } else {
         match authority.rsplit_once(':') {
             Some((h, p)) => (h, Some(p)),
@@ -189,6 +198,9 @@ fn parse_host_port(url: &str, authority: &str) -> Result<(String, u16)> {
             name: "host".into(),
         });
     }
+    if !authority.starts_with('[') {
+        check_host(host, false)?;
+    }
     let port = port.ok_or_else(|| Error::MissingParam {
         url: url.into(),
         name: "port".into(),
@@ -197,6 +209,33 @@ fn parse_host_port(url: &str, authority: &str) -> Result<(String, u16)> {
         host.into(),
         parse_number("port", port, "a port number (0-65535)")?,
     ))
+}
+
+/// A host name (letters, digits, `-`, `.`, `_`), an IPv4 address or, in
+/// brackets, an IPv6 address (hex digits, `:` and `.`): nothing that
+/// needs decoding (`%00`), no spaces, controls or other URL syntax.
+fn check_host(host: &str, v6: bool) -> Result<()> {
+    let ok = if v6 {
+        host.contains(':')
+            && host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+    } else {
+        host.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(Error::BadValue {
+        name: "host".into(),
+        expected: if v6 {
+            "an IPv6 address (hex digits, ':' and '.') in brackets".into()
+        } else {
+            "a host name (letters, digits, '-', '.', '_') or an IP address".into()
+        },
+        found: host.into(),
+    })
 }
 
 fn rank_and_world(url: &str, params: &[(&str, &str)]) -> Result<(usize, usize)> {
@@ -212,9 +251,16 @@ fn rank_and_world(url: &str, params: &[(&str, &str)]) -> Result<(usize, usize)> 
 }
 
 fn optional_param(params: &[(&str, &str)], name: &str) -> Result<Option<usize>> {
-    params
-        .iter()
-        .find(|(k, _)| *k == name)
+    let mut given = params.iter().filter(|(k, _)| *k == name);
+    let first = given.next();
+    if let (Some((_, a)), Some((_, b))) = (first, given.next()) {
+        return Err(Error::BadValue {
+            name: name.into(),
+            expected: "given once".into(),
+            found: format!("{name}={a} and {name}={b}"),
+        });
+    }
+    first
         .map(|(_, v)| parse_number(name, v, "a non-negative integer"))
         .transpose()
 }

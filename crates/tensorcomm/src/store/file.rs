@@ -8,11 +8,17 @@
 //! replica sees the same order. Blocking calls poll the file with a short
 //! back-off.
 //!
-//! The store counts its users in the log; the last one to drop its
-//! `FileStore` deletes the file, so a path can be reused by the next job.
+//! The store counts its users in the log. The path must be a regular file
+//! or not exist; anything else (a device, a FIFO, a directory) is refused.
+//! Whoever creates the file marks the log as created by a store; the last
+//! user to drop its `FileStore` then deletes the file, so a path can be
+//! reused by the next job. A file the store did not create (an existing
+//! empty file, as `tempfile` hands out) is never deleted: the last user
+//! truncates it back to empty, as it was given.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -31,6 +37,8 @@ enum Op {
     QueuePush = 4,
     QueuePop = 5,
     Users = 6,
+    /// The file was created by a store (so the last user may delete it).
+    Created = 7,
 }
 
 impl Op {
@@ -42,6 +50,7 @@ impl Op {
             4 => Op::QueuePush,
             5 => Op::QueuePop,
             6 => Op::Users,
+            7 => Op::Created,
             _ => return None,
         })
     }
@@ -53,6 +62,8 @@ struct Replica {
     state: KvState,
     users: i64,
     read_to: u64,
+    /// The log says a store created the file.
+    created: bool,
 }
 
 /// A store in a file, shared by processes that can open the same path.
@@ -84,20 +95,33 @@ const POLL_MAX: Duration = Duration::from_millis(20);
 
 impl FileStore {
     /// Opens (creating if needed) the store at `path` and registers as a user.
+    ///
+    /// `path` must be a regular file or not exist: anything else is
+    /// [`Error::StoreFileNotRegular`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(|e| Error::io(format!("opening file store {}", path.display()), e))?;
+        let (file, created) = open_or_create(&path)?;
+        let mut replica = Replica::default();
+        let mut records = Vec::with_capacity(2);
+        if created {
+            records.push(record(Op::Created, "", b""));
+        }
+        records.push(record(Op::Users, "", &1i64.to_le_bytes()));
+        {
+            // Registered only once this succeeds; until then there is no
+            // `FileStore` whose drop would count us out.
+            let _lock = FileLock::exclusive(&file, &path)?;
+            catch_up(&file, &mut replica, &path)?;
+            (&file)
+                .write_all(&records.concat())
+                .map_err(|e| Error::io(format!("writing file store {}", path.display()), e))?;
+            catch_up(&file, &mut replica, &path)?;
+        }
         let store = FileStore {
             path,
-            file: Mutex::new((file, Replica::default())),
+            file: Mutex::new((file, replica)),
             timeout: DefaultTimeout::default(),
         };
-        store.write(|_| Ok(((), vec![record(Op::Users, "", &1i64.to_le_bytes())])))?;
         Ok(store)
     }
 
@@ -165,13 +189,105 @@ impl FileStore {
 
 impl Drop for FileStore {
     fn drop(&mut self) {
-        let users = self.write(|_| Ok(((), vec![record(Op::Users, "", &(-1i64).to_le_bytes())])));
-        let last = users.is_ok() && self.lock().1.users <= 0;
-        if last {
-            // Best effort: a file that cannot be removed is only clutter.
-            let _ = std::fs::remove_file(&self.path);
+        // Best effort throughout: a file that cannot be cleaned up is only
+        // clutter. Everything happens under the exclusive lock, so a newcomer
+        // either registered before us (and we are not last) or finds the
+        // file as we leave it.
+        let mut guard = self.lock();
+        let (file, replica) = &mut *guard;
+        let Ok(_lock) = FileLock::exclusive(file, &self.path) else {
+            return;
+        };
+        let leave = record(Op::Users, "", &(-1i64).to_le_bytes());
+        if catch_up(file, replica, &self.path).is_err()
+            || (&*file).write_all(&leave).is_err()
+            || catch_up(file, replica, &self.path).is_err()
+            || replica.users > 0
+        {
+            return;
+        }
+        if replica.created {
+            // Only if the path still names the file we created.
+            let same = match (std::fs::metadata(&self.path), file.metadata()) {
+                (Ok(at_path), Ok(ours)) => {
+                    (at_path.dev(), at_path.ino()) == (ours.dev(), ours.ino())
+                }
+                _ => false,
+            };
+            if same {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        } else {
+            // Given to us empty (a log without the created mark only ever
+            // grows from an empty file): leave it empty for the next job.
+            let _ = file.set_len(0);
         }
     }
+}
+
+/// Opens the store file at `path`, creating it if it does not exist; says
+/// whether this call created it. Refuses anything but a regular file,
+/// before opening it where it can (opening a device or FIFO can block or
+/// have effects) and again on the opened file.
+fn open_or_create(path: &Path) -> Result<(File, bool)> {
+    let io_err = |e| Error::io(format!("opening file store {}", path.display()), e);
+    // Another process may create or delete the file between our looks; a
+    // few tries settle that (a dangling symlink never settles).
+    let mut last = None;
+    for _ in 0..8 {
+        let opened = match std::fs::metadata(path) {
+            Ok(meta) => {
+                check_regular(path, &meta)?;
+                OpenOptions::new()
+                    .read(true)
+                    .append(true)
+                    .open(path)
+                    .map(|f| (f, false))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .open(path)
+                .map(|f| (f, true)),
+            Err(e) => return Err(io_err(e)),
+        };
+        match opened {
+            Ok((file, created)) => {
+                check_regular(path, &file.metadata().map_err(io_err)?)?;
+                return Ok((file, created));
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::AlreadyExists) => {
+                last = Some(e)
+            }
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    Err(io_err(last.expect("the loop ran")))
+}
+
+fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let found = if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "something else"
+    };
+    Err(Error::StoreFileNotRegular {
+        path: path.display().to_string(),
+        found: found.into(),
+    })
 }
 
 /// An flock-style lock on the store file, released when dropped.
@@ -261,6 +377,7 @@ fn apply(replica: &mut Replica, op: Op, key: &str, value: &[u8]) {
             let delta = value.try_into().map(i64::from_le_bytes).unwrap_or(0);
             replica.users += delta;
         }
+        Op::Created => replica.created = true,
     }
 }
 
@@ -279,7 +396,7 @@ impl Store for FileStore {
                 None => 0,
                 Some(bytes) => super::state::parse_counter(key, bytes)?,
             };
-            let next = current.wrapping_add(delta);
+            let next = super::state::checked_add(key, current, delta)?;
             Ok((
                 next,
                 vec![record(Op::Set, key, next.to_string().as_bytes())],

@@ -32,7 +32,7 @@ impl KvState {
             None => 0,
             Some(bytes) => parse_counter(key, bytes)?,
         };
-        let next = current.wrapping_add(delta);
+        let next = checked_add(key, current, delta)?;
         self.kv
             .insert(key.to_string(), next.to_string().into_bytes());
         Ok(next)
@@ -114,6 +114,17 @@ pub(crate) fn parse_counter(key: &str, bytes: &[u8]) -> Result<i64> {
         .ok_or_else(|| Error::NotACounter {
             key: key.to_string(),
             found: String::from_utf8_lossy(&bytes[..bytes.len().min(64)]).into_owned(),
+        })
+}
+
+/// `current + delta`, or [`Error::CounterOverflow`] past the i64 range.
+pub(crate) fn checked_add(key: &str, current: i64, delta: i64) -> Result<i64> {
+    current
+        .checked_add(delta)
+        .ok_or_else(|| Error::CounterOverflow {
+            key: key.to_string(),
+            current,
+            delta,
         })
 }
 

@@ -150,6 +150,13 @@ impl TcpStore {
     /// assert!(err.to_string().contains("1/2 clients joined"), "{err}");
     /// ```
     pub fn host(addr: &str, world_size: usize, options: &TcpStoreOptions) -> Result<Self> {
+        if world_size == 0 {
+            return Err(Error::BadValue {
+                name: "world_size".into(),
+                expected: "at least 1 (the hosting rank is one of the world)".into(),
+                found: "0".into(),
+            });
+        }
         let server = TcpStoreServer::bind(addr, options)?;
         let bound = server.local_addr();
         // A server on 0.0.0.0 or [::] is reached through loopback.
