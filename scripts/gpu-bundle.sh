@@ -26,6 +26,6 @@ while read -r name exe; do
 done < "$dest/tests.txt"
 cp target/release/tensorcomm "$dest/tensorcomm"
 strip "$dest/tensorcomm"
-cp scripts/gpu-run.sh scripts/gloo-ab.sh bench/nccl_torch.py bench/compare_nccl.py bench/cuda_comm_torch.py bench/compare_gloo.py bench/gloo_bench.py \
+cp scripts/gpu-run.sh scripts/gloo-ab.sh bench/gloo_cuda_torch.py bench/nccl_torch.py bench/compare_nccl.py bench/cuda_comm_torch.py bench/compare_gloo.py bench/gloo_bench.py \
   bench/cpu_sweeps.sh "$dest/"
 du -sh "$dest"
