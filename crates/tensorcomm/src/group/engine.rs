@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 
 use super::backend::{Call, GroupBackend};
 use super::collective::{Collective, Validated};
+use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::stall_check::{StallKeys, StallMonitor};
 use super::turn::{Job, QueuedJob, Turn};
-use super::watchdog::{OnDeviceFailure, Pending, TrackedEvent, Watchdog};
+use super::watchdog::{Pending, TrackedEvent, Watchdog};
 use super::{DeviceEvent, FlightRecorder, Work};
 use crate::store::Store;
 use crate::{Error, Result};

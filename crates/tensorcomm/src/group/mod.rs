@@ -39,6 +39,7 @@ pub(crate) mod collective;
 #[cfg(test)]
 mod device_engine_tests;
 pub(crate) mod engine;
+mod failure_hooks;
 pub(crate) mod failure_report;
 pub(crate) mod fingerprint;
 mod flight_recorder;

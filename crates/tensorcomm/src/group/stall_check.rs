@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::{failed_seq_key, failure_key, FailureReport};
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use super::watchdog::OnDeviceFailure;
 use crate::store::Store;
 use crate::{Error, Result};
 
