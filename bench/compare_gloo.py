@@ -121,7 +121,25 @@ def fmt(value, digits=1):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def table(op, ranks, transports, results, gloo):
+# Ops that reduce, with SUM in both tools (tensorcomm bench and gloo_bench.py).
+REDUCING = ("all_reduce", "reduce", "all_reduce_coalesced", "reduce_scatter",
+            "reduce_scatter_tensor", "all_reduce_sparse")
+
+
+def title(op, ranks, dtype, device):
+    """The table's first line: op, ranks, dtype, reduce op and how each
+    column was timed."""
+    reduce = "reduce op SUM" if op in REDUCING else "no reduce op"
+    if device == "cuda":
+        timing = ("time: tensorcomm = mean call, slowest rank (tensorcomm bench); "
+                  "gloo = median call, wait() then torch.cuda.synchronize() (gloo_cuda_torch.py)")
+    else:
+        timing = ("time: mean call after warm-up, slowest rank, in both "
+                  "(tensorcomm bench, gloo_bench.py)")
+    return f"# {op}, {ranks} ranks, {dtype}, {reduce}; {timing}"
+
+
+def table(op, ranks, transports, results, gloo, dtype="f32", device="cpu"):
     """The side-by-side text table for one (op, ranks)."""
     by_size = {}
     for t in transports:
@@ -136,7 +154,7 @@ def table(op, ranks, transports, results, gloo):
     for t in transports:
         head.append(f"{t + '/gloo':>10}")
     head.append(f"{'check':>6}")
-    lines = [f"# {op}, {ranks} ranks", " ".join(head)]
+    lines = [title(op, ranks, dtype, device), " ".join(head)]
     for size in sizes:
         mine = by_size.get(size, {})
         theirs = gloo_by_size.get(size, {}).get("time_us")
@@ -211,7 +229,7 @@ def main(argv=None):
                 if err:
                     failures.append(f"gloo {op} {ranks} ranks: {err}")
                 everything += [dict(r, tool="gloo", ranks=ranks) for r in gloo]
-            print(table(op, ranks, transports, results, gloo), flush=True)
+            print(table(op, ranks, transports, results, gloo, args.dtype, args.device), flush=True)
             print(flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:

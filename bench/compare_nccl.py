@@ -69,7 +69,10 @@ def main():
         torch_cmd += [os.path.join(here, "nccl_torch.py"), "--op", op] + common
         pt, ok2 = run(torch_cmd, env)
         ok_all &= ok1 and ok2
-        print(f"\n## {op}, {a.ranks} rank(s), {a.dtype}: per call, medians (ratio = tensorcomm / PyTorch)")
+        reduce = "reduce op SUM" if op in ("all_reduce", "reduce", "reduce_scatter_tensor") else "no reduce op"
+        print(f"\n## {op}, {a.ranks} rank(s), {a.dtype}, {reduce}; per call, the slowest rank's median "
+              f"of {a.iters} calls after {a.warmup} warm-up: host = the caller's time, "
+              f"time = device time (ratio = tensorcomm / PyTorch)")
         print(f"{'size(B)':>12} {'tc host':>9} {'pt host':>9} {'host ratio':>10} "
               f"{'tc time':>9} {'pt time':>9} {'time ratio':>10} {'check':>6}")
         for size in sorted(set(tc) | set(pt)):

@@ -5,7 +5,8 @@ Starts N local ranks (torch.multiprocessing), runs one collective over a
 range of message sizes, and prints one JSON object per size on stdout:
 {"backend": "gloo", "op", "ranks", "dtype", "size_bytes", "count", "time_us"}.
 time_us is the mean time of one call, the slowest rank's mean (as
-nccl-tests reports). Used by bench/compare_gloo.py; runnable on its own:
+nccl-tests reports). Reducing ops use SUM; the in-place ones (all_reduce,
+reduce, reduce_scatter) time zero inputs, which repeated sums keep finite. Used by bench/compare_gloo.py; runnable on its own:
 
     python3 bench/gloo_bench.py --op all_reduce -n 2 -b 8 -e 64M -f 2
 
@@ -53,6 +54,9 @@ def sizes(begin, end, factor):
 
 
 SIZELESS = ("barrier", "monitored_barrier")
+# Ops whose SUM (the default reduce op) writes into the input it reads
+# (reduce_scatter here writes into the input's first piece).
+IN_PLACE_SUMS = ("all_reduce", "reduce", "reduce_scatter")
 RING = ("send_recv", "send_recv_any")
 # Dtypes Gloo's sparse all-reduce cannot sum, and why (seen with torch 2.11).
 SPARSE_UNSUPPORTED = {
@@ -142,6 +146,10 @@ def rank_main(rank, world, port, args, queue):
         if args.op in ("reduce_scatter", "all_to_all"):
             count = max(count // world, 1) * world
         tensor = (torch.arange(count) % 7).to(dtype)
+        if args.op in IN_PLACE_SUMS:
+            # Summed into itself call after call, it would overflow (f16
+            # within a few calls); zeros stay finite, as tensorcomm bench's.
+            tensor.zero_()
         outputs = [torch.empty_like(tensor) for _ in range(world)]
         sparse = sparse_input(rank, world, count, dtype) if args.op == "all_reduce_sparse" else None
         for _ in range(args.warmup):

@@ -34,7 +34,13 @@ class ParseAndTable(unittest.TestCase):
         gloo = compare_gloo.parse_rows(GLOO)[:1]
         text = compare_gloo.table("all_reduce", 2, ["shm"], {"shm": tc}, gloo)
         lines = text.splitlines()
-        self.assertEqual(lines[0], "# all_reduce, 2 ranks")
+        self.assertEqual(
+            lines[0],
+            "# all_reduce, 2 ranks, f32, reduce op SUM; time: mean call after warm-up, "
+            "slowest rank, in both (tensorcomm bench, gloo_bench.py)")
+        cuda = compare_gloo.table("broadcast", 2, ["shm"], {"shm": tc}, gloo, "bf16", "cuda")
+        self.assertTrue(cuda.startswith("# broadcast, 2 ranks, bf16, no reduce op; time: "
+                                        "tensorcomm = mean call"), cuda)
         self.assertEqual(lines[2].split(), ["8", "6.0", "150.0", "0.040", "OK"])
         self.assertEqual(lines[3].split(), ["64", "12.5", "-", "-", "OK"])
 

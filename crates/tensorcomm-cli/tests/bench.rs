@@ -401,3 +401,64 @@ fn help_op_errors_and_titles_say_what_is_true() {
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains(" on 1 rank ("), "{stdout}");
 }
+
+#[test]
+fn the_header_names_the_summed_reduce_op_and_a_summary_line_closes_the_table() {
+    // f16 on 3 ranks: repeated in-place SUMs of the check's inputs (up to
+    // 4) would pass f16's 65504 within ten calls; the timed calls start
+    // from zeros, so they stay finite and the rows stay correct.
+    let (ok, stdout, stderr) = bench(&[
+        "--backend",
+        "cpu",
+        "-n",
+        "3",
+        "-b",
+        "64",
+        "-e",
+        "1K",
+        "-f",
+        "4",
+        "--iters",
+        "20",
+        "--warmup",
+        "2",
+        "--op",
+        "all_reduce",
+        "--dtype",
+        "f16",
+        "--transport",
+        "shm",
+    ]);
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let header = stdout.lines().next().unwrap_or_default();
+    assert!(header.contains("reduce op SUM"), "{stdout}");
+    assert!(header.contains("mean of 20 calls"), "{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("# Avg bus bandwidth    : "),
+        "the last line is {last:?}:\n{stdout}"
+    );
+    let avg: f64 = last.rsplit(':').next().unwrap().trim().parse().unwrap();
+    assert!(avg > 0.0, "{stdout}");
+
+    // Ops that reduce nothing say so.
+    let (ok, stdout, stderr) = bench(&[
+        "--backend",
+        "cpu",
+        "-n",
+        "2",
+        "--sizes",
+        "1K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--op",
+        "broadcast",
+    ]);
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.lines().next().unwrap().contains("no reduce op"),
+        "{stdout}"
+    );
+}

@@ -57,7 +57,7 @@ pub const TRANSPORT: EnvVar = EnvVar {
     name: "TENSORCOMM_TRANSPORT",
     default: "auto",
     doc: "CPU groups: `auto` (shared memory between ranks of one host, TCP across hosts), `tcp` (TCP only) or `shm` (shared memory required)",
-    agreed: false,
+    agreed: true,
 };
 
 /// `TENSORCOMM_TCP_LANES`.

@@ -51,3 +51,48 @@ fn the_environment_variable_picks_the_transport_and_bad_values_are_named() {
     }
     std::env::remove_var("TENSORCOMM_TRANSPORT");
 }
+
+/// Ranks that resolve different transports (here forced by their options;
+/// the same holds for TENSORCOMM_TRANSPORT set on one rank only) fail group
+/// creation promptly, each naming the variable and both values, instead of
+/// waiting for connections that never come.
+#[test]
+fn ranks_choosing_different_transports_fail_creation_naming_both() {
+    let store = Arc::new(HashStore::new());
+    let started = std::time::Instant::now();
+    let hs: Vec<_> = [TransportChoice::Tcp, TransportChoice::Shm]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, transport)| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let options = CpuOptions {
+                    transport,
+                    timeout: std::time::Duration::from_secs(10),
+                    ..CpuOptions::default()
+                };
+                ProcessGroupCpu::new(store, "mixed", rank, 2, &options)
+            })
+        })
+        .collect();
+    let results: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let took = started.elapsed();
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Err(Error::TuningMismatch {
+                variable,
+                rank: r,
+                mine,
+                peer,
+                theirs,
+            }) => {
+                assert_eq!(variable, "TENSORCOMM_TRANSPORT");
+                assert_eq!((r, peer), (rank, 1 - rank));
+                let expected = [("tcp", "shm"), ("shm", "tcp")][rank];
+                assert_eq!((mine.as_str(), theirs.as_str()), expected);
+            }
+            other => panic!("rank {rank}: expected TuningMismatch, found {other:?}"),
+        }
+    }
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}

@@ -508,7 +508,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
         stdout.line(format_args!(
-            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {} iterations after {} warm-up",
+            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {}; time: mean of {} calls after {} warm-up, slowest rank",
             op.name(),
             dtype,
             rank_count(ranks),
@@ -518,12 +518,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             } else {
                 ""
             },
+            reduce_label(op),
             args.iters,
             args.warmup
         ));
         stdout.line(format_args!("{}", Row::header()));
     }
     let mut all_correct = true;
+    let mut busbw = Vec::new();
     let sizes = op_sizes(args, op);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     for size in sizes {
@@ -552,10 +554,26 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
                 "{}",
                 if args.json { row.json() } else { row.text() }
             ));
+            busbw.push(row.busbw);
         }
+    }
+    if rank == 0 && !args.json && !busbw.is_empty() {
+        stdout.line(format_args!("{}", row::summary(&busbw)));
     }
     pg.barrier(None)?.wait()?;
     Ok(all_correct)
+}
+
+/// What the header says of the reduce op (the same for the checked and
+/// the timed calls).
+fn reduce_label(op: BenchOp) -> String {
+    match ops::timed_reduce(op) {
+        Some(reduce) if ops::sums_in_place(op) => {
+            format!("reduce op {reduce} (timed in place on zero inputs, which stay finite)")
+        }
+        Some(reduce) => format!("reduce op {reduce}"),
+        None => "no reduce op".into(),
+    }
 }
 
 /// Rank 0's standard output for the rows. A failed write (the reader went
@@ -661,7 +679,8 @@ fn check(
     let (rank, ranks) = (pg.rank(), pg.size());
     let buffers = ops::setup(op, (rank, ranks), dtype, count, symmetric.then_some(pg))?;
     let buffers = buffers.into_device(device)?;
-    let outcome = ops::launch(pg, op, &buffers, ReduceOp::Sum)?.wait()?;
+    let reduce = ops::timed_reduce(op).unwrap_or(ReduceOp::Sum);
+    let outcome = ops::launch(pg, op, &buffers, reduce)?.wait()?;
     settle(device)?;
     let ok = ops::verify(op, rank, ranks, dtype, count, &buffers, &outcome)?;
     let verdict = Tensor::from_vec(vec![i32::from(ok)], &[1])?;
@@ -680,8 +699,14 @@ fn time(
 ) -> tensorcomm::Result<f64> {
     let symmetric = args.symmetric.then_some(pg);
     let buffers = ops::setup(op, (pg.rank(), pg.size()), dtype, count, symmetric)?;
+    if ops::sums_in_place(op) {
+        // Summed into themselves call after call, nonzero inputs would
+        // overflow (f16 within a few calls): zeros stay finite.
+        buffers.zero_inputs()?;
+    }
     let buffers = buffers.into_device(device)?;
-    let reduce = ops::timed_reduce(op);
+    // Ops that reduce nothing ignore it.
+    let reduce = ops::timed_reduce(op).unwrap_or(ReduceOp::Sum);
     let once = || {
         ops::launch(pg, op, &buffers, reduce)?.wait()?;
         settle(device)

@@ -41,6 +41,11 @@ pub struct Buffers {
 }
 
 impl Buffers {
+    /// Sets every dense input to zero (see [`sums_in_place`]).
+    pub fn zero_inputs(&self) -> tensorcomm::Result<()> {
+        self.inputs.iter().try_for_each(|t| t.fill_zeros())
+    }
+
     /// The same buffers with every tensor copied to `device` (a sparse
     /// input's values too).
     pub fn into_device(self, device: Device) -> tensorcomm::Result<Buffers> {
@@ -95,15 +100,32 @@ pub fn row_count(op: BenchOp, count: usize, ranks: usize) -> usize {
     }
 }
 
-/// The reduce op of the timed runs: MAX keeps repeated in-place runs in
-/// range; the sparse all-reduce, which only sums, writes no input and
-/// takes SUM.
-pub fn timed_reduce(op: BenchOp) -> ReduceOp {
-    if op == BenchOp::AllReduceSparse {
-        ReduceOp::Sum
-    } else {
-        ReduceOp::Max
+/// The reduce op of every run, checked and timed: SUM, the op
+/// gloo_bench.py, nccl-tests and PyTorch users time. `None` for ops that
+/// reduce nothing.
+pub fn timed_reduce(op: BenchOp) -> Option<ReduceOp> {
+    match op {
+        BenchOp::AllReduce
+        | BenchOp::Reduce
+        | BenchOp::AllReduceCoalesced
+        | BenchOp::ReduceScatter
+        | BenchOp::ReduceScatterTensor
+        | BenchOp::AllReduceSparse => Some(ReduceOp::Sum),
+        _ => None,
     }
+}
+
+/// True for ops whose timed calls sum into their own inputs (all_reduce,
+/// reduce on the root, all_reduce_coalesced): `iters` SUMs over `n` ranks
+/// multiply the inputs by up to `n^iters`, past f16's range within a few
+/// calls, so their timed inputs are zeros ([`Buffers::zero_inputs`]),
+/// which every sum keeps finite (and exact) and which cost a float adder
+/// what any normal number does. The other ops read inputs they never write.
+pub fn sums_in_place(op: BenchOp) -> bool {
+    matches!(
+        op,
+        BenchOp::AllReduce | BenchOp::Reduce | BenchOp::AllReduceCoalesced
+    )
 }
 
 /// Rank `rank`'s input element `i`, decoded as the dtype stores it.

@@ -42,6 +42,17 @@ pub fn bus_factor(op: &str, ranks: usize) -> f64 {
     }
 }
 
+/// The closing line of a text table, as nccl-tests prints it: the mean of
+/// the rows' bus bandwidths, GB/s.
+pub fn summary(busbw: &[f64]) -> String {
+    let mean = if busbw.is_empty() {
+        0.0
+    } else {
+        busbw.iter().sum::<f64>() / busbw.len() as f64
+    };
+    format!("# Avg bus bandwidth    : {mean:.4}")
+}
+
 impl Row {
     /// Fills in the bandwidth columns from size, time, op and ranks.
     pub fn new(

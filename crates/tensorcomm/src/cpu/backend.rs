@@ -147,10 +147,15 @@ impl ProcessGroupCpu {
         global_ranks: Vec<usize>,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
-        let select =
-            Selection::agreed_from_env(&*store, key_prefix, (rank, size), options.timeout)?;
+        let (select, choice) = Selection::agreed_from_env(
+            &*store,
+            key_prefix,
+            (rank, size),
+            options.timeout,
+            options.transport,
+        )?;
         let routed = |lanes, shm_capacity| RoutedTransportOptions {
-            choice: options.transport,
+            choice,
             tcp: TcpTransportOptions {
                 advertise_host: options.advertise_host.clone(),
                 timeout: options.timeout,

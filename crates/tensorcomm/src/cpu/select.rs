@@ -13,10 +13,10 @@ use super::algorithms::{
     AllReduceAlgorithm, RING_SEGMENT_BYTES,
 };
 use super::reduce_kernels::ReduceOp;
-use super::transport::Transport;
+use super::transport::{Transport, TransportChoice};
 use crate::env_vars::{
     EnvVar, CPU_ALL_REDUCE, RING_SEGMENT, SENDER_CHECK, SHM_ARENA_CHUNK, SHM_ARENA_MIN,
-    SHM_ARENA_THREADS,
+    SHM_ARENA_THREADS, TRANSPORT,
 };
 use crate::store::Store;
 use crate::tensor::DType;
@@ -397,15 +397,31 @@ impl Selection {
     /// with a value that does not parse fails after posting it, so the
     /// others fail promptly too (naming the difference) instead of waiting
     /// for its post.
+    ///
+    /// The transport is agreed alongside, under `TENSORCOMM_TRANSPORT`'s
+    /// name: `transport` resolved ([`TransportChoice::resolve`]: the
+    /// options' choice, or the environment's for
+    /// [`TransportChoice::Env`]), so ranks that would connect differently
+    /// (one over TCP, one waiting for shared memory) fail here instead of
+    /// waiting out their timeout. Returns the resolved transport.
     pub(crate) fn agreed_from_env(
         store: &dyn Store,
         key_prefix: &str,
         (rank, size): (usize, usize),
         timeout: Duration,
-    ) -> Result<Self> {
-        let raw = Selection::raw_from_vars(&|v| v.get());
+        transport: TransportChoice,
+    ) -> Result<(Self, TransportChoice)> {
+        let mut raw = Selection::raw_from_vars(&|v| v.get());
+        let resolved = transport.resolve();
+        let posted = match &resolved {
+            Ok(choice) => choice.to_string(),
+            // Not a transport: posted as found, so the others fail too.
+            Err(_) => TRANSPORT.get().unwrap_or_default(),
+        };
+        raw.push((TRANSPORT.name, Some(posted)));
         agree(&raw, store, key_prefix, rank, size, timeout)?;
-        Selection::parse(size, raw)
+        let transport = resolved?;
+        Ok((Selection::parse(size, raw)?, transport))
     }
 
     /// Whether send-only ranks check their receivers' fingerprints before

@@ -38,7 +38,7 @@ pub use file::FileStore;
 pub use hash::HashStore;
 pub use prefix::PrefixStore;
 pub use tcp::{TcpStore, TcpStoreOptions, TcpStoreServer};
-pub use tcp::{DEFAULT_MAX_MESSAGE_SIZE, TOKEN_ENV};
+pub use tcp::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_MESSAGE_SIZE, TOKEN_ENV};
 pub use timeout::DefaultTimeout;
 
 use crate::{Error, Result};

@@ -41,7 +41,11 @@ mod options;
 mod protocol;
 mod server;
 mod server_state;
+mod warn_limit;
 
 pub use client::TcpStore;
-pub use options::{TcpStoreOptions, DEFAULT_MAX_MESSAGE_SIZE, TOKEN_ENV};
+pub use options::{
+    TcpStoreOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_MESSAGE_SIZE,
+    TOKEN_ENV,
+};
 pub use server::TcpStoreServer;

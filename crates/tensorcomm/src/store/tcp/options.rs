@@ -45,7 +45,21 @@ pub struct TcpStoreOptions {
     /// before stopping the server (10 s by default). Ranks that finish a
     /// moment after rank 0 then still get their last replies.
     pub linger: Duration,
+    /// How long a server waits for the rest of a request once its first
+    /// byte came (30 s by default): a client silent in the middle of a
+    /// frame is disconnected. A client idle between requests is not.
+    pub idle_timeout: Duration,
+    /// The most connections a server keeps open at once (65536 by
+    /// default); one more is refused with [`crate::Error::StoreRefused`]
+    /// saying so.
+    pub max_connections: usize,
 }
+
+/// The default [`TcpStoreOptions::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default [`TcpStoreOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1 << 16;
 
 /// The default [`TcpStoreOptions::linger`].
 pub const DEFAULT_LINGER: Duration = Duration::from_secs(10);
@@ -57,6 +71,8 @@ impl Default for TcpStoreOptions {
             token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             linger: DEFAULT_LINGER,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -68,6 +84,8 @@ impl fmt::Debug for TcpStoreOptions {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("max_message_size", &self.max_message_size)
             .field("linger", &self.linger)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }

@@ -84,6 +84,9 @@ impl TcpStoreServer {
         let config = Arc::new(ServerConfig {
             token: options.token.clone(),
             max_message_size: options.max_message_size,
+            idle_timeout: options.idle_timeout,
+            max_connections: options.max_connections,
+            warnings: Default::default(),
         });
         runtime.spawn(accept_loop(listener, state.clone(), config));
         debug!(%local_addr, "store server listening");
@@ -231,6 +234,17 @@ async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let open_now = state.open_connections();
+                if open_now >= config.max_connections {
+                    // Refused with a reason the client shows; not counted,
+                    // and gone within a few seconds whatever the peer does.
+                    let reason = format!(
+                        "the store server has {open_now} connections open, its limit \
+                         (TcpStoreOptions::max_connections); try again later"
+                    );
+                    tokio::spawn(connection::refuse(stream, peer, reason, config.clone()));
+                    continue;
+                }
                 debug!(%peer, "store connection accepted");
                 let open = OpenConnection::new(&state);
                 let serve = connection::serve(stream, peer, state.clone(), config.clone());
