@@ -5,6 +5,10 @@
 
 mod common;
 
+/// The `ddp_mlp` example, for its `train`.
+#[path = "../examples/ddp_mlp.rs"]
+mod ddp_mlp;
+
 use std::sync::Arc;
 use std::thread;
 
@@ -684,6 +688,31 @@ fn a_reducer_with_power_sgd_averages_low_rank_gradients_across_rebuilt_buckets()
                 .collect();
             let diff = max_diff(got, &mean);
             assert!(diff < 1e-4, "iteration {it}: max difference {diff}");
+        }
+    }
+}
+
+#[test]
+fn the_ddp_mlp_example_trains_and_its_ranks_agree() {
+    for hook in [
+        ddp_mlp::HookChoice::AllReduce,
+        ddp_mlp::HookChoice::PowerSgd,
+    ] {
+        let config = ddp_mlp::Config {
+            steps: 30,
+            batch: 32,
+            hook,
+            ..ddp_mlp::Config::default()
+        };
+        let results = on_ranks(ranks(2, &format!("mlp-{hook:?}")), move |pg| {
+            ddp_mlp::train(pg, &config).unwrap()
+        });
+        let (first, last) = (results[0].losses[0], results[0].losses[29]);
+        assert!(last < 0.5 * first, "{hook:?}: loss {first} -> {last}");
+        for trained in &results {
+            // Every rank sees the same global loss and holds the same parameters.
+            assert_eq!(trained.losses, results[0].losses);
+            assert_eq!(trained.params, results[0].params);
         }
     }
 }
