@@ -16,8 +16,8 @@
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
 //!
-//! `bench/ddp_torch.py` times PyTorch DDP over Gloo on the same simulated
-//! MLP.
+//! A PyTorch DDP counterpart (Gloo, the same simulated MLP) is still to
+//! be written.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
