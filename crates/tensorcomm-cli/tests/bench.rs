@@ -462,3 +462,59 @@ fn the_header_names_the_summed_reduce_op_and_a_summary_line_closes_the_table() {
         "{stdout}"
     );
 }
+
+#[test]
+fn ddp_reports_step_communication_and_exposed_times() {
+    let common = [
+        "--op",
+        "ddp",
+        "-n",
+        "2",
+        "--model",
+        "4K,256,16K",
+        "--bucket-cap",
+        "16K",
+        "--compute-us",
+        "50",
+        "--iters",
+        "3",
+        "--warmup",
+        "2",
+    ];
+    let (ok, stdout, stderr) = bench(&[&common[..], &["--json"]].concat());
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    let row = &rows[0];
+    assert_eq!(row["op"], "ddp");
+    assert_eq!(row["params"], 4096 + 256 + 16384);
+    assert_eq!(
+        (row["tensors"].as_u64(), row["layers"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(row["ranks"], 2);
+    assert_eq!(row["hook"], "allreduce");
+    assert_eq!(row["compute_us"], 150);
+    assert!(row["buckets"].as_u64().unwrap() >= 2, "{row}");
+    let (step, comm, exposed) = (
+        row["step_us"].as_f64().unwrap(),
+        row["comm_us"].as_f64().unwrap(),
+        row["exposed_us"].as_f64().unwrap(),
+    );
+    // A step holds its compute and the exposed communication.
+    assert!(step >= 150.0 && comm > 0.0 && exposed > 0.0, "{row}");
+    assert!(exposed <= step, "{row}");
+
+    let (ok, stdout, stderr) = bench(&[&common[..], &["--hook", "powersgd"]].concat());
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("powersgd hook"), "{stdout}");
+    let last = stdout.lines().last().unwrap();
+    assert_eq!(last.split_whitespace().count(), 5, "{stdout}");
+    assert_eq!(last.split_whitespace().next(), Some("20736"), "{stdout}");
+
+    let (ok, _, stderr) = bench(&["--op", "ddp", "--hook", "gzip"]);
+    assert!(!ok && stderr.contains("--hook"), "{stderr}");
+}

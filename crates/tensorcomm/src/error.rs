@@ -132,7 +132,8 @@ pub enum Error {
     /// An environment variable needed by `env://` is missing.
     #[error("environment variable {name} is not set (needed by {context})")]
     MissingEnv { name: String, context: String },
-    /// An environment variable or URL parameter does not parse.
+    /// An environment variable or URL parameter does not parse, or an
+    /// option is out of range (a hook's settings, for example).
     #[error("{name} must be {expected}, found {found:?}")]
     BadValue {
         name: String,

@@ -1,17 +1,21 @@
 //! Data-parallel training across ranks (threads, CPU backend):
 //! broadcast_coalesced, the communication hooks' numerics, the Reducer's
-//! parameter check, unused parameters, and training equivalence with
-//! single-process training.
+//! parameter check, unused parameters, training equivalence with
+//! single-process training, and PowerSGD.
 
 mod common;
+
+/// The `ddp_mlp` example, for its `train`.
+#[path = "../examples/ddp_mlp.rs"]
+mod ddp_mlp;
 
 use std::sync::Arc;
 use std::thread;
 
 use half::{bf16, f16};
 use tensorcomm::ddp::{
-    broadcast_coalesced, AllReduceHook, CommHook, CompressHook, GradBucket, QuantizePerTensorHook,
-    Reducer, ReducerOptions, TensorSpec,
+    broadcast_coalesced, AllReduceHook, CommHook, CompressHook, GradBucket, PowerSgdHook,
+    PowerSgdOptions, QuantizePerTensorHook, Reducer, ReducerOptions, TensorSpec,
 };
 use tensorcomm::group::ProcessGroup;
 use tensorcomm::store::HashStore;
@@ -425,5 +429,290 @@ fn fp16_compressed_training_stays_close_to_single_process_training() {
         assert_eq!((rw, rb), (&results[0].0, &results[0].1));
         let diff = max_diff(rw, &w).max(max_diff(rb, &b));
         assert!(diff <= 1e-3, "max difference {diff}");
+    }
+}
+
+// ---- PowerSGD ---------------------------------------------------------
+
+/// A PowerSGD hook that compresses from iteration `start`.
+fn power_sgd(rank: usize, start: u64, error_feedback: bool, warm_start: bool) -> PowerSgdHook {
+    PowerSgdHook::new(PowerSgdOptions {
+        matrix_approximation_rank: rank,
+        start_power_sgd_iter: start,
+        use_error_feedback: error_feedback,
+        warm_start,
+        random_seed: 11,
+        ..PowerSgdOptions::default()
+    })
+    .unwrap()
+}
+
+/// Runs `hook` on one bucket of gradients of `shapes` holding `values` on
+/// this rank; the bucket's values afterwards.
+fn run_bucket(
+    pg: &Arc<dyn ProcessGroup>,
+    hook: &dyn CommHook,
+    shapes: &[Vec<usize>],
+    values: Vec<f32>,
+) -> Vec<f32> {
+    let n = values.len();
+    let buffer = Tensor::from_vec(values, &[n]).unwrap();
+    let ids = (0..shapes.len()).collect();
+    let bucket = GradBucket::new(0, 1, buffer.clone(), shapes.to_vec(), ids).unwrap();
+    let out = hook.run(pg, bucket).unwrap().wait().unwrap();
+    assert_eq!(
+        out.to_vec::<f32>().unwrap(),
+        buffer.to_vec::<f32>().unwrap()
+    );
+    buffer.to_vec().unwrap()
+}
+
+/// `u vᵀ` summed over the pairs, row-major `n × m`.
+fn outer_sum(pairs: &[(Vec<f32>, Vec<f32>)]) -> Vec<f32> {
+    let (n, m) = (pairs[0].0.len(), pairs[0].1.len());
+    (0..n * m)
+        .map(|k| pairs.iter().map(|(u, v)| u[k / m] * v[k % m]).sum())
+        .collect()
+}
+
+/// Rank `r`'s bucket: a 10x8 gradient `U V_rᵀ` of rank 2 whose column
+/// space U is the same on every rank (compressed at rank 2), a bias of 5
+/// and a 3x2 matrix (too small to compress), both multiples of 3.
+fn low_rank_bucket(r: usize) -> Vec<f32> {
+    let u1: Vec<f32> = (0..10).map(|i| (i as f32 * 0.7).sin() + 1.0).collect();
+    let u2: Vec<f32> = (0..10)
+        .map(|i| (i as f32 * 0.3).cos() - 0.5 * i as f32 / 10.0)
+        .collect();
+    let v1: Vec<f32> = (0..8)
+        .map(|j| (j as f32 - 3.0) * 0.25 + r as f32 * 0.4)
+        .collect();
+    let v2: Vec<f32> = (0..8).map(|j| ((j + r) as f32 * 1.3).sin()).collect();
+    let mut values = outer_sum(&[(u1, v1), (u2, v2)]);
+    values.extend((0..5).map(|i| (3 * (i + 2 * r)) as f32));
+    values.extend((0..6).map(|i| (3 * (i * r + 1)) as f32));
+    values
+}
+
+const LOW_RANK_SHAPES: [&[usize]; 3] = [&[10, 8], &[5], &[3, 2]];
+
+#[test]
+fn power_sgd_is_all_reduce_before_its_start_then_exact_on_shared_low_rank_gradients() {
+    let world = 3;
+    let results = on_ranks(ranks(world, "psgd-exact"), move |pg| {
+        let shapes: Vec<Vec<usize>> = LOW_RANK_SHAPES.iter().map(|s| s.to_vec()).collect();
+        let hook = power_sgd(2, 2, true, true);
+        let mine = low_rank_bucket(pg.rank());
+        // Iterations 0 and 1: the plain all-reduce hook, bitwise.
+        let mut vanilla = Vec::new();
+        for _ in 0..2 {
+            let got = run_bucket(&pg, &hook, &shapes, mine.clone());
+            let plain = run_bucket(&pg, &AllReduceHook, &shapes, mine.clone());
+            assert_eq!(got, plain);
+            vanilla.push(got);
+        }
+        assert_eq!(hook.stats().numel_before_compression, 0);
+        let compressed: Vec<Vec<f32>> = (0..3)
+            .map(|_| run_bucket(&pg, &hook, &shapes, mine.clone()))
+            .collect();
+        (vanilla, compressed, hook.stats())
+    });
+    let mean: Vec<f32> = (0..91)
+        .map(|k| (0..world).map(|r| low_rank_bucket(r)[k]).sum::<f32>() / world as f32)
+        .collect();
+    for (rank, (vanilla, compressed, stats)) in results.iter().enumerate() {
+        assert!(max_diff(&vanilla[0], &mean) < 1e-5);
+        for (it, got) in compressed.iter().enumerate() {
+            // Every rank computes bitwise the same result.
+            assert_eq!(got, &results[0].1[it], "rank {rank} iteration {it}");
+            // The rank-2 approximation of a rank-2 mean is the mean.
+            let diff = max_diff(&got[..80], &mean[..80]);
+            assert!(diff < 1e-4, "iteration {it}: max difference {diff}");
+            // The small tensors are averaged exactly (multiples of 3).
+            assert_eq!(got[80..], mean[80..], "iteration {it}");
+        }
+        // Three compressed iterations: 80 elements sent as (10 + 8) * 2.
+        assert_eq!(stats.iteration, 5);
+        assert_eq!(stats.numel_before_compression, 3 * 91);
+        assert_eq!(stats.numel_after_compression, 3 * (36 + 11));
+    }
+}
+
+/// An 8x6 gradient of rank 2: `2 a1 b1ᵀ + a2 b2ᵀ`, plus `c a1 b1ᵀ`.
+fn rank_two(c: f32) -> Vec<f32> {
+    let a1: Vec<f32> = (0..8).map(|i| (i as f32 * 0.9).sin()).collect();
+    let a2: Vec<f32> = (0..8).map(|i| (i as f32 * 0.4).cos()).collect();
+    let b1: Vec<f32> = (0..6).map(|j| 1.0 - j as f32 * 0.3).collect();
+    let b2: Vec<f32> = (0..6).map(|j| (j as f32 * 1.1).cos()).collect();
+    let a1c: Vec<f32> = a1.iter().map(|x| x * (2.0 + c)).collect();
+    outer_sum(&[(a1c, b1), (a2, b2)])
+}
+
+#[test]
+fn power_sgd_error_feedback_sends_the_residual_in_the_next_iteration() {
+    // Ranks hold rank_two(+0.5) and rank_two(-0.5): their mean G is
+    // rank_two(0), of rank 2, compressed at rank 1. The first compressed
+    // iteration gives O1 != G; each rank keeps its input minus O1. With
+    // zero gradients next, the input is that error, whose mean G - O1 has
+    // rank 1 (G's column space minus O1's direction): sent exactly, so
+    // O1 + O2 = G. Without error feedback O2 is zero.
+    let shapes = vec![vec![8, 6]];
+    let g = rank_two(0.0);
+    for warm_start in [true, false] {
+        let shapes = shapes.clone();
+        let results = on_ranks(ranks(2, &format!("psgd-ef-{warm_start}")), move |pg| {
+            let mine = rank_two(if pg.rank() == 0 { 0.5 } else { -0.5 });
+            let with_ef = power_sgd(1, 2, true, warm_start);
+            let without = power_sgd(1, 2, false, false);
+            let mut outs = Vec::new();
+            for hook in [&with_ef, &without] {
+                for _ in 0..2 {
+                    run_bucket(&pg, hook, &shapes, mine.clone());
+                }
+                let o1 = run_bucket(&pg, hook, &shapes, mine.clone());
+                let o2 = run_bucket(&pg, hook, &shapes, vec![0.0; 48]);
+                outs.push((o1, o2));
+            }
+            outs
+        });
+        for outs in &results {
+            let (o1, o2) = &outs[0];
+            assert!(max_diff(o1, &g) > 0.05, "the rank-1 step is lossy");
+            let total: Vec<f32> = o1.iter().zip(o2).map(|(a, b)| a + b).collect();
+            let diff = max_diff(&total, &g);
+            assert!(
+                diff < 1e-4,
+                "warm start {warm_start}: O1 + O2 is off G by {diff}"
+            );
+            // Without error feedback: the same first step (same seed), then nothing.
+            let (p1, p2) = &outs[1];
+            assert!(max_diff(p1, o1) < 1e-6);
+            assert_eq!(p2, &vec![0.0; 48]);
+        }
+    }
+}
+
+#[test]
+fn power_sgd_options_are_checked() {
+    let bad = |options: PowerSgdOptions, field: &str| {
+        let e = PowerSgdHook::new(options).err().unwrap();
+        match &e {
+            Error::BadValue { name, .. } => assert!(name.contains(field), "{e}"),
+            other => panic!("expected BadValue for {field}, found {other:?}"),
+        }
+    };
+    let base = PowerSgdOptions::default();
+    bad(
+        PowerSgdOptions {
+            matrix_approximation_rank: 0,
+            ..base.clone()
+        },
+        "matrix_approximation_rank",
+    );
+    for (ef, warm) in [(true, false), (false, true)] {
+        bad(
+            PowerSgdOptions {
+                start_power_sgd_iter: 1,
+                use_error_feedback: ef,
+                warm_start: warm,
+                ..base.clone()
+            },
+            "start_power_sgd_iter",
+        );
+    }
+    bad(
+        PowerSgdOptions {
+            min_compression_rate: -1.0,
+            ..base.clone()
+        },
+        "min_compression_rate",
+    );
+    bad(
+        PowerSgdOptions {
+            orthogonalization_epsilon: f32::NAN,
+            ..base.clone()
+        },
+        "orthogonalization_epsilon",
+    );
+    let plain = PowerSgdOptions {
+        start_power_sgd_iter: 0,
+        use_error_feedback: false,
+        warm_start: false,
+        ..base
+    };
+    assert!(PowerSgdHook::new(plain).is_ok());
+}
+
+#[test]
+fn a_reducer_with_power_sgd_averages_low_rank_gradients_across_rebuilt_buckets() {
+    let results = on_ranks(ranks(2, "psgd-reducer"), |pg| {
+        let rank = pg.rank();
+        let params = vec![
+            TensorSpec::new(&[10, 8], DType::F32),
+            TensorSpec::new(&[5], DType::F32),
+            TensorSpec::new(&[3, 2], DType::F32),
+        ];
+        // Small buckets: one parameter each, so three buckets.
+        let options = ReducerOptions {
+            bucket_cap_bytes: 8,
+            first_bucket_bytes: 8,
+            ..ReducerOptions::default()
+        };
+        let hook = Arc::new(power_sgd(2, 2, true, true));
+        let mut reducer = Reducer::new(pg, params, hook.clone(), options).unwrap();
+        let mut outs = Vec::new();
+        for it in 0..4 {
+            let values = low_rank_bucket(rank + it);
+            let grads = [
+                Tensor::from_vec(values[..80].to_vec(), &[10, 8]).unwrap(),
+                Tensor::from_vec(values[80..85].to_vec(), &[5]).unwrap(),
+                Tensor::from_vec(values[85..].to_vec(), &[3, 2]).unwrap(),
+            ];
+            for p in (0..3).rev() {
+                reducer.mark_ready(p, &grads[p]).unwrap();
+            }
+            reducer.finish().unwrap();
+            let got: Vec<f32> = grads
+                .iter()
+                .flat_map(|g| g.to_vec::<f32>().unwrap())
+                .collect();
+            outs.push(got);
+        }
+        (outs, hook.stats().iteration)
+    });
+    for (outs, iterations) in &results {
+        assert_eq!(*iterations, 4);
+        assert_eq!(outs, &results[0].0);
+        for (it, got) in outs.iter().enumerate() {
+            let mean: Vec<f32> = (0..91)
+                .map(|k| (low_rank_bucket(it)[k] + low_rank_bucket(it + 1)[k]) / 2.0)
+                .collect();
+            let diff = max_diff(got, &mean);
+            assert!(diff < 1e-4, "iteration {it}: max difference {diff}");
+        }
+    }
+}
+
+#[test]
+fn the_ddp_mlp_example_trains_and_its_ranks_agree() {
+    for hook in [
+        ddp_mlp::HookChoice::AllReduce,
+        ddp_mlp::HookChoice::PowerSgd,
+    ] {
+        let config = ddp_mlp::Config {
+            steps: 30,
+            batch: 32,
+            hook,
+            ..ddp_mlp::Config::default()
+        };
+        let results = on_ranks(ranks(2, &format!("mlp-{hook:?}")), move |pg| {
+            ddp_mlp::train(pg, &config).unwrap()
+        });
+        let (first, last) = (results[0].losses[0], results[0].losses[29]);
+        assert!(last < 0.5 * first, "{hook:?}: loss {first} -> {last}");
+        for trained in &results {
+            // Every rank sees the same global loss and holds the same parameters.
+            assert_eq!(trained.losses, results[0].losses);
+            assert_eq!(trained.params, results[0].params);
+        }
     }
 }

@@ -37,9 +37,14 @@
 //! and cuda:1 in this one process (`cuda_comm.rs`), with the same columns
 //! plus, given `--torch FILE` (from `bench/cuda_comm_torch.py`), PyTorch's
 //! time and the ratio. Without two GPUs it fails with a NoCuda error.
+//!
+//! `--op ddp` times a simulated backward pass through the DDP Reducer
+//! (`--model`, `--hook`, `--compute-us`, `--bucket-cap`): step time,
+//! communication time and exposed communication (`ddp.rs`).
 
 mod cuda_comm;
 mod data;
+mod ddp;
 mod nccl;
 mod ops;
 mod pending;
@@ -199,8 +204,9 @@ impl BenchOp {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to time. cpu: one collective (default all_reduce). cuda-comm:
-    /// a comma list of peer_copy, broadcast, scatter, gather, reduce_add,
+    /// What to time. cpu: one collective (default all_reduce), or ddp (a
+    /// simulated backward pass through the DDP Reducer). cuda-comm: a comma
+    /// list of peer_copy, broadcast, scatter, gather, reduce_add,
     /// broadcast_coalesced (default all of them).
     #[arg(long, value_delimiter = ',')]
     op: Vec<String>,
@@ -262,6 +268,25 @@ pub struct BenchArgs {
     /// A label printed in the table's title line (e.g. the copy method).
     #[arg(long, default_value = "")]
     label: String,
+    /// ddp: the gradients: mlp (six 2048x2048 layers and a 2048x10 head,
+    /// 25.2M parameters), resnet50 (25.6M in 161 tensors), or a comma list
+    /// of element counts, one 1-D parameter per layer.
+    #[arg(long, default_value = "mlp")]
+    model: String,
+    /// ddp: the communication hook: allreduce, fp16, bf16, powersgd
+    /// (compressing from the third step) or noop.
+    #[arg(long, default_value = "allreduce")]
+    hook: String,
+    /// ddp: backward compute per layer before its gradients are ready, in
+    /// µs (a busy wait on the rank's core).
+    #[arg(long, default_value_t = 100)]
+    compute_us: u64,
+    /// ddp: the Reducer's bucket size limit (DDP's bucket_cap_mb).
+    #[arg(long, default_value = "25M", value_parser = parse_size)]
+    bucket_cap: usize,
+    /// ddp: PowerSGD's matrix approximation rank.
+    #[arg(long, default_value_t = 1)]
+    powersgd_rank: usize,
 }
 
 impl BenchArgs {
@@ -300,6 +325,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 pub fn main(args: BenchArgs) -> ExitCode {
+    if args.op == ["ddp"] {
+        return ddp::main(&args);
+    }
     if args.factor < 2 || args.min_bytes == 0 || args.min_bytes > args.max_bytes || args.iters == 0
     {
         eprintln!("tensorcomm bench: expected 0 < -b <= -e, -f >= 2 and --iters >= 1");

@@ -14,7 +14,7 @@
 //!   gets.
 //! - [`CommHook`]: how a bucket is communicated: [`AllReduceHook`] (the
 //!   default), [`CompressHook`] (f16 or bf16), [`QuantizePerTensorHook`]
-//!   (uint8 codes), [`NoOpHook`].
+//!   (uint8 codes), [`PowerSgdHook`] (low-rank approximations), [`NoOpHook`].
 //! - [`Reducer`]: buckets gradients as they are produced and starts each
 //!   bucket's hook as soon as it is complete.
 //!
@@ -40,6 +40,7 @@ mod comm_hook;
 mod compression;
 mod flat_buffer;
 mod grad_bucket;
+mod power_sgd;
 mod quantization;
 mod reducer;
 mod tensor_spec;
@@ -52,6 +53,7 @@ pub use bucket_assignment::{
 pub use comm_hook::{AllReduceHook, CommHook, NoOpHook};
 pub use compression::CompressHook;
 pub use grad_bucket::GradBucket;
+pub use power_sgd::{PowerSgdHook, PowerSgdOptions, PowerSgdStats};
 pub use quantization::QuantizePerTensorHook;
 pub use reducer::{Reducer, ReducerOptions};
 pub use tensor_spec::TensorSpec;

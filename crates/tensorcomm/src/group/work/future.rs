@@ -203,6 +203,31 @@ impl<T: Send + 'static> WorkFuture<T> {
         future
     }
 
+    /// A future whose value `job` computes on the thread that first waits
+    /// on it (or on a future chained on it with [`then`](WorkFuture::then)),
+    /// and not before: for a DDP hook whose later collectives must be
+    /// issued in the same order on every rank, which the
+    /// [`Reducer`](crate::ddp::Reducer) guarantees by waiting on buckets in
+    /// index order. Dropped without a wait, `job` never runs. A panic in
+    /// `job` gives [`Error::FutureFailed`].
+    pub(crate) fn deferred<F>(job: F) -> WorkFuture<T>
+    where
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        let runner: SharedRunner = Arc::new(Mutex::new(None));
+        let (future, promise) = WorkFuture::pending(Some(runner.clone()));
+        let run: super::Runner = Box::new(move || {
+            let outcome = panic::catch_unwind(AssertUnwindSafe(job)).unwrap_or_else(|payload| {
+                Err(Error::FutureFailed {
+                    reason: format!("a deferred job panicked: {}", panic_message(&*payload)),
+                })
+            });
+            promise.complete(outcome, None);
+        });
+        *runner.lock().unwrap_or_else(PoisonError::into_inner) = Some(run);
+        future
+    }
+
     /// True once the value is known and the device work it waits on, if
     /// any, is done (or failed: the value is then that error). Never
     /// blocks.

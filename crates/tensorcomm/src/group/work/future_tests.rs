@@ -222,3 +222,25 @@ fn a_device_error_before_a_callback_is_the_value_it_gets() {
         .wait();
     assert_eq!(seen.unwrap(), "cuStreamWaitEvent");
 }
+
+#[test]
+fn a_deferred_job_runs_once_on_the_first_waiting_thread() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let future = WorkFuture::deferred({
+        let runs = runs.clone();
+        move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(20)
+        }
+    });
+    assert!(!future.is_completed());
+    let chained = future.then(|n| Ok(n? + 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing runs before a wait");
+    assert_eq!(chained.wait().unwrap(), 21);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let panicking = WorkFuture::<u8>::deferred(|| panic!("boom"));
+    let e = panicking.wait().unwrap_err();
+    assert!(matches!(e, Error::FutureFailed { .. }), "{e}");
+    assert!(e.to_string().contains("boom"), "{e}");
+}

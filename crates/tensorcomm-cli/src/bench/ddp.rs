@@ -1,0 +1,401 @@
+//! `tensorcomm bench --op ddp`: a simulated backward pass through the DDP
+//! [`Reducer`].
+//!
+//! Each rank holds the gradients of a model (`--model mlp`: six 2048x2048
+//! layers and a 2048x10 head, 25.2M parameters; `resnet50`: ResNet-50's
+//! 161 parameter tensors, 25.6M; or a comma list of element counts, one
+//! 1-D parameter per layer). A step walks the layers backwards: it spins
+//! `--compute-us` µs (the layer's backward compute, on this rank's core),
+//! then marks the layer's gradients ready, so the Reducer starts each
+//! bucket's hook (`--hook`) as its last gradient arrives, then calls
+//! `finish()`. Per step it measures the step time, the communication time
+//! (from the first bucket's hook starting to the last bucket's result
+//! arriving) and the exposed communication (from the last gradient ready
+//! to `finish()` returning: what overlapping did not hide). Ranks start
+//! each step together (a barrier, untimed). The row gives each measure's
+//! median over `--iters` steps after `--warmup` (the first step also
+//! rebuilds the buckets), the slowest rank's.
+//!
+//! A PyTorch DDP counterpart (Gloo, the same simulated MLP) is still to
+//! be written.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tensorcomm::cpu::transport::{TransportChoice, TRANSPORT_ENV};
+use tensorcomm::ddp::{
+    AllReduceHook, CommHook, CompressHook, GradBucket, NoOpHook, PowerSgdHook, PowerSgdOptions,
+    Reducer, ReducerOptions, TensorSpec, DEFAULT_FIRST_BUCKET_BYTES,
+};
+use tensorcomm::group::WorkFuture;
+use tensorcomm::tensor::{DType, Tensor};
+use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp};
+
+use super::{BenchArgs, BenchBackend, BenchDevice};
+
+/// The gradients of a model: layers (in forward order), each a list of
+/// parameter shapes.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Model {
+    pub name: String,
+    pub layers: Vec<Vec<Vec<usize>>>,
+}
+
+impl Model {
+    /// `mlp`, `resnet50`, or a comma list of element counts (suffixes K,
+    /// M, G: binary).
+    pub fn parse(s: &str) -> Result<Model, String> {
+        match s {
+            "mlp" => Ok(Model::mlp()),
+            "resnet50" => Ok(Model::resnet50()),
+            list => {
+                let layers = list
+                    .split(',')
+                    .map(|n| match tensorcomm::tuning::parse_size(n.trim()) {
+                        Some(n) if n > 0 => Ok(vec![vec![n]]),
+                        _ => Err(format!(
+                            "--model: expected mlp, resnet50 or a comma list of element counts above 0 (such as 1M,4K), found {s:?}"
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                Ok(Model {
+                    name: "custom".into(),
+                    layers,
+                })
+            }
+        }
+    }
+
+    /// Six 2048x2048 linear layers and a 2048x10 head, with biases.
+    fn mlp() -> Model {
+        let mut layers: Vec<Vec<Vec<usize>>> =
+            (0..6).map(|_| vec![vec![2048, 2048], vec![2048]]).collect();
+        layers.push(vec![vec![10, 2048], vec![10]]);
+        Model {
+            name: "mlp".into(),
+            layers,
+        }
+    }
+
+    /// ResNet-50 (torchvision): each convolution with its batch norm's
+    /// weight and bias is a layer, and the final fully connected layer.
+    fn resnet50() -> Model {
+        fn conv_bn(out: usize, inp: usize, k: usize) -> Vec<Vec<usize>> {
+            vec![vec![out, inp, k, k], vec![out], vec![out]]
+        }
+        let mut layers = vec![conv_bn(64, 3, 7)];
+        let mut inp = 64;
+        for (width, blocks) in [(64, 3), (128, 4), (256, 6), (512, 3)] {
+            for b in 0..blocks {
+                layers.push(conv_bn(width, inp, 1));
+                layers.push(conv_bn(width, width, 3));
+                layers.push(conv_bn(4 * width, width, 1));
+                if b == 0 {
+                    layers.push(conv_bn(4 * width, inp, 1)); // downsample
+                }
+                inp = 4 * width;
+            }
+        }
+        layers.push(vec![vec![1000, 2048], vec![1000]]);
+        Model {
+            name: "resnet50".into(),
+            layers,
+        }
+    }
+
+    /// Every parameter's shape, in model order.
+    pub fn shapes(&self) -> Vec<Vec<usize>> {
+        self.layers.iter().flatten().cloned().collect()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shapes()
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
+    }
+}
+
+/// The hooks `--hook` names.
+pub(super) fn build_hook(name: &str, powersgd_rank: usize) -> Result<Arc<dyn CommHook>, String> {
+    Ok(match name {
+        "allreduce" => Arc::new(AllReduceHook),
+        "fp16" => Arc::new(CompressHook::fp16()),
+        "bf16" => Arc::new(CompressHook::bf16()),
+        "noop" => Arc::new(NoOpHook),
+        "powersgd" => Arc::new(
+            PowerSgdHook::new(PowerSgdOptions {
+                matrix_approximation_rank: powersgd_rank,
+                start_power_sgd_iter: 2,
+                ..PowerSgdOptions::default()
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        other => {
+            return Err(format!(
+                "--hook: expected allreduce, fp16, bf16, powersgd or noop, found {other:?}"
+            ))
+        }
+    })
+}
+
+pub(super) fn main(args: &BenchArgs) -> ExitCode {
+    let checked = Model::parse(&args.model).and_then(|_| {
+        build_hook(&args.hook, args.powersgd_rank)?;
+        if args.backend != BenchBackend::Cpu || args.device != BenchDevice::Cpu || args.symmetric {
+            return Err("--op ddp runs on --backend cpu with host tensors".into());
+        }
+        if args.iters == 0 {
+            return Err("expected --iters >= 1".into());
+        }
+        Ok(())
+    });
+    if let Err(msg) = checked {
+        eprintln!("tensorcomm bench: {msg}");
+        return ExitCode::from(2);
+    }
+    if std::env::var_os("RANK").is_none() {
+        return launch_self(args);
+    }
+    match run_rank(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let rank = std::env::var("RANK").unwrap_or_default();
+            eprintln!("tensorcomm bench failed on rank {rank}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch_self(args: &BenchArgs) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(err) => {
+            eprintln!("tensorcomm bench: cannot find its own executable: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut rank_args: Vec<String> = vec![
+        "bench".into(),
+        "--op=ddp".into(),
+        format!("--model={}", args.model),
+        format!("--hook={}", args.hook),
+        format!("--compute-us={}", args.compute_us),
+        format!("--bucket-cap={}", args.bucket_cap),
+        format!("--powersgd-rank={}", args.powersgd_rank),
+        format!("--iters={}", args.iters),
+        format!("--warmup={}", args.warmup),
+    ];
+    if args.json {
+        rank_args.push("--json".into());
+    }
+    if let Some(transport) = args.transport {
+        rank_args.push(format!("--transport={transport}"));
+    }
+    let rank_args: Vec<OsString> = rank_args.into_iter().map(OsString::from).collect();
+    crate::launch::launch_local_with(&exe, &rank_args, args.nproc, None, &[], false)
+}
+
+/// When the hooks of one step started and finished.
+#[derive(Default)]
+struct Timeline {
+    first_start: Option<Instant>,
+    last_done: Option<Instant>,
+}
+
+/// Runs the inner hook and notes when the first bucket starts and when
+/// the last one's result is known.
+struct TimedHook {
+    inner: Arc<dyn CommHook>,
+    timeline: Arc<Mutex<Timeline>>,
+}
+
+impl CommHook for TimedHook {
+    fn run(
+        &self,
+        group: &Arc<dyn ProcessGroup>,
+        bucket: GradBucket,
+    ) -> tensorcomm::Result<WorkFuture<Tensor<'static>>> {
+        let now = Instant::now();
+        self.timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .first_start
+            .get_or_insert(now);
+        let timeline = self.timeline.clone();
+        Ok(self.inner.run(group, bucket)?.then(move |value| {
+            let now = Instant::now();
+            let mut t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
+            t.last_done = Some(t.last_done.map_or(now, |last| last.max(now)));
+            value
+        }))
+    }
+}
+
+/// Busy-waits `us` µs: backward compute occupying this rank's core.
+fn spin(us: u64) {
+    let end = Instant::now() + Duration::from_micros(us);
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
+    if let Some(transport) = args.transport {
+        std::env::set_var(TRANSPORT_ENV, transport.to_string());
+    }
+    let transport = TransportChoice::Env.resolve()?;
+    let model = Model::parse(&args.model).map_err(tensorcomm::Error::InvalidArgument)?;
+    let hook =
+        build_hook(&args.hook, args.powersgd_rank).map_err(tensorcomm::Error::InvalidArgument)?;
+    let pg = init_process_group(Backend::Cpu, "env://")?;
+    let (rank, ranks) = (pg.rank(), pg.size());
+    let shapes = model.shapes();
+    let grads: Vec<Tensor<'static>> = shapes
+        .iter()
+        .map(|s| Tensor::from_vec(vec![1.0f32; s.iter().product()], s))
+        .collect::<tensorcomm::Result<_>>()?;
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let timed = Arc::new(TimedHook {
+        inner: hook,
+        timeline: timeline.clone(),
+    });
+    let options = ReducerOptions {
+        bucket_cap_bytes: args.bucket_cap,
+        first_bucket_bytes: DEFAULT_FIRST_BUCKET_BYTES.min(args.bucket_cap),
+        ..ReducerOptions::default()
+    };
+    let specs = shapes
+        .iter()
+        .map(|s| TensorSpec::new(s, DType::F32))
+        .collect();
+    let mut reducer = Reducer::new(pg.clone(), specs, timed, options)?;
+    // Each layer's parameter indices.
+    let mut first = 0;
+    let layers: Vec<Vec<usize>> = model
+        .layers
+        .iter()
+        .map(|l| {
+            let ids = (first..first + l.len()).collect();
+            first += l.len();
+            ids
+        })
+        .collect();
+    let (mut steps, mut comms, mut exposed) = (Vec::new(), Vec::new(), Vec::new());
+    for it in 0..args.warmup + args.iters {
+        pg.barrier(None)?.wait()?;
+        *timeline.lock().unwrap_or_else(PoisonError::into_inner) = Timeline::default();
+        let start = Instant::now();
+        for layer in layers.iter().rev() {
+            spin(args.compute_us);
+            for &p in layer.iter().rev() {
+                reducer.mark_ready(p, &grads[p])?;
+            }
+        }
+        let ready = Instant::now();
+        reducer.finish()?;
+        let end = Instant::now();
+        if it >= args.warmup {
+            let t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
+            let comm = match (t.first_start, t.last_done) {
+                (Some(a), Some(b)) => b.saturating_duration_since(a),
+                _ => Duration::ZERO,
+            };
+            steps.push((end - start).as_secs_f64() * 1e6);
+            comms.push(comm.as_secs_f64() * 1e6);
+            exposed.push((end - ready).as_secs_f64() * 1e6);
+        }
+    }
+    let slowest = Tensor::from_vec(
+        vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
+        &[3],
+    )?;
+    pg.all_reduce(&slowest, ReduceOp::Max, None)?.wait()?;
+    let [step_us, comm_us, exposed_us]: [f64; 3] = slowest
+        .to_vec::<f64>()?
+        .try_into()
+        .map_err(|_| tensorcomm::Error::InvalidArgument("three medians".into()))?;
+    if rank == 0 {
+        let numel = model.numel();
+        let buckets = reducer.bucket_indices().len();
+        let compute_us = args.compute_us * layers.len() as u64;
+        if args.json {
+            println!(
+                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}}}",
+                model.name,
+                shapes.len(),
+                layers.len(),
+                args.hook,
+                args.bucket_cap,
+                args.compute_us,
+                args.iters,
+            );
+        } else {
+            println!(
+                "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {} on {transport} transport, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
+                model.name,
+                shapes.len(),
+                layers.len(),
+                args.bucket_cap,
+                args.hook,
+                super::rank_count(ranks),
+                args.compute_us,
+                args.iters,
+                args.warmup
+            );
+            println!(
+                "{:>10} {:>12} {:>12} {:>12} {:>12}",
+                "params", "compute_us", "step_us", "comm_us", "exposed_us"
+            );
+            println!(
+                "{numel:>10} {compute_us:>12} {step_us:>12.1} {comm_us:>12.1} {exposed_us:>12.1}"
+            );
+        }
+    }
+    pg.barrier(None)?.wait()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_have_their_published_parameter_counts() {
+        let mlp = Model::parse("mlp").unwrap();
+        assert_eq!(mlp.numel(), 6 * (2048 * 2048 + 2048) + 2048 * 10 + 10);
+        assert_eq!(mlp.numel(), 25_198_602);
+        let resnet = Model::parse("resnet50").unwrap();
+        // torchvision's resnet50: 25,557,032 parameters in 161 tensors.
+        assert_eq!(resnet.numel(), 25_557_032);
+        assert_eq!(resnet.shapes().len(), 161);
+        let custom = Model::parse("1K,3").unwrap();
+        assert_eq!(custom.shapes(), [vec![1024], vec![3]]);
+        assert!(Model::parse("1K,0").unwrap_err().contains("comma list"));
+        assert!(Model::parse("vgg").is_err());
+    }
+
+    #[test]
+    fn medians_and_hooks() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        for name in ["allreduce", "fp16", "bf16", "powersgd", "noop"] {
+            assert!(build_hook(name, 1).is_ok(), "{name}");
+        }
+        let err = |name: &str, rank: usize| build_hook(name, rank).err().unwrap();
+        assert!(err("powersgd", 0).contains("matrix_approximation_rank"));
+        assert!(err("gzip", 1).contains("--hook"));
+    }
+}
