@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""tensorcomm's DDP Reducer against PyTorch DDP over Gloo, side by side.
+
+PyTorch trains the real model (bench/ddp_torch.py: six 2048x2048 layers
+and a 2048x10 head, batch 32, SGD) at world size 1, 2, 4...; its world-size-1
+step time (no communication) sets the compute that `tensorcomm bench --op
+ddp --model mlp` simulates per layer (step / 7 layers), so both runs do
+about the same compute; then both run at each world size and the table
+gives step times and the ratio tensorcomm / PyTorch (below 1.0: faster).
+
+    python3 bench/compare_ddp.py --tensorcomm target/release/tensorcomm --ranks 2,4
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                pass
+    return None
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}\n")
+        return None
+    return last_json(p.stdout)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tensorcomm", default="target/release/tensorcomm")
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--steps", default="10")
+    a = p.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "ddp_torch.py")
+    base = run([sys.executable, script, "--steps", a.steps])
+    if not base:
+        sys.exit(1)
+    layers = 7
+    compute_us = int(base["step_ms"] * 1000 / layers)
+    print(f"# PyTorch world size 1: {base['step_ms']:.1f} ms per step; tensorcomm simulates "
+          f"{compute_us} us of compute per layer ({layers} layers), all-reduce hook, CPU ranks")
+    print(f"{'ranks':>5} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} {'comm ms':>8} {'exposed ms':>11}")
+    ok = True
+    for n in [1] + [int(r) for r in a.ranks.split(",")]:
+        if n == 1:
+            t = base
+        else:
+            t = run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+                     script, "--steps", a.steps])
+        c = run([a.tensorcomm, "bench", "--op", "ddp", "-n", str(n), "--model", "mlp",
+                 "--hook", "allreduce", "--compute-us", str(compute_us), "--iters", a.steps,
+                 "--warmup", "3", "--json"])
+        if not t or not c:
+            ok = False
+            continue
+        tc_ms = c["step_us"] / 1000
+        print(f"{n:>5} {t['step_ms']:>9.1f} {tc_ms:>14.1f} {tc_ms / t['step_ms']:>6.2f} "
+              f"{c['comm_us'] / 1000:>8.1f} {c['exposed_us'] / 1000:>11.1f}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
