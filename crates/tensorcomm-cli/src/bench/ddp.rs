@@ -16,8 +16,9 @@
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
 //!
-//! A PyTorch DDP counterpart (Gloo, the same simulated MLP) is still to
-//! be written.
+//! `bench/compare_ddp.py` runs it beside PyTorch DDP over Gloo training
+//! the real MLP (`bench/ddp_torch.py`), with the simulated compute set from
+//! PyTorch's world-size-1 step.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
