@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use tensorcomm::cpu::transport::{Route, TransportChoice};
+use tensorcomm::group::ProcessGroup;
 use tensorcomm::store::HashStore;
 use tensorcomm::Error;
 
@@ -88,11 +89,39 @@ fn ranks_choosing_different_transports_fail_creation_naming_both() {
             }) => {
                 assert_eq!(variable, "TENSORCOMM_TRANSPORT");
                 assert_eq!((r, peer), (rank, 1 - rank));
-                let expected = [("tcp", "shm"), ("shm", "tcp")][rank];
+                let expected = [("tcp", "auto or shm"), ("auto or shm", "tcp")][rank];
                 assert_eq!((mine.as_str(), theirs.as_str()), expected);
             }
             other => panic!("rank {rank}: expected TuningMismatch, found {other:?}"),
         }
     }
     assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+}
+
+/// `auto` and `shm` connect ranks of one host the same way: a group whose
+/// ranks chose one each is created and works.
+#[test]
+fn auto_and_shm_agree() {
+    let store = Arc::new(HashStore::new());
+    let hs: Vec<_> = [TransportChoice::Auto, TransportChoice::Shm]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, transport)| {
+            let store = store.clone();
+            std::thread::spawn(move || -> tensorcomm::Result<Vec<f32>> {
+                let options = CpuOptions {
+                    transport,
+                    timeout: std::time::Duration::from_secs(10),
+                    ..CpuOptions::default()
+                };
+                let pg = ProcessGroupCpu::new(store, "auto-shm", rank, 2, &options)?;
+                let t = tensorcomm::tensor::Tensor::from_vec(vec![rank as f32 + 1.0; 4], &[4])?;
+                pg.all_reduce(&t, tensorcomm::ReduceOp::Sum, None)?.wait()?;
+                t.to_vec::<f32>()
+            })
+        })
+        .collect();
+    for h in hs {
+        assert_eq!(h.join().unwrap().unwrap(), [3.0; 4]);
+    }
 }

@@ -8,10 +8,13 @@
 //! `--compute-us` µs (the layer's backward compute, on this rank's core),
 //! then marks the layer's gradients ready, so the Reducer starts each
 //! bucket's hook (`--hook`) as its last gradient arrives, then calls
-//! `finish()`. Per step it measures the step time, the communication time
+//! `finish()`. Per step it measures the step time, the communication span
 //! (from the first bucket's hook starting to the last bucket's result
-//! arriving) and the exposed communication (from the last gradient ready
-//! to `finish()` returning: what overlapping did not hide). Ranks start
+//! arriving; it includes the compute and the Reducer's copies that ran
+//! meanwhile) and the tail (from the last gradient ready to `finish()`
+//! returning; it includes writing the averaged gradients back, which the
+//! no-op hook also pays: compare a row with its `--hook noop` row to see
+//! what communication itself left exposed). Ranks start
 //! each step together (a barrier, untimed). The row gives each measure's
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.

@@ -414,7 +414,11 @@ impl Selection {
         let mut raw = Selection::raw_from_vars(&|v| v.get());
         let resolved = transport.resolve();
         let posted = match &resolved {
-            Ok(choice) => choice.to_string(),
+            // `auto` and `shm` connect ranks of one host the same way (and
+            // ranks of different hosts cannot use `shm`): only TCP against
+            // either of them waits forever.
+            Ok(TransportChoice::Tcp) => "tcp".to_string(),
+            Ok(_) => "auto or shm".to_string(),
             // Not a transport: posted as found, so the others fail too.
             Err(_) => TRANSPORT.get().unwrap_or_default(),
         };

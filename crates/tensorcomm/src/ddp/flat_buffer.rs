@@ -77,26 +77,30 @@ fn copy_from_host(t: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
 /// exact for every float dtype here: f64 has more than twice their
 /// precision plus two bits).
 pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Result<()> {
-    // Contiguous host f32/f64 (the usual bucket): one pass in place, the
-    // same arithmetic as below (f64 division, one rounding).
-    let done = match t.dtype() {
-        DType::F32 => t.with_contiguous_host_bytes(|bytes| {
-            for c in bytes.chunks_exact_mut(4) {
-                let v = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-                c.copy_from_slice(&((f64::from(v) / divisor) as f32).to_ne_bytes());
+    // Dense host f32/f64 (the usual bucket): one pass in place over the
+    // elements in memory order, the same arithmetic as below (f64 division,
+    // one rounding).
+    if t.device().is_cpu() && t.is_non_overlapping_and_dense() {
+        match t.dtype() {
+            DType::F32 => {
+                return t.with_bytes_mut(|bytes| {
+                    for c in bytes.chunks_exact_mut(4) {
+                        let v = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                        c.copy_from_slice(&((f64::from(v) / divisor) as f32).to_ne_bytes());
+                    }
+                })
             }
-        })?,
-        DType::F64 => t.with_contiguous_host_bytes(|bytes| {
-            for c in bytes.chunks_exact_mut(8) {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                c.copy_from_slice(&(f64::from_ne_bytes(b) / divisor).to_ne_bytes());
+            DType::F64 => {
+                return t.with_bytes_mut(|bytes| {
+                    for c in bytes.chunks_exact_mut(8) {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(c);
+                        c.copy_from_slice(&(f64::from_ne_bytes(b) / divisor).to_ne_bytes());
+                    }
+                })
             }
-        })?,
-        _ => None,
-    };
-    if done.is_some() {
-        return Ok(());
+            _ => {}
+        }
     }
     let values: Vec<f64> = read_floats(t, context)?
         .into_iter()
@@ -144,6 +148,21 @@ mod tests {
         let ints = Tensor::from_vec(vec![1i32], &[1]).unwrap();
         let e = divide_in_place(&ints, 2.0, "all_reduce hook").unwrap_err();
         assert!(e.to_string().contains("all_reduce hook"), "{e}");
+    }
+
+    #[test]
+    fn dividing_a_view_in_place_leaves_its_neighbours_alone() {
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            let t = zeros_on(6, dtype, Device::Cpu).unwrap();
+            write_floats(&t, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "test").unwrap();
+            let middle = t.narrow(0, 2, 3).unwrap();
+            divide_in_place(&middle, 4.0, "test").unwrap();
+            assert_eq!(
+                read_floats(&t, "test").unwrap(),
+                [1.0, 2.0, 0.75, 1.0, 1.25, 6.0],
+                "{dtype}"
+            );
+        }
     }
 
     #[test]

@@ -170,6 +170,13 @@ impl PowerSgdStats {
 /// group must take host tensors. One hook (one state) per model: share it
 /// between Reducers only if they are the same model.
 ///
+/// The second half of each compressed bucket (orthogonalising P, the Q
+/// all-reduce, decompressing) runs when its future is first waited on, so
+/// that every rank issues it in the same order (the
+/// [`Reducer`](super::Reducer) waits on buckets in index order): a caller
+/// driving the hook by hand must wait on every future it gets, in bucket
+/// order on every rank; `is_completed` stays false until it does.
+///
 /// ```
 /// use std::sync::Arc;
 /// use tensorcomm::ddp::{CommHook, GradBucket, PowerSgdHook, PowerSgdOptions};

@@ -64,23 +64,6 @@ impl<'a> Tensor<'a> {
         Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
 
-    /// Runs `f` on the bytes of a contiguous host tensor's elements (its
-    /// span of storage), writable; `None` for other tensors (GPU or
-    /// strided), which the caller handles another way.
-    pub(crate) fn with_contiguous_host_bytes<R>(
-        &self,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<Option<R>> {
-        if !self.device.is_cpu() || !self.is_contiguous() {
-            return Ok(None);
-        }
-        let size = self.dtype.size();
-        let start = self.offset() * size;
-        let mut guard = storage::write(&self.storage);
-        let bytes = guard.bytes_mut()?;
-        Ok(Some(f(&mut bytes[start..start + self.numel() * size])))
-    }
-
     /// Copies `src` into `self` element by element (by logical index): same
     /// shape and dtype, any layouts. When both are dense in the same order
     /// (identical strides), the span is copied as one block. `src` may share

@@ -230,7 +230,8 @@ impl<T: Send + 'static> WorkFuture<T> {
 
     /// True once the value is known and the device work it waits on, if
     /// any, is done (or failed: the value is then that error). Never
-    /// blocks.
+    /// blocks. A future whose job runs only when it is waited on (a
+    /// PowerSGD hook's result, for one) stays false until something waits.
     ///
     /// ```
     /// use tensorcomm::{init_process_group, Backend};
