@@ -136,14 +136,29 @@ fn connections_past_the_cap_are_refused_clearly() {
     let addr = server.local_addr();
     let first = accepted(addr);
     let _second = accepted(addr);
-    let err = TcpStore::connect(&addr.to_string(), &options()).unwrap_err();
+    // A client over the cap retries until its timeout, then names the cap.
+    let short = TcpStoreOptions {
+        timeout: Duration::from_millis(300),
+        ..options()
+    };
+    let err = TcpStore::connect(&addr.to_string(), &short).unwrap_err();
     match &err {
-        Error::StoreRefused { reason, .. } => {
+        Error::StoreConnect { reason, .. } => {
             assert!(reason.contains("2 connections"), "{err}")
         }
-        other => panic!("expected StoreRefused, got {other:?}"),
+        other => panic!("expected StoreConnect naming the cap, got {other:?}"),
     }
+    // One that is still retrying when a connection frees up gets in.
+    let waiting = std::thread::spawn(move || {
+        let patient = TcpStoreOptions {
+            timeout: Duration::from_secs(10),
+            ..options()
+        };
+        TcpStore::connect(&addr.to_string(), &patient).map(|_| ())
+    });
+    std::thread::sleep(Duration::from_millis(100));
     drop(first);
+    waiting.join().unwrap().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while server.open_connections() > 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));

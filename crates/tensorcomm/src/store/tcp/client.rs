@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 use super::protocol::{
-    encode_hello, Request, Response, ACCEPTED, FLAG_JOIN, FRAME_HEADER, MAGIC, MAX_REASON_LEN,
-    REFUSED,
+    encode_hello, Request, Response, ACCEPTED, BUSY_REASON_PREFIX, FLAG_JOIN, FRAME_HEADER, MAGIC,
+    MAX_REASON_LEN, REFUSED,
 };
 use super::{TcpStoreOptions, TcpStoreServer};
 use crate::store::{check_multi_set, DefaultTimeout, Store};
@@ -542,10 +542,17 @@ impl Dial {
                 buf: Vec::new(),
                 patience: None,
             }),
-            REFUSED => Err(Attempt::Final(Error::StoreRefused {
-                addr: self.addr.clone(),
-                reason: String::from_utf8_lossy(&reason).into_owned(),
-            })),
+            REFUSED => {
+                let reason = String::from_utf8_lossy(&reason).into_owned();
+                // At its connection cap, the server may have room later.
+                if let Some(busy) = reason.strip_prefix(BUSY_REASON_PREFIX) {
+                    return Err(Attempt::Retry(format!("{peer}: refused: {busy}")));
+                }
+                Err(Attempt::Final(Error::StoreRefused {
+                    addr: self.addr.clone(),
+                    reason,
+                }))
+            }
             other => Err(Attempt::Final(Error::Protocol {
                 expected: "handshake status 0 (accepted) or 1 (refused)".into(),
                 found: format!("status {other}"),

@@ -50,8 +50,9 @@ pub struct TcpStoreOptions {
     /// frame is disconnected. A client idle between requests is not.
     pub idle_timeout: Duration,
     /// The most connections a server keeps open at once (65536 by
-    /// default); one more is refused with [`crate::Error::StoreRefused`]
-    /// saying so.
+    /// default); one more is refused saying so, and its client tries again
+    /// until its timeout (then fails with [`crate::Error::StoreConnect`]
+    /// naming the cap), since a connection may free up.
     pub max_connections: usize,
 }
 

@@ -47,6 +47,10 @@ const NO_TIMEOUT: u64 = u64::MAX;
 pub(crate) const ACCEPTED: u8 = 0;
 /// Handshake status: refused.
 pub(crate) const REFUSED: u8 = 1;
+/// How a refusal for being at the connection cap starts: the client
+/// retries it until its timeout (a connection may free up), unlike a
+/// refusal of its token or version.
+pub(crate) const BUSY_REASON_PREFIX: &str = "busy: ";
 
 /// The client's hello: magic, version, flags and the token.
 pub(crate) fn encode_hello(token: Option<&str>, flags: u32) -> Vec<u8> {

@@ -11,6 +11,7 @@ use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
 use super::connection::{self, ServerConfig};
+use super::protocol::BUSY_REASON_PREFIX;
 use super::server_state::{OpenConnection, ServerState};
 use super::TcpStoreOptions;
 use crate::{Error, Result};
@@ -239,8 +240,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc
                     // Refused with a reason the client shows; not counted,
                     // and gone within a few seconds whatever the peer does.
                     let reason = format!(
-                        "the store server has {open_now} connections open, its limit \
-                         (TcpStoreOptions::max_connections); try again later"
+                        "{BUSY_REASON_PREFIX}the store server has {open_now} connections open, \
+                         its limit (TcpStoreOptions::max_connections); try again later"
                     );
                     tokio::spawn(connection::refuse(stream, peer, reason, config.clone()));
                     continue;
