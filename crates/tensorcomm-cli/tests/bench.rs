@@ -518,3 +518,13 @@ fn ddp_reports_step_communication_and_exposed_times() {
     let (ok, _, stderr) = bench(&["--op", "ddp", "--hook", "gzip"]);
     assert!(!ok && stderr.contains("--hook"), "{stderr}");
 }
+
+#[test]
+fn more_ranks_than_a_launcher_starts_are_refused_up_front() {
+    let (ok, stdout, stderr) = bench(&["-n", "100000", "--sizes", "8", "--iters", "1"]);
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains("1 to 4096 processes") && stderr.contains("100000"),
+        "{stderr}"
+    );
+}

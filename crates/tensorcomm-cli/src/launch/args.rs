@@ -60,12 +60,22 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// The most ranks one launcher starts: each takes two pipes and two
+/// output-forwarding threads here, and a host cannot usefully run more.
+pub const MAX_NPROC_PER_NODE: usize = 4096;
+
 impl RunArgs {
     /// Check the arguments and fill in defaults. The error says which flag is
     /// wrong, what was expected and what was found.
     pub fn into_plan(self) -> Result<JobPlan, String> {
         if self.nproc_per_node == 0 {
             return Err("--nproc-per-node must be at least 1 (found 0)".into());
+        }
+        if self.nproc_per_node > MAX_NPROC_PER_NODE {
+            return Err(format!(
+                "--nproc-per-node must be at most {MAX_NPROC_PER_NODE} (each rank takes two pipes and two forwarding threads of the launcher), found {}",
+                self.nproc_per_node
+            ));
         }
         if self.nnodes == 0 {
             return Err("--nnodes must be at least 1 (found 0)".into());
@@ -191,6 +201,12 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
+        let err = parse(&["--nproc-per-node", "100000", "p"]).unwrap_err();
+        assert!(
+            err.contains("at most 4096") && err.contains("found 100000"),
+            "{err}"
+        );
+        assert!(parse(&["--nproc-per-node", "4096", "p"]).is_ok());
         let err = parse(&["--nproc-per-node", "0", "p"]).unwrap_err();
         assert!(
             err.contains("--nproc-per-node") && err.contains("found 0"),

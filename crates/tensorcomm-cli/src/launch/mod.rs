@@ -75,8 +75,11 @@ pub fn launch_local_with(
     extra_env: &[(String, String)],
     prefix_output: bool,
 ) -> ExitCode {
-    if nproc == 0 {
-        eprintln!("tensorcomm: error: launch_local needs at least 1 process (found nproc = 0)");
+    if nproc == 0 || nproc > args::MAX_NPROC_PER_NODE {
+        eprintln!(
+            "tensorcomm: error: launch_local needs 1 to {} processes (found nproc = {nproc})",
+            args::MAX_NPROC_PER_NODE
+        );
         return ExitCode::from(2);
     }
     let master_port = match master_port.filter(|&p| p != 0) {
