@@ -5,10 +5,11 @@
 //! NCCL.
 #![cfg(feature = "cuda")]
 
+mod cuda_spin;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 use tensorcomm::cuda::nccl::{self, NcclOptions, ProcessGroupNccl};
 use tensorcomm::cuda::runtime::{self, set_current_stream, Stream};
@@ -16,6 +17,8 @@ use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::Error;
+
+use cuda_spin::{tensor_with_address, Spin};
 
 /// True when this machine can run NCCL on a GPU; prints why not.
 fn can_run(test: &str) -> bool {
@@ -360,60 +363,6 @@ fn a_rank_that_never_joins_ends_init_with_a_named_timeout() {
         .synchronize()
         .unwrap();
     assert_eq!(values(&t), [3.0, 6.0]);
-}
-
-/// A kernel that spins for `cycles` clock cycles, then fills `p` with `v`.
-const SPIN: &str = r#"
-extern "C" __global__ void spin_fill(float* p, int n, float v, long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) {}
-    for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = v;
-}
-extern "C" __global__ void copy(float* dst, const float* src, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-"#;
-
-struct Spin {
-    module: Arc<cudarc::driver::CudaModule>,
-}
-
-impl Spin {
-    fn load(stream: &Stream) -> Spin {
-        let ptx = cudarc::nvrtc::compile_ptx(SPIN).unwrap();
-        Spin {
-            module: stream.cudarc().context().load_module(ptx).unwrap(),
-        }
-    }
-
-    /// Queues on `stream`: spin about `ms` milliseconds, then fill.
-    fn fill_after(&self, stream: &Stream, ptr: u64, n: usize, v: f32, ms: u64) {
-        let f = self.module.load_function("spin_fill").unwrap();
-        let cycles: i64 = ms as i64 * 2_000_000; // ~2 GHz
-        let n = n as i32;
-        let mut b = stream.cudarc().launch_builder(&f);
-        b.arg(&ptr).arg(&n).arg(&v).arg(&cycles);
-        unsafe { b.launch(LaunchConfig::for_num_elems(256)) }.unwrap();
-    }
-
-    fn copy(&self, stream: &Stream, dst: u64, src: u64, n: usize) {
-        let f = self.module.load_function("copy").unwrap();
-        let n = n as i32;
-        let mut b = stream.cudarc().launch_builder(&f);
-        b.arg(&dst).arg(&src).arg(&n);
-        unsafe { b.launch(LaunchConfig::for_num_elems(256)) }.unwrap();
-    }
-}
-
-/// A GPU f32 tensor of `n` zeros and its device address.
-fn tensor_with_address(stream: &Stream, n: usize) -> (Tensor<'static>, u64) {
-    let slice: CudaSlice<f32> = stream.cudarc().alloc_zeros(n).unwrap();
-    let addr = {
-        let (ptr, _record) = slice.device_ptr(stream.cudarc());
-        ptr
-    };
-    stream.synchronize().unwrap();
-    (Tensor::from_cuda_slice(slice, &[n]).unwrap(), addr)
 }
 
 #[test]
