@@ -23,7 +23,7 @@ use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use super::stall_check::{StallKeys, StallMonitor};
+use super::stall_check::{CallRing, StallKeys, StallMonitor};
 use super::turn::{Job, QueuedJob, Turn};
 use super::watchdog::{Pending, TrackedEvent, Watchdog};
 use super::{DeviceEvent, FlightRecorder, Work};
@@ -45,15 +45,15 @@ struct Shared {
     watchdog: OnceLock<Arc<Watchdog>>,
     /// A host backend's stall check.
     monitor: OnceLock<Arc<StallMonitor>>,
+    /// This rank's recent calls (recorded by the watchdog or the stall
+    /// check, whichever the backend has).
+    calls: Arc<CallRing>,
 }
 
 impl Shared {
     /// This rank's fingerprint of recent collective `seq`.
     fn recent(&self, seq: u64) -> Option<Fingerprint> {
-        self.monitor
-            .get()
-            .and_then(|m| m.recent(seq))
-            .or_else(|| self.watchdog.get().and_then(|d| d.recent(seq)))
+        self.calls.get(seq)
     }
 }
 
@@ -102,6 +102,7 @@ impl Engine {
                 failures: FailureBoard::new(store.clone(), key_prefix),
                 watchdog: OnceLock::new(),
                 monitor: OnceLock::new(),
+                calls: Arc::default(),
             }),
             queue: Mutex::new(Queue { next_seq: 0, jobs }),
             timeout,
@@ -111,7 +112,8 @@ impl Engine {
                 shared: engine.shared.clone(),
             });
             if engine.shared.backend.runs_inline() {
-                let dog = Watchdog::start(store, key_prefix, rank, size, hooks)?;
+                let calls = engine.shared.calls.clone();
+                let dog = Watchdog::start(store, key_prefix, (rank, size), calls, hooks)?;
                 let _ = engine.shared.watchdog.set(dog);
             } else if size > 1 {
                 let keys = StallKeys {
@@ -119,7 +121,8 @@ impl Engine {
                     rank,
                     size,
                 };
-                let monitor = StallMonitor::start(store, keys, hooks)?;
+                let calls = engine.shared.calls.clone();
+                let monitor = StallMonitor::start(store, keys, calls, hooks)?;
                 let _ = engine.shared.monitor.set(monitor);
             }
             Ok(engine)

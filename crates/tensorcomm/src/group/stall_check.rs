@@ -64,6 +64,36 @@ impl RecentCalls {
     }
 }
 
+/// This rank's recent calls, shared by the engine (which looks up a call
+/// a failure report names) and the thread that checks stalls.
+#[derive(Default)]
+pub(crate) struct CallRing(Mutex<RecentCalls>);
+
+impl CallRing {
+    pub(crate) fn record(&self, fp: &Fingerprint) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(fp);
+    }
+
+    /// This rank's fingerprint of collective `seq`, if it is recent.
+    pub(crate) fn get(&self, seq: u64) -> Option<Fingerprint> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(seq)
+    }
+
+    /// A copy, to compare without holding the lock.
+    pub(crate) fn snapshot(&self) -> RecentCalls {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// The fingerprints in a posted ring (undecodable entries skipped).
 fn decode(bytes: &[u8]) -> Vec<(u64, [u8; FINGERPRINT_LEN])> {
     bytes
@@ -180,7 +210,7 @@ const MONITOR_EVERY: Duration = Duration::from_millis(10);
 /// The stall check of a group whose backend runs each collective to its
 /// end on one thread (see the module docs).
 pub(crate) struct StallMonitor {
-    recent: Mutex<RecentCalls>,
+    recent: Arc<CallRing>,
     /// The running collective and when it started.
     running: Mutex<Option<(Fingerprint, Instant)>>,
     stop: AtomicBool,
@@ -188,15 +218,16 @@ pub(crate) struct StallMonitor {
 }
 
 impl StallMonitor {
-    /// Starts the monitor thread of a group (`keys`), acting through
-    /// `engine`.
+    /// Starts the monitor thread of a group (`keys`), recording calls in
+    /// `recent` and acting through `engine`.
     pub(crate) fn start(
         store: Arc<dyn Store>,
         keys: StallKeys,
+        recent: Arc<CallRing>,
         engine: Arc<dyn OnDeviceFailure>,
     ) -> Result<Arc<StallMonitor>> {
         let monitor = Arc::new(StallMonitor {
-            recent: Mutex::default(),
+            recent,
             running: Mutex::default(),
             stop: AtomicBool::new(false),
             thread: Mutex::default(),
@@ -213,20 +244,9 @@ impl StallMonitor {
         Ok(monitor)
     }
 
-    /// This rank's fingerprint of collective `seq`, if it is recent.
-    pub(crate) fn recent(&self, seq: u64) -> Option<Fingerprint> {
-        self.recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(seq)
-    }
-
     /// Collective `fp` starts running.
     pub(crate) fn begin(&self, fp: &Fingerprint) {
-        self.recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(fp);
+        self.recent.record(fp);
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some((*fp, Instant::now()));
     }
 
@@ -276,11 +296,7 @@ impl StallMonitor {
             checked = Some((fp.seq, Instant::now(), next_wait));
             // Compared on a copy: the group thread records its next call
             // meanwhile, without waiting for the store.
-            let recent = self
-                .recent
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+            let recent = self.recent.snapshot();
             let found = compare(store, keys, &recent);
             if let Some(found) = found {
                 let error = found.error(keys.rank);

@@ -21,7 +21,7 @@ use super::call_description::describe;
 use super::collective::Collective;
 use super::failure_hooks::OnDeviceFailure;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use super::stall_check::{self, RecentCalls, StallKeys, RECHECK, STALL};
+use super::stall_check::{self, CallRing, StallKeys, RECHECK, STALL};
 use super::work::DeviceEvent;
 use crate::store::Store;
 use crate::{Error, Result};
@@ -126,7 +126,7 @@ pub(crate) struct Watchdog {
     stop: AtomicBool,
     pub(crate) failure: Arc<DeviceFailure>,
     progress: Mutex<Progress>,
-    recent: Mutex<RecentCalls>,
+    recent: Arc<CallRing>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -160,13 +160,14 @@ impl Progress {
 }
 
 impl Watchdog {
-    /// Starts the watchdog thread of rank `rank` of a group whose progress
-    /// keys start with `key_prefix`.
+    /// Starts the watchdog thread of rank `rank` of a group of `size`
+    /// whose progress keys start with `key_prefix`, recording calls in
+    /// `recent`.
     pub(crate) fn start(
         store: Arc<dyn Store>,
         key_prefix: &str,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
+        recent: Arc<CallRing>,
         engine: Arc<dyn OnDeviceFailure>,
     ) -> Result<Arc<Watchdog>> {
         let dog = Arc::new(Watchdog {
@@ -176,7 +177,7 @@ impl Watchdog {
             stop: AtomicBool::new(false),
             failure: Arc::default(),
             progress: Mutex::default(),
-            recent: Mutex::default(),
+            recent,
             thread: Mutex::default(),
         });
         let keys = ProgressKeys {
@@ -201,10 +202,7 @@ impl Watchdog {
     /// Notes that collective `fp` started (its host part runs now).
     pub(crate) fn started(&self, fp: &Fingerprint) {
         self.lock_progress().started = Some(fp.seq);
-        self.recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(fp);
+        self.recent.record(fp);
     }
 
     /// Fails every pending collective and collective `seq` (whose host
@@ -217,14 +215,6 @@ impl Watchdog {
             .front()
             .map_or(seq, |t| t.pending.fingerprint.seq.min(seq));
         self.failure.set(first, error);
-    }
-
-    /// This rank's fingerprint of recent collective `seq`.
-    pub(crate) fn recent(&self, seq: u64) -> Option<Fingerprint> {
-        self.recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(seq)
     }
 
     /// Queues `pending` to be polled until `event`, after its device
@@ -377,11 +367,7 @@ impl Watchdog {
         front: &Fingerprint,
     ) -> bool {
         // Compared on a copy: callers record their calls meanwhile.
-        let recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let recent = self.recent.snapshot();
         let found = stall_check::compare(store, stall, &recent);
         let posted = match found {
             Some(_) => None,
