@@ -8,7 +8,10 @@
 //! - device buffers from `cuMemAlloc`, suitable for IPC, kept in a
 //!   per-device cache for reuse ([`DeviceBuffer`]), and pinned host memory
 //!   ([`PinnedBuffer`]),
-//! - peer access ([`enable_peer_access`]) and copies between GPUs,
+//! - peer access ([`enable_peer_access`], [`peer_link`]) and copies between
+//!   GPUs; memory shared with other processes ([`SharedAllocation`],
+//!   [`PeerMapping`]); host words kernels poll ([`MappedWords`]),
+//! - CUDA graphs captured from a stream ([`CapturedGraph`]),
 //! - CUDA C programs compiled at run time with NVRTC, once per architecture
 //!   and cached on disk ([`cache_dir`]), loaded once per device, and their
 //!   kernels launched (crate-internal: `Program`, `Function`).
@@ -36,6 +39,9 @@
 mod context;
 mod current_stream;
 mod driver;
+mod graph;
+mod ipc;
+mod mapped_words;
 mod memory;
 mod module;
 mod nvrtc;
@@ -43,6 +49,9 @@ mod stream;
 
 pub use context::{context, device_count, Context, COPY_STREAMS};
 pub use current_stream::{current_stream, set_current_stream, CurrentStreamGuard};
+pub use graph::CapturedGraph;
+pub use ipc::{device_uuid, peer_link, IpcHandle, PeerLink, PeerMapping, SharedAllocation};
+pub use mapped_words::MappedWords;
 pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
 pub use nvrtc::cache_dir;
 pub use stream::{Event, Stream};
