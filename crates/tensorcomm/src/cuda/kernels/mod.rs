@@ -6,7 +6,10 @@
 //! - `strided_copy`: one tensor copied between two strided layouts
 //!   ([`Tensor::copy_from`](crate::tensor::Tensor::copy_from) on a GPU),
 //! - `reduce_add`: the element-wise sum of up to eight inputs, one kernel
-//!   per dtype ([`cuda::comm::reduce_add`](crate::cuda::comm::reduce_add)).
+//!   per dtype ([`cuda::comm::reduce_add`](crate::cuda::comm::reduce_add)),
+//! - `peer_all_reduce` (`peer_all_reduce.cu`): one-shot and two-shot
+//!   all-reduce over buffers every rank maps, with a barrier on signal
+//!   pads ([`cuda::intranode`](crate::cuda::intranode)).
 //!
 //! Pointers may point into other GPUs' memory where peer access is enabled
 //! ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)). The
@@ -36,6 +39,7 @@
 //! ```
 
 mod multi_copy;
+mod peer_all_reduce;
 mod reduce_add;
 mod strided_copy;
 
@@ -43,11 +47,17 @@ use crate::cuda::runtime::{self, Context, Function, Program};
 use crate::Result;
 
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
+pub(crate) use peer_all_reduce::{
+    peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES,
+};
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};
 
 /// The CUDA C source of the kernels.
-const SOURCE: &str = include_str!("kernels.cu");
+const SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("peer_all_reduce.cu")
+);
 
 /// The kernels `SOURCE` defines.
 const KERNELS: &[&str] = &[
@@ -62,6 +72,12 @@ const KERNELS: &[&str] = &[
     "reduce_add_i32",
     "reduce_add_i64",
     "reduce_add_bool",
+    "peer_one_shot_f32",
+    "peer_one_shot_f16",
+    "peer_one_shot_bf16",
+    "peer_two_shot_f32",
+    "peer_two_shot_f16",
+    "peer_two_shot_bf16",
 ];
 
 /// The kernels' program, built once per device on first use.

@@ -1,0 +1,211 @@
+
+// ---- all-reduce over peer memory (cuda::intranode) -------------------------
+// Every rank's symmetric buffer and signal pad are mapped into every rank's
+// address space (CUDA IPC). Block b of every rank handles the same part of
+// the data, so ranks synchronise block by block: word pad[b * PEER_MAX + r]
+// of a rank holds the arrival (0 or 1) of rank r's block b not yet taken.
+// Arriving waits for the peer's word to be 0 and sets it to 1 (after a
+// system fence: release); taking waits for 1 and resets it to 0 (then a
+// system fence: acquire). Words are back at 0 after every barrier, so
+// calls and graph replays need no epoch. Spinning gives up when the host
+// raises `abort_flag` or after `timeout_ns`, and leaves in `status` why
+// (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted.
+// Data of peers is read with ld.global.cg (L2, never a stale L1 line).
+// Element types: OpF32, OpF16 and OpBF16 above (f32 accumulation).
+
+#define PEER_MAX 8
+#define PEER_BLOCKS 32
+
+struct PeerArgs {
+  u64 buf[PEER_MAX];
+  u64 pad[PEER_MAX];
+  u64 input;
+  u64 output;
+  u64 numel;
+  u64 abort_flag;
+  u64 status;
+  u64 timeout_ns;
+  u32 rank;
+  u32 world;
+  u32 op;           // 0 sum, 1 avg, 2 min, 3 max
+  u32 end_barrier;  // 1: also synchronise after the data is read
+  u32 io_aligned;   // 1: input and output are 16-byte aligned
+  u32 reserved;
+};
+
+__device__ __forceinline__ u64 peer_now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __noinline__ bool peer_spin(u32* word, u32 from, u32 to, const PeerArgs& a, u32 peer) {
+  u64 start = 0;
+  for (u32 n = 1;; ++n) {
+    if (atomicCAS_system(word, from, to) == from) return true;
+    if ((n & 255) == 0) {
+      if (*(volatile u32*)a.abort_flag != 0) {
+        atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
+        return false;
+      }
+      const u64 t = peer_now_ns();
+      if (start == 0) {
+        start = t;
+      } else if (t - start > a.timeout_ns) {
+        atomicCAS_system((u32*)a.status, 0u, (1u << 16) | peer);
+        return false;
+      }
+    }
+  }
+}
+
+// Synchronises this block with block blockIdx.x of every other rank.
+__device__ bool peer_barrier(const PeerArgs& a) {
+  __shared__ u32 failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const u32 p = threadIdx.x;
+  if (p < a.world && p != a.rank) {
+    u32* remote = (u32*)a.pad[p] + blockIdx.x * PEER_MAX + a.rank;
+    u32* local = (u32*)a.pad[a.rank] + blockIdx.x * PEER_MAX + p;
+    __threadfence_system();
+    if (!peer_spin(remote, 0u, 1u, a, p) || !peer_spin(local, 1u, 0u, a, p)) failed = 1;
+    __threadfence_system();
+  }
+  __syncthreads();
+  return failed == 0;
+}
+
+// Vector v (16 bytes) of this rank's tensor at `p`, or the elements of it
+// below numel (the rest left as they were in `out`).
+template <typename Op>
+__device__ __forceinline__ uint4 peer_load_user(const PeerArgs& a, u64 p, u64 v) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  const u64 first = v * N;
+  if (a.io_aligned && first + N <= a.numel) return ((const uint4*)p)[v];
+  uint4 r = make_uint4(0, 0, 0, 0);
+  S* e = (S*)&r;
+  for (int j = 0; j < N; ++j)
+    if (first + j < a.numel) e[j] = ((const S*)p)[first + j];
+  return r;
+}
+
+template <typename Op>
+__device__ __forceinline__ void peer_store_user(const PeerArgs& a, u64 p, u64 v, uint4 r) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  const u64 first = v * N;
+  if (a.io_aligned && first + N <= a.numel) {
+    ((uint4*)p)[v] = r;
+    return;
+  }
+  const S* e = (const S*)&r;
+  for (int j = 0; j < N; ++j)
+    if (first + j < a.numel) ((S*)p)[first + j] = e[j];
+}
+
+// The reduction of vector v over every rank's buffer, in rank order 0, 1,
+// ... (so every rank computes the same bits).
+template <typename Op>
+__device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  uint4 raw[PEER_MAX];
+#pragma unroll
+  for (int r = 0; r < PEER_MAX; ++r)
+    if (r < (int)a.world) raw[r] = __ldcg((const uint4*)a.buf[r] + v);
+  float acc[N];
+  const S* e0 = (const S*)&raw[0];
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j] = Op::in(e0[j]);
+#pragma unroll
+  for (int r = 1; r < PEER_MAX; ++r) {
+    if (r < (int)a.world) {
+      const S* er = (const S*)&raw[r];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float x = Op::in(er[j]);
+        acc[j] = a.op <= 1 ? acc[j] + x : (a.op == 2 ? fminf(acc[j], x) : fmaxf(acc[j], x));
+      }
+    }
+  }
+  if (a.op == 1) {
+    const float n = (float)a.world;
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] = acc[j] / n;
+  }
+  uint4 out;
+  S* o = (S*)&out;
+#pragma unroll
+  for (int j = 0; j < N; ++j) o[j] = Op::out(acc[j]);
+  return out;
+}
+
+__device__ __forceinline__ bool peer_failed_before(const PeerArgs& a) {
+  return *(volatile u32*)a.status != 0;
+}
+
+// One shot: block b copies its range of the input into this rank's buffer,
+// synchronises with block b of every rank, then reduces that range over
+// every rank's buffer into the output.
+template <typename Op>
+__device__ void peer_one_shot(const PeerArgs& a) {
+  if (peer_failed_before(a)) return;
+  const int N = 16 / sizeof(typename Op::S);
+  const u64 nvec = (a.numel + N - 1) / N;
+  const u64 per = (nvec + gridDim.x - 1) / gridDim.x;
+  const u64 lo = blockIdx.x * per;
+  const u64 hi = min(lo + per, nvec);
+  uint4* mine = (uint4*)a.buf[a.rank];
+  for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) mine[v] = peer_load_user<Op>(a, a.input, v);
+  if (!peer_barrier(a)) return;
+  for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x)
+    peer_store_user<Op>(a, a.output, v, peer_reduce_vector<Op>(a, v));
+  if (a.end_barrier) peer_barrier(a);
+}
+
+// Two shot: the vectors are cut into `world` slices and block b handles
+// part b of every slice. Copy the input in, synchronise, reduce this
+// rank's slice over every buffer (into this rank's buffer and the output),
+// synchronise, then copy the other ranks' reduced slices into the output.
+template <typename Op>
+__device__ void peer_two_shot(const PeerArgs& a) {
+  if (peer_failed_before(a)) return;
+  const int N = 16 / sizeof(typename Op::S);
+  const u64 nvec = (a.numel + N - 1) / N;
+  const u64 slice = (nvec + a.world - 1) / a.world;
+  const u64 per = (slice + gridDim.x - 1) / gridDim.x;
+  uint4* mine = (uint4*)a.buf[a.rank];
+  for (u32 j = 0; j < a.world; ++j) {
+    const u64 lo = j * slice + blockIdx.x * per;
+    const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+    for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) mine[v] = peer_load_user<Op>(a, a.input, v);
+  }
+  if (!peer_barrier(a)) return;
+  {
+    const u64 lo = a.rank * slice + blockIdx.x * per;
+    const u64 hi = min(min(lo + per, (a.rank + 1) * (u64)slice), nvec);
+    for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+      const uint4 r = peer_reduce_vector<Op>(a, v);
+      mine[v] = r;
+      peer_store_user<Op>(a, a.output, v, r);
+    }
+  }
+  if (!peer_barrier(a)) return;
+  for (u32 j = 0; j < a.world; ++j) {
+    if (j == a.rank) continue;
+    const u64 lo = j * slice + blockIdx.x * per;
+    const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+    const uint4* theirs = (const uint4*)a.buf[j];
+    for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) peer_store_user<Op>(a, a.output, v, __ldcg(theirs + v));
+  }
+  if (a.end_barrier) peer_barrier(a);
+}
+
+extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_one_shot<OpF32>(a); }
+extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_one_shot<OpF16>(a); }
+extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<OpBF16>(a); }
+extern "C" __global__ void peer_two_shot_f32(const PeerArgs a) { peer_two_shot<OpF32>(a); }
+extern "C" __global__ void peer_two_shot_f16(const PeerArgs a) { peer_two_shot<OpF16>(a); }
+extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_two_shot<OpBF16>(a); }

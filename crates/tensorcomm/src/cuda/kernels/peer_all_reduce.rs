@@ -1,0 +1,164 @@
+//! All-reduce kernels over memory every rank maps (`peer_all_reduce.cu`):
+//! one-shot and two-shot, f32, f16 and bf16 with f32 accumulation, for
+//! `cuda::intranode`. The caller owns the buffers, the signal pads and the
+//! host words; this file lays out the arguments and picks the grid.
+
+use super::kernel;
+use crate::cuda::runtime::{Context, KernelArg, Stream};
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// Ranks one launch reduces over at most (`PEER_MAX`).
+pub(crate) const PEER_MAX: usize = 8;
+/// Blocks one launch uses at most (`PEER_BLOCKS`): the signal pads hold a
+/// word per block and rank.
+pub(crate) const PEER_BLOCKS: usize = 32;
+/// Threads per block.
+const THREADS: u32 = 512;
+/// Bytes of one rank's signal pad.
+pub(crate) const PEER_PAD_BYTES: usize = PEER_BLOCKS * PEER_MAX * 4;
+
+/// Which kernel runs the all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shot {
+    /// Every rank reads every rank's whole input.
+    One,
+    /// Reduce-scatter, then all-gather, through the buffers.
+    Two,
+}
+
+/// The reduction, as the kernels number it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerOp {
+    Sum = 0,
+    Avg = 1,
+    Min = 2,
+    Max = 3,
+}
+
+/// Mirror of `PeerArgs` in `peer_all_reduce.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerArgs {
+    pub(crate) buf: [u64; PEER_MAX],
+    pub(crate) pad: [u64; PEER_MAX],
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+    pub(crate) numel: u64,
+    pub(crate) abort_flag: u64,
+    pub(crate) status: u64,
+    pub(crate) timeout_ns: u64,
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) op: u32,
+    pub(crate) end_barrier: u32,
+    pub(crate) io_aligned: u32,
+    pub(crate) reserved: u32,
+}
+
+/// The dtypes the kernels take.
+pub(crate) fn peer_dtype_supported(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+fn kernel_name(shot: Shot, dtype: DType) -> Result<&'static str> {
+    Ok(match (shot, dtype) {
+        (Shot::One, DType::F32) => "peer_one_shot_f32",
+        (Shot::One, DType::F16) => "peer_one_shot_f16",
+        (Shot::One, DType::BF16) => "peer_one_shot_bf16",
+        (Shot::Two, DType::F32) => "peer_two_shot_f32",
+        (Shot::Two, DType::F16) => "peer_two_shot_f16",
+        (Shot::Two, DType::BF16) => "peer_two_shot_bf16",
+        (_, other) => {
+            return Err(Error::InvalidArgument(format!(
+                "peer all-reduce kernels: expected f32, f16 or bf16, found {other}"
+            )))
+        }
+    })
+}
+
+/// Bytes of symmetric buffer a call of `numel` elements of `dtype` uses:
+/// whole 16-byte vectors.
+pub(crate) fn peer_buffer_bytes(numel: usize, dtype: DType) -> usize {
+    (numel * dtype.size()).div_ceil(16) * 16
+}
+
+/// The grid of a call: a function of the call alone (not of the GPU), so
+/// that every rank launches the same blocks and block b meets block b.
+pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) -> u32 {
+    let vectors = peer_buffer_bytes(numel, dtype) / 16;
+    let per_block_work = match shot {
+        Shot::One => vectors,
+        Shot::Two => vectors.div_ceil(world.max(1)),
+    };
+    per_block_work
+        .div_ceil(THREADS as usize)
+        .clamp(1, PEER_BLOCKS) as u32
+}
+
+/// Queues one all-reduce kernel on `stream`. The caller's contract: every
+/// address in `args` is live until the stream has run the kernel (the
+/// buffers at least [`peer_buffer_bytes`] long, the pads
+/// [`PEER_PAD_BYTES`]), and every rank of `args.world` queues the same
+/// kernel with the same `numel` in the same order.
+pub(crate) fn peer_all_reduce(
+    ctx: &Context,
+    stream: &Stream,
+    shot: Shot,
+    dtype: DType,
+    args: &PeerArgs,
+) -> Result<()> {
+    let world = args.world as usize;
+    if world == 0 || world > PEER_MAX || args.rank as usize >= world {
+        return Err(Error::InvalidArgument(format!(
+            "peer all-reduce kernels: expected rank < world <= {PEER_MAX}, found rank {} of {world}",
+            args.rank
+        )));
+    }
+    let function = kernel(ctx, kernel_name(shot, dtype)?)?;
+    let grid = peer_grid(shot, args.numel as usize, dtype, world);
+    function.launch(stream, grid, THREADS, &[KernelArg::new(args)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_dtype_and_shot_has_a_declared_kernel() {
+        for dtype in DType::ALL {
+            for shot in [Shot::One, Shot::Two] {
+                match kernel_name(shot, dtype) {
+                    Ok(name) => {
+                        assert!(peer_dtype_supported(dtype));
+                        assert!(super::super::KERNELS.contains(&name), "{name}");
+                    }
+                    Err(_) => assert!(!peer_dtype_supported(dtype), "{dtype}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_grid_depends_on_the_call_alone_and_stays_within_the_pads() {
+        assert_eq!(peer_grid(Shot::One, 2, DType::BF16, 8), 1);
+        assert_eq!(
+            peer_grid(Shot::One, 1 << 30, DType::F32, 2),
+            PEER_BLOCKS as u32
+        );
+        // 512 vectors of 16 bytes fill one block; one more needs a second.
+        assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2), 1);
+        assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2), 2);
+        // Two-shot cuts the vectors into one slice per rank first.
+        assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4), 1);
+        assert_eq!(peer_buffer_bytes(3, DType::BF16), 16);
+        assert_eq!(peer_buffer_bytes(8, DType::BF16), 16);
+        assert_eq!(peer_buffer_bytes(9, DType::BF16), 32);
+    }
+
+    #[test]
+    fn the_argument_block_matches_the_kernel_layout() {
+        // 16 addresses, 6 u64 and 6 u32: what PeerArgs in the .cu holds.
+        assert_eq!(std::mem::size_of::<PeerArgs>(), 16 * 8 + 6 * 8 + 6 * 4);
+    }
+}
