@@ -188,6 +188,22 @@ pub const NCCL_LIBRARY: EnvVar = EnvVar {
     agreed: false,
 };
 
+/// `TENSORCOMM_INTRANODE`.
+pub const INTRANODE: EnvVar = EnvVar {
+    name: "TENSORCOMM_INTRANODE",
+    default: "auto",
+    doc: "peer-memory all-reduce (`cuda::intranode`): `auto` (ranks of one host on distinct NVLink-connected GPUs), `shared` (also ranks sharing a GPU or PCIe peers), `off`",
+    agreed: true,
+};
+
+/// `TENSORCOMM_INTRANODE_ALGO`.
+pub const INTRANODE_ALGO: EnvVar = EnvVar {
+    name: "TENSORCOMM_INTRANODE_ALGO",
+    default: "auto",
+    doc: "peer-memory all-reduce algorithm: `auto` (by size), `one_shot`, `two_shot` or `large` (where the message fits the algorithm's buffer)",
+    agreed: true,
+};
+
 /// `TENSORCOMM_LAUNCHED`.
 pub const LAUNCHED: EnvVar = EnvVar {
     name: "TENSORCOMM_LAUNCHED",
@@ -216,6 +232,8 @@ pub const VARIABLES: &[EnvVar] = &[
     CUDA_CE_STREAMS,
     CUDA_ONE_LAUNCH_MAX,
     NCCL_LIBRARY,
+    INTRANODE,
+    INTRANODE_ALGO,
     LAUNCHED,
 ];
 

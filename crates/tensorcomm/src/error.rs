@@ -324,6 +324,15 @@ pub enum Error {
         timeout: Duration,
         joined: usize,
     },
+    /// The group's ranks cannot all-reduce through peer memory
+    /// (`cuda::intranode`); `reason` names the first rank that said why.
+    #[error("peer-memory all-reduce is not available: {reason}")]
+    IntraNodeUnavailable { reason: String },
+    /// A peer-memory all-reduce stopped on rank `rank` (a peer did not
+    /// arrive in time, or the communicator was aborted); the communicator
+    /// refuses every later call.
+    #[error("the peer-memory communicator of rank {rank} is unusable: {reason}")]
+    IntraNodeFailed { rank: usize, reason: String },
     /// NVRTC could not compile a kernel.
     #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
     Nvrtc {

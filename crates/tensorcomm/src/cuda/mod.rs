@@ -6,6 +6,8 @@
 //!   touches cudarc's raw API. It wraps CUDA and knows nothing of tensors.
 //! - [`kernels`]: tensorcomm's own CUDA C kernels (copies and sums) and
 //!   their launchers, built on [`runtime`].
+//! - [`intranode`]: all-reduce of the ranks of one host on peer memory
+//!   (one-shot and two-shot kernels over CUDA IPC mappings).
 //! - [`nccl`]: the NCCL process group (CUDA tensors across processes and
 //!   nodes), a backend of the group engine.
 //! - [`comm`]: `torch.cuda.comm` for Rust — broadcast, scatter, gather and
@@ -17,6 +19,7 @@
 //! without one every call returns [`Error::NoCuda`](crate::Error::NoCuda).
 
 pub mod comm;
+pub mod intranode;
 pub mod kernels;
 pub mod nccl;
 pub mod runtime;

@@ -341,6 +341,13 @@ impl Clone for Error {
                 timeout: *timeout,
                 joined: *joined,
             },
+            Error::IntraNodeUnavailable { reason } => Error::IntraNodeUnavailable {
+                reason: reason.clone(),
+            },
+            Error::IntraNodeFailed { rank, reason } => Error::IntraNodeFailed {
+                rank: *rank,
+                reason: reason.clone(),
+            },
             Error::Nvrtc { kernel, arch, log } => Error::Nvrtc {
                 kernel: kernel.clone(),
                 arch: arch.clone(),

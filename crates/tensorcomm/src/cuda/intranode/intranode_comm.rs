@@ -1,0 +1,439 @@
+//! [`IntraNodeComm`]: the all-reduce of the ranks of one host through
+//! symmetric memory, one kernel per call (two-shot chunks beyond the
+//! buffer), stream-ordered like any CUDA operation.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
+use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
+use super::topology::{settings_line, PeerPolicy};
+use crate::cuda::kernels::{
+    peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot, PEER_MAX,
+};
+use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
+use crate::group::ReduceOp;
+use crate::store::Store;
+use crate::tensor::{Device, Tensor};
+use crate::{Error, Result};
+
+/// Host word the kernels poll: nonzero stops them.
+const ABORT: usize = 0;
+/// Host word a stopped kernel leaves: `code << 16 | peer`.
+const STATUS: usize = 1;
+
+/// How an [`IntraNodeComm`] is set up.
+#[derive(Clone, Debug)]
+pub struct IntraNodeOptions {
+    /// Which groups may use peer memory; `None`: `TENSORCOMM_INTRANODE`.
+    pub policy: Option<PeerPolicy>,
+    /// How algorithms are chosen; `None`: `TENSORCOMM_INTRANODE_ALGO`.
+    pub algo: Option<AlgoChoice>,
+    /// Bytes of each of the three buffer regions of every rank (two for
+    /// eager calls, one for captured ones); larger messages go in chunks.
+    pub region_bytes: usize,
+    /// How long set-up waits for the other ranks, and how long a kernel
+    /// waits for a peer before it stops with
+    /// [`Error::IntraNodeFailed`]; `None` for the kernel: until
+    /// [`IntraNodeComm::abort`].
+    pub timeout: Duration,
+    /// See [`timeout`](IntraNodeOptions::timeout).
+    pub kernel_timeout: Option<Duration>,
+}
+
+impl Default for IntraNodeOptions {
+    fn default() -> Self {
+        IntraNodeOptions {
+            policy: None,
+            algo: None,
+            region_bytes: 16 << 20,
+            timeout: Duration::from_secs(300),
+            kernel_timeout: Some(Duration::from_secs(300)),
+        }
+    }
+}
+
+/// Which stream the last call ran on, so a call on another stream is
+/// ordered after it.
+#[derive(Default)]
+struct LastCall {
+    stream: Option<Stream>,
+    /// Eager calls so far: picks the region (they alternate).
+    eager: u64,
+}
+
+/// All-reduce through memory every rank of one host maps: the seed's
+/// IntraNodeComm. Set up collectively with [`new`](IntraNodeComm::new)
+/// (every rank of the group calls it); then every rank calls
+/// [`all_reduce`](IntraNodeComm::all_reduce) in the same order with
+/// tensors of the same size. Calls are queued on the caller's current
+/// stream and may be captured in a CUDA graph.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
+/// use tensorcomm::group::ReduceOp;
+/// use tensorcomm::store::{Store, TcpStore};
+/// use tensorcomm::tensor::{DType, Device, Tensor};
+///
+/// let (rank, world) = (0, 2); // from the launcher
+/// let store = TcpStore::connect("127.0.0.1", 29500, std::time::Duration::from_secs(30))?;
+/// let comm = IntraNodeComm::new(&store, "tp", rank, world, rank, &IntraNodeOptions::default())?;
+/// let t = Tensor::zeros_on(&[4096], DType::BF16, Device::Cuda(rank))?;
+/// let algo = comm.all_reduce(&t, ReduceOp::Sum)?; // queued on the current stream
+/// comm.synchronize()?;
+/// println!("ran {algo:?}; usage so far {:?}", comm.usage());
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub struct IntraNodeComm {
+    rank: usize,
+    world: usize,
+    device: usize,
+    ctx: std::sync::Arc<Context>,
+    algo: AlgoChoice,
+    kernel_timeout: Option<Duration>,
+    words: MappedWords,
+    last: Mutex<LastCall>,
+    usage: UsageCounters,
+    /// Declared last: dropped after the kernels using it have finished.
+    memory: SymmetricMemory,
+}
+
+impl std::fmt::Debug for IntraNodeComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntraNodeComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IntraNodeComm {
+    /// Sets up rank `rank` of `world` on GPU `device`, meeting the others
+    /// through `store` under `key_prefix`. Fails on every rank with
+    /// [`Error::IntraNodeUnavailable`] naming the reason when the group
+    /// cannot use peer memory (see [`PeerPolicy`]).
+    pub fn new(
+        store: &dyn Store,
+        key_prefix: &str,
+        rank: usize,
+        world: usize,
+        device: usize,
+        options: &IntraNodeOptions,
+    ) -> Result<IntraNodeComm> {
+        let policy = match options.policy {
+            Some(p) => p,
+            None => PeerPolicy::from_env()?,
+        };
+        let algo = match options.algo {
+            Some(a) => a,
+            None => AlgoChoice::from_env()?,
+        };
+        if options.region_bytes < 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "IntraNodeOptions::region_bytes: expected at least 4096, found {}",
+                options.region_bytes
+            )));
+        }
+        let region = options.region_bytes.div_ceil(4096) * 4096;
+        let ctx = runtime::context(device)?;
+        let memory = Rendezvous {
+            store,
+            prefix: &format!("{key_prefix}/intranode"),
+            rank,
+            world,
+            device,
+            policy,
+            settings: settings_line(policy, &format!("{algo:?}"), region),
+            region,
+            timeout: options.timeout,
+        }
+        .run()?;
+        Ok(IntraNodeComm {
+            rank,
+            world,
+            device,
+            ctx,
+            algo,
+            kernel_timeout: options.kernel_timeout,
+            words: MappedWords::new(2)?,
+            last: Mutex::default(),
+            usage: UsageCounters::default(),
+            memory,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// This rank's GPU.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// How many calls each algorithm ran.
+    pub fn usage(&self) -> AlgoUsage {
+        self.usage.snapshot()
+    }
+
+    /// Counts a call its caller sent elsewhere (shows as `none` in
+    /// [`usage`](IntraNodeComm::usage)).
+    pub(crate) fn count_fallback(&self) {
+        self.usage.count(AllReduceAlgo::None);
+    }
+
+    /// Why `tensor` cannot be all-reduced with `op` here, or `None`.
+    pub fn why_not(&self, tensor: &Tensor<'_>, op: ReduceOp) -> Option<String> {
+        if tensor.device() != Device::Cuda(self.device) {
+            return Some(format!(
+                "expected a tensor on cuda:{}, found one on {}",
+                self.device,
+                tensor.device()
+            ));
+        }
+        if !peer_dtype_supported(tensor.dtype()) {
+            return Some(format!(
+                "expected f32, f16 or bf16, found {}",
+                tensor.dtype()
+            ));
+        }
+        if peer_op(op).is_none() {
+            return Some(format!("expected SUM, AVG, MIN or MAX, found {op:?}"));
+        }
+        if !tensor.is_contiguous() {
+            return Some(format!(
+                "expected a contiguous tensor, found shape {:?} with strides {:?}",
+                tensor.shape(),
+                tensor.strides()
+            ));
+        }
+        let addr = match tensor.cuda_ptr() {
+            Ok((_, p)) => p.addr(),
+            Err(e) => return Some(e.to_string()),
+        };
+        if !addr.is_multiple_of(4) || !tensor.nbytes().is_multiple_of(4) {
+            return Some(format!(
+                "expected an address and a size that are multiples of 4 bytes, found address {addr:#x} and {} bytes",
+                tensor.nbytes()
+            ));
+        }
+        None
+    }
+
+    /// The algorithm [`all_reduce`](IntraNodeComm::all_reduce) would run
+    /// for `tensor` and `op`, or [`AllReduceAlgo::None`] when it would
+    /// refuse them (see [`why_not`](IntraNodeComm::why_not)).
+    pub fn select_all_reduce_algo(&self, tensor: &Tensor<'_>, op: ReduceOp) -> AllReduceAlgo {
+        if self.why_not(tensor, op).is_some() {
+            return AllReduceAlgo::None;
+        }
+        self.algo.pick(tensor.nbytes(), self.memory.region_bytes())
+    }
+
+    /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
+    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)).
+    pub fn check(&self) -> Result<()> {
+        let status = self.words.load(STATUS);
+        if status != 0 {
+            let peer = status & 0xffff;
+            let reason = match status >> 16 {
+                1 => format!(
+                    "peer rank {peer} did not reach the barrier within {:?}",
+                    self.kernel_timeout.unwrap_or_default()
+                ),
+                _ => format!("aborted while waiting for peer rank {peer}"),
+            };
+            return Err(Error::IntraNodeFailed {
+                rank: self.rank,
+                reason,
+            });
+        }
+        if self.words.load(ABORT) != 0 {
+            return Err(Error::IntraNodeFailed {
+                rank: self.rank,
+                reason: "aborted".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops every kernel of this rank that waits for a peer, now and
+    /// later: the communicator is unusable afterwards.
+    pub fn abort(&self) {
+        self.words.store(ABORT, 1);
+    }
+
+    /// Waits for the calls queued so far, then [`check`](IntraNodeComm::check)s.
+    pub fn synchronize(&self) -> Result<()> {
+        let stream = self
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stream
+            .clone();
+        if let Some(s) = stream {
+            s.synchronize()?;
+        }
+        self.check()
+    }
+
+    /// All-reduces `tensor` in place with `op` across the ranks, queued on
+    /// the caller's current stream of the tensor's GPU. Every rank must
+    /// call it with the same number of elements, dtype and op.
+    pub fn all_reduce(&self, tensor: &Tensor<'_>, op: ReduceOp) -> Result<AllReduceAlgo> {
+        let stream = current_stream(self.device)?;
+        self.all_reduce_on(tensor, op, &stream)
+    }
+
+    /// [`all_reduce`](IntraNodeComm::all_reduce) queued on `stream`.
+    pub fn all_reduce_on(
+        &self,
+        tensor: &Tensor<'_>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<AllReduceAlgo> {
+        self.check()?;
+        if let Some(reason) = self.why_not(tensor, op) {
+            return Err(Error::InvalidCollective {
+                op: "intra-node all_reduce".into(),
+                reason,
+            });
+        }
+        if stream.device() != self.device {
+            return Err(Error::InvalidCollective {
+                op: "intra-node all_reduce".into(),
+                reason: format!(
+                    "expected a stream on cuda:{}, found one on cuda:{}",
+                    self.device,
+                    stream.device()
+                ),
+            });
+        }
+        let algo = self.select_all_reduce_algo(tensor, op);
+        if tensor.numel() == 0 {
+            return Ok(algo);
+        }
+        let (_, ptr) = tensor.cuda_ptr()?;
+        let peer_op = peer_op(op).expect("checked by why_not");
+        self.launch(stream, algo, tensor, ptr.addr(), peer_op)?;
+        self.usage.count(algo);
+        Ok(algo)
+    }
+
+    /// Queues the kernels of one call.
+    fn launch(
+        &self,
+        stream: &Stream,
+        algo: AllReduceAlgo,
+        tensor: &Tensor<'_>,
+        addr: u64,
+        op: PeerOp,
+    ) -> Result<()> {
+        let capturing = stream.is_capturing()?;
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if !capturing {
+            if let Some(prev) = &last.stream {
+                if !prev.same_as(stream) {
+                    // Order after the calls queued on the previous stream.
+                    let event = Event::new(self.device)?;
+                    prev.record_into(&event)?;
+                    stream.wait(&event)?;
+                }
+            }
+        }
+        let dtype = tensor.dtype();
+        let elem = dtype.size();
+        let numel = tensor.numel();
+        let region = self.memory.region_bytes();
+        let (shot, chunk) = match algo {
+            AllReduceAlgo::OneShot => (Shot::One, numel),
+            AllReduceAlgo::TwoShot => (Shot::Two, numel),
+            _ => (Shot::Two, region / elem),
+        };
+        let pads = self.memory.pads();
+        let timeout_ns = self.kernel_timeout.map_or(u64::MAX, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+        });
+        let mut done = 0;
+        while done < numel {
+            let n = chunk.min(numel - done);
+            let at = addr + (done * elem) as u64;
+            let region_index = if capturing {
+                GRAPH_REGION
+            } else {
+                let k = (last.eager % 2) as usize;
+                last.eager += 1;
+                k
+            };
+            let args = PeerArgs {
+                buf: self.memory.regions(region_index),
+                pad: pads,
+                input: at,
+                output: at,
+                numel: n as u64,
+                abort_flag: self.words.device_ptr(ABORT).addr(),
+                status: self.words.device_ptr(STATUS).addr(),
+                timeout_ns,
+                rank: self.rank as u32,
+                world: self.world as u32,
+                op: op as u32,
+                end_barrier: u32::from(capturing),
+                io_aligned: u32::from(at.is_multiple_of(16)),
+                reserved: 0,
+            };
+            peer_all_reduce(&self.ctx, stream, shot, dtype, &args)?;
+            done += n;
+        }
+        if !capturing {
+            last.stream = Some(stream.clone());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for IntraNodeComm {
+    fn drop(&mut self) {
+        // Let queued calls finish (a second at most), then stop whatever
+        // still waits for a peer, so that no kernel uses the memory freed
+        // next.
+        let stream = self
+            .last
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stream
+            .take();
+        if let Some(s) = stream {
+            if let Ok(event) = s.record() {
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while !event.query().unwrap_or(true) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if !event.query().unwrap_or(true) {
+                    self.abort();
+                }
+                let _ = event.synchronize();
+            }
+        }
+    }
+}
+
+/// The kernels' op for `op`, if they have it.
+fn peer_op(op: ReduceOp) -> Option<PeerOp> {
+    match op {
+        ReduceOp::Sum => Some(PeerOp::Sum),
+        ReduceOp::Avg => Some(PeerOp::Avg),
+        ReduceOp::Min => Some(PeerOp::Min),
+        ReduceOp::Max => Some(PeerOp::Max),
+        _ => None,
+    }
+}
+
+const _: () = assert!(PEER_MAX == 8);

@@ -1,0 +1,27 @@
+//! Intra-node all-reduce on peer memory: every rank of one host maps the
+//! others' buffers (CUDA IPC) and one kernel per call reads them directly,
+//! as PyTorch's IntraNodeComm and symmetric memory, vLLM's and
+//! TensorRT-LLM's custom all-reduce do.
+//!
+//! - `symmetric_memory`: each rank's block (signal pad and three buffer
+//!   regions), set up and mapped through the store, unmapped and freed in
+//!   order,
+//! - `topology`: whether a group can use it ([`PeerPolicy`]): 2 to 8 ranks
+//!   of one host, compute capability 8.0 or newer, distinct GPUs over
+//!   NVLink (or, when asked, ranks sharing a GPU),
+//! - `algorithm`: one-shot, two-shot or the large path by size
+//!   ([`AllReduceAlgo`], [`AlgoChoice`]), with usage counters,
+//! - `intranode_comm`: [`IntraNodeComm`], the communicator.
+//!
+//! The kernels are in [`cuda::kernels`](crate::cuda::kernels)
+//! (`peer_all_reduce.cu`). The NCCL process group all-reduces eligible
+//! CUDA tensors through this when its ranks qualify.
+
+mod algorithm;
+mod intranode_comm;
+mod symmetric_memory;
+mod topology;
+
+pub use algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, ONE_SHOT_MAX, TWO_SHOT_MAX};
+pub use intranode_comm::{IntraNodeComm, IntraNodeOptions};
+pub use topology::PeerPolicy;

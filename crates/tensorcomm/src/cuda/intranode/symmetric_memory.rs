@@ -1,0 +1,223 @@
+//! Symmetric memory: one block per rank, laid out the same on every rank
+//! (signal pad, then three buffer regions), mapped into every rank's
+//! address space. Set up through the store in three rounds: every rank
+//! publishes a [`RankInfo`]; every rank judges the group and, if it can
+//! take part, allocates its block and publishes its IPC handle (or why
+//! not); every rank maps the others' blocks and says whether that worked.
+//! A rank that cannot take part makes set-up fail on every rank with its
+//! reason, so no rank ever waits in a kernel for one that never comes.
+//!
+//! Ranks in one process use each other's addresses directly (a process
+//! cannot open its own IPC handles). Dropping unmaps the peers' blocks,
+//! then frees this rank's.
+
+use std::time::Duration;
+
+use super::topology::{to_hex, unhex, why_not, PeerPolicy, RankInfo};
+use crate::cuda::kernels::{PEER_MAX, PEER_PAD_BYTES};
+use crate::cuda::runtime::{enable_peer_access, IpcHandle, PeerMapping, SharedAllocation};
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// Bytes before the first region (the signal pad, rounded up).
+const PAD_AREA: usize = 4096;
+
+/// Regions of the block: two that eager calls alternate between, and one
+/// for calls captured in CUDA graphs.
+pub(crate) const REGIONS: usize = 3;
+
+/// The region captured calls use.
+pub(crate) const GRAPH_REGION: usize = 2;
+
+/// How a peer's block is reached.
+enum Peer {
+    /// This rank's own block.
+    Own,
+    /// A rank of this process: its address as it is.
+    SameProcess(u64),
+    /// A rank of another process, mapped through IPC.
+    Mapped(PeerMapping),
+}
+
+/// See the module docs.
+pub(crate) struct SymmetricMemory {
+    /// Dropped first: the peers' blocks are unmapped before ours is freed.
+    peers: Vec<Peer>,
+    mine: SharedAllocation,
+    region: usize,
+}
+
+/// What set-up needs to know.
+pub(crate) struct Rendezvous<'a> {
+    pub(crate) store: &'a dyn Store,
+    pub(crate) prefix: &'a str,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: usize,
+    pub(crate) policy: PeerPolicy,
+    pub(crate) settings: String,
+    pub(crate) region: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl Rendezvous<'_> {
+    fn key(&self, round: &str, rank: usize) -> String {
+        format!("{}/{round}/{rank}", self.prefix)
+    }
+
+    /// Posts this rank's value for `round` and returns every rank's.
+    fn round(&self, round: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.store.set(&self.key(round, self.rank), mine)?;
+        let keys: Vec<String> = (0..self.world).map(|r| self.key(round, r)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.store.multi_get_timeout(&refs, self.timeout)
+    }
+
+    /// `Ok(())` when every rank posted `ok...` in `answers`, else the
+    /// first refusal as [`Error::IntraNodeUnavailable`].
+    fn agreed(answers: &[Vec<u8>]) -> Result<()> {
+        for (r, a) in answers.iter().enumerate() {
+            let text = String::from_utf8_lossy(a);
+            if let Some(reason) = text.strip_prefix("no ") {
+                return Err(Error::IntraNodeUnavailable {
+                    reason: format!("rank {r}: {reason}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the three rounds of the module docs.
+    pub(crate) fn run(&self) -> Result<SymmetricMemory> {
+        if self.world > PEER_MAX || self.rank >= self.world {
+            return Err(Error::IntraNodeUnavailable {
+                reason: format!(
+                    "rank {} of {} ranks: peer memory serves 2 to {PEER_MAX}",
+                    self.rank, self.world
+                ),
+            });
+        }
+        // Posted even when this rank cannot describe itself, so that the
+        // others fail at once (naming it) instead of waiting for it.
+        let info = RankInfo::mine(self.device, self.settings.clone());
+        let posted = match &info {
+            Ok(i) => i.encode(),
+            Err(e) => format!("error: {e}").into_bytes(),
+        };
+        let infos = self.round("info", &posted)?;
+        info?;
+        let infos = infos
+            .iter()
+            .enumerate()
+            .map(|(r, b)| RankInfo::decode(r, b))
+            .collect::<Result<Vec<_>>>()?;
+
+        // Round 2: the verdict, and the block when this rank can take part.
+        let judged = why_not(self.rank, self.device, &infos, self.policy);
+        let block = match &judged {
+            Ok(None) => Some(
+                SharedAllocation::zeroed(self.device, PAD_AREA + REGIONS * self.region)
+                    .and_then(|a| a.ipc_handle().map(|h| (a, h))),
+            ),
+            _ => None,
+        };
+        let answer = match (&judged, &block) {
+            (Err(e), _) => format!("no {e}"),
+            (Ok(Some(reason)), _) => format!("no {reason}"),
+            (Ok(None), Some(Ok((a, h)))) => format!("ok {} {}", to_hex(&h.0), a.ptr().addr()),
+            (Ok(None), Some(Err(e))) => format!("no allocating the buffer failed: {e}"),
+            (Ok(None), None) => unreachable!("a block is allocated whenever the verdict is yes"),
+        };
+        let answers = self.round("block", answer.as_bytes())?;
+        judged?;
+        Self::agreed(&answers)?;
+        let (mine, _) = block.expect("every rank said yes, this one included")?;
+
+        // Round 3: map the peers' blocks.
+        let mapped = self.map_peers(&infos, &answers);
+        let answer = match &mapped {
+            Ok(_) => "ok".to_string(),
+            Err(e) => format!("no mapping the peers' buffers failed: {e}"),
+        };
+        let answers = self.round("mapped", answer.as_bytes())?;
+        let peers = mapped?;
+        Self::agreed(&answers)?;
+        Ok(SymmetricMemory {
+            peers,
+            mine,
+            region: self.region,
+        })
+    }
+
+    fn map_peers(&self, infos: &[RankInfo], answers: &[Vec<u8>]) -> Result<Vec<Peer>> {
+        let me = &infos[self.rank];
+        let mut peers = Vec::with_capacity(self.world);
+        for (r, answer) in answers.iter().enumerate() {
+            if r == self.rank {
+                peers.push(Peer::Own);
+                continue;
+            }
+            let bad = || Error::PeerProtocol {
+                peer: r,
+                expected: "`ok <IPC handle> <address>` for its intra-node buffer".into(),
+                found: format!("{:?}", String::from_utf8_lossy(answer)),
+            };
+            let text = std::str::from_utf8(answer).map_err(|_| bad())?;
+            let mut words = text.split(' ').skip(1);
+            let handle = words.next().and_then(unhex::<64>).ok_or_else(bad)?;
+            let addr: u64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
+            if infos[r].pid == me.pid && infos[r].host == me.host {
+                // Another rank of this process: reach its GPU directly.
+                for d in 0..crate::cuda::runtime::device_count()? {
+                    if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid {
+                        enable_peer_access(self.device, d)?;
+                    }
+                }
+                peers.push(Peer::SameProcess(addr));
+            } else {
+                peers.push(Peer::Mapped(PeerMapping::open(
+                    self.device,
+                    &IpcHandle(handle),
+                )?));
+            }
+        }
+        Ok(peers)
+    }
+}
+
+impl SymmetricMemory {
+    /// The start of rank `rank`'s block in this process.
+    fn base(&self, rank: usize) -> u64 {
+        match &self.peers[rank] {
+            Peer::Own => self.mine.ptr().addr(),
+            Peer::SameProcess(addr) => *addr,
+            Peer::Mapped(m) => m.ptr().addr(),
+        }
+    }
+
+    /// Every rank's signal pad, as the kernels take them.
+    pub(crate) fn pads(&self) -> [u64; PEER_MAX] {
+        let mut out = [0; PEER_MAX];
+        for (r, o) in out.iter_mut().enumerate().take(self.peers.len()) {
+            *o = self.base(r);
+        }
+        out
+    }
+
+    /// Every rank's region `k` (0 to [`REGIONS`] - 1).
+    pub(crate) fn regions(&self, k: usize) -> [u64; PEER_MAX] {
+        assert!(k < REGIONS);
+        let mut out = [0; PEER_MAX];
+        for (r, o) in out.iter_mut().enumerate().take(self.peers.len()) {
+            *o = self.base(r) + (PAD_AREA + k * self.region) as u64;
+        }
+        out
+    }
+
+    /// Bytes of one region.
+    pub(crate) fn region_bytes(&self) -> usize {
+        self.region
+    }
+}
+
+const _: () = assert!(PEER_PAD_BYTES <= PAD_AREA);
