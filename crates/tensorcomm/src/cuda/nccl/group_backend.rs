@@ -2,7 +2,8 @@
 //! collective is planned (`plan.rs`), then queued on the group's
 //! communication stream after the work already queued on the caller's
 //! current stream, and returns with the event after which it is done (the
-//! engine keeps its tensors until then).
+//! engine keeps its tensors until then). An all_reduce that the group's
+//! [`IntraNodeComm`] takes runs on peer memory instead, on the same stream.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,6 +12,7 @@ use std::time::Instant;
 use super::communicator::Communicator;
 use super::library::{RawComm, RawStream, IN_PROGRESS};
 use super::plan::{Plan, Planner, Step};
+use crate::cuda::intranode::{AllReduceAlgo, IntraNodeComm};
 use crate::cuda::runtime::{self, context, current_stream, DeviceBuffer, Event, Stream};
 use crate::group::backend::{Call, GroupBackend};
 use crate::group::collective::Collective;
@@ -30,10 +32,17 @@ pub(crate) struct NcclBackend {
     barrier: DeviceBuffer,
     /// Serializes the calls that queue work on `comm`.
     pub(crate) launch: Mutex<()>,
+    /// All-reduce on peer memory, when the group's ranks qualify.
+    pub(crate) intranode: Option<IntraNodeComm>,
+    /// Why `intranode` is absent (empty when present).
+    pub(crate) intranode_reason: String,
 }
 
 impl NcclBackend {
-    pub(crate) fn new(comm: Communicator) -> Result<NcclBackend> {
+    pub(crate) fn new(
+        comm: Communicator,
+        intranode: std::result::Result<IntraNodeComm, String>,
+    ) -> Result<NcclBackend> {
         let device = comm.device;
         let ctx = context(device)?;
         Ok(NcclBackend {
@@ -46,6 +55,8 @@ impl NcclBackend {
             barrier: DeviceBuffer::zeros(device, 4)?,
             launch: Mutex::default(),
             comm,
+            intranode_reason: intranode.as_ref().err().cloned().unwrap_or_default(),
+            intranode: intranode.ok(),
         })
     }
 
@@ -208,12 +219,27 @@ impl GroupBackend for NcclBackend {
         let name = call.fingerprint.kind.name();
         let _launch = self.launch.lock().unwrap_or_else(PoisonError::into_inner);
         self.order_after_caller()?;
-        self.queue(collective, name, call.deadline)?;
+        match (&self.intranode, collective) {
+            (Some(peer), Collective::AllReduce { tensor, op })
+                if peer.select_all_reduce_algo(tensor, *op) != AllReduceAlgo::None =>
+            {
+                peer.all_reduce_on(tensor, *op, &self.stream)?;
+            }
+            (peer, _) => {
+                if let (Some(peer), Collective::AllReduce { .. }) = (peer, collective) {
+                    peer.count_fallback();
+                }
+                self.queue(collective, name, call.deadline)?;
+            }
+        }
         // The engine keeps the collective's tensors until the event passes.
         self.completion(Box::new(())).map(Some)
     }
 
     fn abort(&self) {
+        if let Some(peer) = &self.intranode {
+            peer.abort();
+        }
         self.comm.abort();
     }
 
@@ -222,6 +248,9 @@ impl GroupBackend for NcclBackend {
     }
 
     fn health(&self) -> Result<()> {
+        if let Some(peer) = &self.intranode {
+            peer.check()?;
+        }
         self.comm.health()
     }
 }

@@ -10,6 +10,7 @@ use super::communicator::Communicator;
 use super::group_backend::NcclBackend;
 use super::p2p::{self, Direction};
 use super::types::check_reduce_op;
+use crate::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
 use crate::cuda::runtime;
 use crate::group::collective::{Capabilities, Collective, Scope, Validated};
 use crate::group::engine::Engine;
@@ -75,6 +76,44 @@ impl std::fmt::Debug for ProcessGroupNccl {
     }
 }
 
+/// Sets up the group's peer-memory all-reduce (every rank calls this at
+/// the same point of group creation), or says why it is not used.
+fn peer_memory(
+    store: &dyn Store,
+    key_prefix: &str,
+    comm: &Communicator,
+    options: &NcclOptions,
+) -> std::result::Result<IntraNodeComm, String> {
+    if comm.size < 2 {
+        return Err(format!(
+            "a group of {}: nothing to reduce across",
+            comm.size
+        ));
+    }
+    let peer_options = IntraNodeOptions {
+        timeout: options.timeout,
+        // The group's watchdog aborts a stalled call; the kernel waits.
+        kernel_timeout: None,
+        ..IntraNodeOptions::default()
+    };
+    IntraNodeComm::new(
+        store,
+        key_prefix,
+        comm.rank,
+        comm.size,
+        comm.device,
+        &peer_options,
+    )
+    .map_err(|e| {
+        let reason = match e {
+            Error::IntraNodeUnavailable { reason } => reason,
+            other => other.to_string(),
+        };
+        tracing::info!(rank = comm.rank, %reason, "NCCL group: peer-memory all-reduce not used");
+        reason
+    })
+}
+
 /// The GPU c10d would give this rank.
 fn default_device(rank: usize) -> Result<usize> {
     let count = runtime::device_count()?;
@@ -124,7 +163,8 @@ impl ProcessGroupNccl {
     ) -> Result<Self> {
         let (rank, size) = (comm.rank, comm.size);
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
-        let backend = Arc::new(NcclBackend::new(comm)?);
+        let intranode = peer_memory(&*store, key_prefix, &comm, options);
+        let backend = Arc::new(NcclBackend::new(comm, intranode)?);
         let engine = Engine::start(
             backend.clone(),
             store.clone(),
@@ -150,6 +190,19 @@ impl ProcessGroupNccl {
             key_prefix: key_prefix.into(),
             subgroups: AtomicU64::new(0),
         })
+    }
+
+    /// The group's peer-memory all-reduce, when its ranks qualify (see
+    /// [`cuda::intranode`](crate::cuda::intranode)): eligible all_reduce
+    /// calls on CUDA tensors run there instead of in NCCL.
+    pub fn intranode(&self) -> Option<&IntraNodeComm> {
+        self.backend.intranode.as_ref()
+    }
+
+    /// Why [`intranode`](ProcessGroupNccl::intranode) is `None` (empty
+    /// when it is not).
+    pub fn intranode_reason(&self) -> &str {
+        &self.backend.intranode_reason
     }
 
     /// The GPU this rank's collectives run on.
