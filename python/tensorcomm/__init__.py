@@ -437,14 +437,19 @@ class ProcessGroup:
     def send(self, array, dst, tag=0, timeout=None):
         """Sends ``array`` to rank ``dst``, for a :meth:`recv` (or
         :meth:`recv_any_source`) with the same ``tag`` into an array of the
-        same size.
+        same size. Two ranks, as threads of this process:
 
-        >>> import numpy as np
-        >>> pg = init_process_group("cpu", "tcp://127.0.0.1:0?rank=0&world_size=1")
-        >>> w = pg.send(np.ones(2), dst=0, tag=7)
-        >>> x = np.zeros(2)
-        >>> pg.recv(x, src=0, tag=7).wait() and w.wait() and x.tolist()
-        [1.0, 1.0]
+        >>> import numpy as np, threading
+        >>> store = HashStore()
+        >>> def rank1():
+        ...     pg = ProcessGroup.from_store(store, 1, 2, prefix="doc-send")
+        ...     pg.send(np.arange(3.0), dst=0, tag=7).wait()
+        >>> t = threading.Thread(target=rank1); t.start()
+        >>> pg = ProcessGroup.from_store(store, 0, 2, prefix="doc-send")
+        >>> x = np.zeros(3)
+        >>> pg.recv(x, src=1, tag=7).wait() and x.tolist()
+        [0.0, 1.0, 2.0]
+        >>> t.join()
         """
         return self._g.send(_d(array, "send: array", False), dst, tag, timeout, array)
 
@@ -457,12 +462,17 @@ class ProcessGroup:
         """Receives the first message any rank sent with ``tag``; after
         ``wait()``, the work's ``source_rank()`` names the sender.
 
-        >>> import numpy as np
-        >>> pg = init_process_group("cpu", "tcp://127.0.0.1:0?rank=0&world_size=1")
-        >>> s = pg.send(np.ones(1), dst=0, tag=3)
+        >>> import numpy as np, threading
+        >>> store = HashStore()
+        >>> def rank1():
+        ...     pg = ProcessGroup.from_store(store, 1, 2, prefix="doc-any")
+        ...     pg.send(np.ones(1), dst=0, tag=3).wait()
+        >>> t = threading.Thread(target=rank1); t.start()
+        >>> pg = ProcessGroup.from_store(store, 0, 2, prefix="doc-any")
         >>> w = pg.recv_any_source(np.zeros(1), tag=3)
         >>> w.wait() and w.source_rank()
-        0
+        1
+        >>> t.join()
         """
         return self._g.recv_any_source(_d(array, "recv_any_source: array"), tag, timeout, array)
 
@@ -513,6 +523,7 @@ __all__ = [
     "TcpStore",
     "TensorcommError",
     "Work",
+    "__version__",
     "errors",
     "get_future",
     "init_process_group",

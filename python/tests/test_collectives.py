@@ -4,7 +4,6 @@ on 2 and 3 ranks."""
 import numpy as np
 import pytest
 
-import tensorcomm
 from tensorcomm import ReduceOp
 
 from conftest import run_ranks

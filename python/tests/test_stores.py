@@ -53,6 +53,8 @@ def test_tcp_store():
     client = tensorcomm.TcpStore("127.0.0.1", server.port, timeout=30)
     check_store(client)
     assert server.get("a") == b"12"
+    del client  # before the server, which lingers for connected clients
+    del server
 
 
 def test_prefix_store():
