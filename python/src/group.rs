@@ -53,10 +53,27 @@ fn call_timeout(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 /// `tensorcomm.ProcessGroup`; use that class).
 #[pyclass(name = "_Group", module = "tensorcomm._tensorcomm", frozen)]
 pub struct PyGroup {
-    pub(crate) pg: Arc<dyn ProcessGroup>,
+    /// `None` only while being dropped.
+    pg: Option<Arc<dyn ProcessGroup>>,
+}
+
+impl Drop for PyGroup {
+    /// Drops the group without the GIL: its threads may be calling into a
+    /// Python store as it shuts down.
+    fn drop(&mut self) {
+        crate::drop_without_gil(self.pg.take());
+    }
 }
 
 impl PyGroup {
+    pub(crate) fn new(pg: Arc<dyn ProcessGroup>) -> PyGroup {
+        PyGroup { pg: Some(pg) }
+    }
+
+    fn pg(&self) -> &Arc<dyn ProcessGroup> {
+        self.pg.as_ref().expect("a group is present until dropped")
+    }
+
     /// Queues `start` without the GIL and wraps its `Work`.
     fn start(
         &self,
@@ -65,7 +82,7 @@ impl PyGroup {
         is_receive: bool,
         start: impl FnOnce(&dyn ProcessGroup) -> tensorcomm::Result<Work> + Send,
     ) -> PyResult<PyWork> {
-        let pg = &*self.pg;
+        let pg = &**self.pg();
         let work = py.allow_threads(|| start(pg)).map_err(py_err)?;
         Ok(PyWork::new(work, keep, is_receive))
     }
@@ -74,19 +91,19 @@ impl PyGroup {
 #[pymethods]
 impl PyGroup {
     fn rank(&self) -> usize {
-        self.pg.rank()
+        self.pg().rank()
     }
 
     fn size(&self) -> usize {
-        self.pg.size()
+        self.pg().size()
     }
 
     fn backend(&self) -> String {
-        format!("{:?}", self.pg.backend()).to_ascii_lowercase()
+        format!("{:?}", self.pg().backend()).to_ascii_lowercase()
     }
 
     fn global_ranks(&self) -> Vec<usize> {
-        self.pg.global_ranks()
+        self.pg().global_ranks()
     }
 
     fn all_reduce(
@@ -391,12 +408,12 @@ impl PyGroup {
 
     /// The sub-group of `ranks` (every rank calls it; `None` on the others).
     fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyGroup>> {
-        let pg = &*self.pg;
+        let pg = &**self.pg();
         let sub = py.allow_threads(|| pg.new_group(&ranks)).map_err(py_err)?;
-        Ok(sub.map(|pg| PyGroup { pg }))
+        Ok(sub.map(PyGroup::new))
     }
 
     fn flight_recorder_json(&self) -> String {
-        self.pg.flight_recorder_json()
+        self.pg().flight_recorder_json()
     }
 }

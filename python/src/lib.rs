@@ -40,6 +40,17 @@ fn _mark_finalizing() {
     FINALIZING.store(true, Ordering::Relaxed);
 }
 
+/// Drops `value` with the GIL released (when this thread holds it), so that
+/// threads it joins may take the GIL meanwhile; at interpreter exit it is
+/// leaked instead.
+pub(crate) fn drop_without_gil<T: Send>(value: T) {
+    if finalizing() {
+        std::mem::forget(value);
+        return;
+    }
+    Python::with_gil(|py| py.allow_threads(move || drop(value)));
+}
+
 /// A transport name (`auto`, `tcp`, `shm`; `None`: `TENSORCOMM_TRANSPORT`).
 fn transport(name: Option<String>) -> PyResult<TransportChoice> {
     name.map_or(Ok(TransportChoice::default()), |n| {
@@ -69,7 +80,7 @@ fn init_process_group(
     let pg = py
         .allow_threads(|| tensorcomm::init_process_group_with(backend, &init_method, &options))
         .map_err(py_err)?;
-    Ok(PyGroup { pg })
+    Ok(PyGroup::new(pg))
 }
 
 /// Builds a CPU group of `size` ranks over `store` (a tensorcomm store or
@@ -98,7 +109,7 @@ fn cpu_group_from_store(
     let pg = py
         .allow_threads(|| ProcessGroupCpu::new(store, &prefix, rank, size, &options))
         .map_err(py_err)?;
-    Ok(PyGroup { pg: Arc::new(pg) })
+    Ok(PyGroup::new(Arc::new(pg)))
 }
 
 /// The address other ranks reach this one at: loopback when

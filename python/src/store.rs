@@ -60,7 +60,29 @@ fn value_bytes(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 /// ```
 #[pyclass(name = "Store", module = "tensorcomm._tensorcomm", subclass, frozen)]
 pub struct PyStore {
-    pub(crate) inner: Arc<dyn Store>,
+    /// `None` only while being dropped.
+    inner: Option<Arc<dyn Store>>,
+}
+
+impl PyStore {
+    fn wrap(store: Arc<dyn Store>) -> PyStore {
+        PyStore { inner: Some(store) }
+    }
+
+    /// The Rust store.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        self.inner
+            .as_ref()
+            .expect("a store is present until dropped")
+    }
+}
+
+impl Drop for PyStore {
+    /// Drops the store without the GIL: a hosting TCP store waits for its
+    /// clients to leave, and none of that needs Python.
+    fn drop(&mut self) {
+        crate::drop_without_gil(self.inner.take());
+    }
 }
 
 #[pymethods]
@@ -68,7 +90,7 @@ impl PyStore {
     /// Sets `key` to `value` (bytes or str).
     fn set(&self, py: Python<'_>, key: String, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let value = value_bytes(value)?;
-        py.allow_threads(|| self.inner.set(&key, &value))
+        py.allow_threads(|| self.store().set(&key, &value))
             .map_err(py_err)
     }
 
@@ -81,16 +103,16 @@ impl PyStore {
         key: String,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let timeout = seconds(timeout, self.inner.timeout())?;
+        let timeout = seconds(timeout, self.store().timeout())?;
         let value = py
-            .allow_threads(|| self.inner.get_timeout(&key, timeout))
+            .allow_threads(|| self.store().get_timeout(&key, timeout))
             .map_err(py_err)?;
         Ok(PyBytes::new(py, &value))
     }
 
     /// Adds `delta` to the counter at `key` and returns the new value.
     fn add(&self, py: Python<'_>, key: String, delta: i64) -> PyResult<i64> {
-        py.allow_threads(|| self.inner.add(&key, delta))
+        py.allow_threads(|| self.store().add(&key, delta))
             .map_err(py_err)
     }
 
@@ -105,7 +127,7 @@ impl PyStore {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let (expected, desired) = (value_bytes(expected)?, value_bytes(desired)?);
         let value = py
-            .allow_threads(|| self.inner.compare_set(&key, &expected, &desired))
+            .allow_threads(|| self.store().compare_set(&key, &expected, &desired))
             .map_err(py_err)?;
         Ok(PyBytes::new(py, &value))
     }
@@ -113,33 +135,34 @@ impl PyStore {
     /// Waits up to `timeout` seconds until every key of `keys` exists.
     #[pyo3(signature = (keys, timeout=None))]
     fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<f64>) -> PyResult<()> {
-        let timeout = seconds(timeout, self.inner.timeout())?;
+        let timeout = seconds(timeout, self.store().timeout())?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        py.allow_threads(|| self.inner.wait_timeout(&keys, timeout))
+        py.allow_threads(|| self.store().wait_timeout(&keys, timeout))
             .map_err(py_err)
     }
 
     /// True if every key of `keys` exists now.
     fn check(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<bool> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        py.allow_threads(|| self.inner.check(&keys)).map_err(py_err)
+        py.allow_threads(|| self.store().check(&keys))
+            .map_err(py_err)
     }
 
     /// Deletes `key`; returns whether it existed.
     fn delete_key(&self, py: Python<'_>, key: String) -> PyResult<bool> {
-        py.allow_threads(|| self.inner.delete_key(&key))
+        py.allow_threads(|| self.store().delete_key(&key))
             .map_err(py_err)
     }
 
     /// The number of keys.
     fn num_keys(&self, py: Python<'_>) -> PyResult<usize> {
-        py.allow_threads(|| self.inner.num_keys()).map_err(py_err)
+        py.allow_threads(|| self.store().num_keys()).map_err(py_err)
     }
 
     /// Appends `value` to the bytes at `key`.
     fn append(&self, py: Python<'_>, key: String, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let value = value_bytes(value)?;
-        py.allow_threads(|| self.inner.append(&key, &value))
+        py.allow_threads(|| self.store().append(&key, &value))
             .map_err(py_err)
     }
 
@@ -151,10 +174,10 @@ impl PyStore {
         keys: Vec<String>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let timeout = seconds(timeout, self.inner.timeout())?;
+        let timeout = seconds(timeout, self.store().timeout())?;
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values = py
-            .allow_threads(|| self.inner.multi_get_timeout(&refs, timeout))
+            .allow_threads(|| self.store().multi_get_timeout(&refs, timeout))
             .map_err(py_err)?;
         PyList::new(py, values.iter().map(|v| PyBytes::new(py, v)))
     }
@@ -169,19 +192,20 @@ impl PyStore {
         let values: Vec<Vec<u8>> = values.iter().map(value_bytes).collect::<PyResult<_>>()?;
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let values: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-        py.allow_threads(|| self.inner.multi_set(&keys, &values))
+        py.allow_threads(|| self.store().multi_set(&keys, &values))
             .map_err(py_err)
     }
 
     /// Every key, in no particular order.
     fn list_keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        py.allow_threads(|| self.inner.list_keys()).map_err(py_err)
+        py.allow_threads(|| self.store().list_keys())
+            .map_err(py_err)
     }
 
     /// Pushes `value` to the back of the queue `key`.
     fn queue_push(&self, py: Python<'_>, key: String, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let value = value_bytes(value)?;
-        py.allow_threads(|| self.inner.queue_push(&key, &value))
+        py.allow_threads(|| self.store().queue_push(&key, &value))
             .map_err(py_err)
     }
 
@@ -193,16 +217,16 @@ impl PyStore {
         key: String,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let timeout = seconds(timeout, self.inner.timeout())?;
+        let timeout = seconds(timeout, self.store().timeout())?;
         let value = py
-            .allow_threads(|| self.inner.queue_pop_timeout(&key, timeout))
+            .allow_threads(|| self.store().queue_pop_timeout(&key, timeout))
             .map_err(py_err)?;
         Ok(PyBytes::new(py, &value))
     }
 
     /// The number of elements in the queue `key`.
     fn queue_len(&self, py: Python<'_>, key: String) -> PyResult<usize> {
-        py.allow_threads(|| self.inner.queue_len(&key))
+        py.allow_threads(|| self.store().queue_len(&key))
             .map_err(py_err)
     }
 
@@ -219,19 +243,19 @@ impl PyStore {
         let timeout = timeout
             .map(|t| seconds(Some(t), DEFAULT_TIMEOUT))
             .transpose()?;
-        py.allow_threads(|| self.inner.barrier(&key, world_size, timeout))
+        py.allow_threads(|| self.store().barrier(&key, world_size, timeout))
             .map_err(py_err)
     }
 
     /// The default timeout of blocking calls, in seconds.
     #[getter]
     fn timeout(&self) -> f64 {
-        self.inner.timeout().as_secs_f64()
+        self.store().timeout().as_secs_f64()
     }
 
     /// Changes the default timeout of blocking calls (seconds).
     fn set_timeout(&self, timeout: f64) -> PyResult<()> {
-        self.inner
+        self.store()
             .set_timeout(seconds(Some(timeout), DEFAULT_TIMEOUT)?);
         Ok(())
     }
@@ -287,12 +311,7 @@ impl PyTcpStore {
             })
             .map_err(py_err)?;
         let port = store.server_addr().port();
-        Ok((
-            PyTcpStore { port },
-            PyStore {
-                inner: Arc::new(store),
-            },
-        ))
+        Ok((PyTcpStore { port }, PyStore::wrap(Arc::new(store))))
     }
 
     /// The server's port (the real one when hosted on port 0).
@@ -318,12 +337,7 @@ impl PyFileStore {
         let store = py
             .allow_threads(|| FileStore::open(&path))
             .map_err(py_err)?;
-        Ok((
-            PyFileStore,
-            PyStore {
-                inner: Arc::new(store),
-            },
-        ))
+        Ok((PyFileStore, PyStore::wrap(Arc::new(store))))
     }
 }
 
@@ -340,12 +354,7 @@ pub struct PyHashStore;
 impl PyHashStore {
     #[new]
     fn new() -> (Self, PyStore) {
-        (
-            PyHashStore,
-            PyStore {
-                inner: Arc::new(HashStore::new()),
-            },
-        )
+        (PyHashStore, PyStore::wrap(Arc::new(HashStore::new())))
     }
 }
 
@@ -367,9 +376,7 @@ impl PyPrefixStore {
         let inner = as_store(store)?;
         Ok((
             PyPrefixStore,
-            PyStore {
-                inner: Arc::new(PrefixStore::new(prefix, inner)),
-            },
+            PyStore::wrap(Arc::new(PrefixStore::new(prefix, inner))),
         ))
     }
 }
@@ -378,7 +385,7 @@ impl PyPrefixStore {
 /// through its Python methods ([`PythonStore`]).
 pub(crate) fn as_store(store: &Bound<'_, PyAny>) -> PyResult<Arc<dyn Store>> {
     if let Ok(native) = store.downcast::<PyStore>() {
-        return Ok(native.get().inner.clone());
+        return Ok(native.get().store().clone());
     }
     for method in ["set", "get", "add", "wait", "check"] {
         if !store.hasattr(method)? {
