@@ -482,7 +482,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 def _traced(cls):
     """Prints every call PyTorch makes on the group, and each failure."""
     for name, value in list(vars(cls).items()):
-        if name.startswith("__") or not callable(value):
+        if name.startswith("__") or name in ("_start", "_call") or not callable(value):
             continue
 
         def wrap(fn, name=name):
