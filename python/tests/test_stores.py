@@ -142,8 +142,9 @@ def test_group_through_a_python_store():
 def test_python_store_timeout_is_a_store_timeout():
     store = DictStore()
     store.timeout = datetime.timedelta(seconds=0.2)
-    with pytest.raises(errors.TensorcommError):
-        # Rank 1 of 2 never comes: setup fails within the timeout.
+    # Rank 1 of 2 never comes: setup fails within the timeout, naming the key
+    # the Python store's wait() timed out on.
+    with pytest.raises(errors.StoreTimeoutError, match=r"lonely/.*1"):
         tensorcomm.ProcessGroup.from_store(store, 0, 2, prefix="lonely", timeout=1)
 
 
