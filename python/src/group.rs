@@ -1,0 +1,419 @@
+//! The process group as the Python package sees it: every collective of
+//! tensorcomm's `ProcessGroup`, on arrays described by [`Desc`]s.
+//!
+//! Each method views its arrays as tensors (no copy), queues the
+//! collective without the GIL, and returns a [`PyWork`] that keeps `keep`
+//! (the Python arrays) alive until the collective is done with them. The
+//! friendlier signatures (NumPy arrays, defaults, op names) are in
+//! `tensorcomm/__init__.py`; PyTorch's are in `tensorcomm/torch.py`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tensorcomm::group::ProcessGroup;
+use tensorcomm::{ReduceOp, Work};
+
+use crate::errors::{py_err, raise};
+use crate::store::seconds;
+use crate::tensor_arg::{view, views, Desc};
+use crate::work::PyWork;
+
+/// The reduce op with index `code` in `SUM, AVG, PRODUCT, MIN, MAX, BAND,
+/// BOR, BXOR, PREMUL_SUM` (`factor` is PREMUL_SUM's).
+pub(crate) fn reduce_op(code: u8, factor: f64) -> PyResult<ReduceOp> {
+    Ok(match code {
+        0 => ReduceOp::Sum,
+        1 => ReduceOp::Avg,
+        2 => ReduceOp::Product,
+        3 => ReduceOp::Min,
+        4 => ReduceOp::Max,
+        5 => ReduceOp::Band,
+        6 => ReduceOp::Bor,
+        7 => ReduceOp::Bxor,
+        8 => ReduceOp::PremulSum(factor),
+        _ => {
+            return Err(raise(
+                "InvalidArgumentError",
+                format!("expected a reduce op code in 0..9, found {code}"),
+            ))
+        }
+    })
+}
+
+/// A per-call timeout in seconds (`None` or <= 0: the group's default).
+fn call_timeout(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        Some(t) if t > 0.0 => Ok(Some(seconds(Some(t), Duration::ZERO)?)),
+        _ => Ok(None),
+    }
+}
+
+/// A group of ranks running collectives together (the native half of
+/// `tensorcomm.ProcessGroup`; use that class).
+#[pyclass(name = "_Group", module = "tensorcomm._tensorcomm", frozen)]
+pub struct PyGroup {
+    /// `None` only while being dropped.
+    pg: Option<Arc<dyn ProcessGroup>>,
+}
+
+impl Drop for PyGroup {
+    /// Drops the group without the GIL: its threads may be calling into a
+    /// Python store as it shuts down.
+    fn drop(&mut self) {
+        crate::drop_without_gil(self.pg.take());
+    }
+}
+
+impl PyGroup {
+    pub(crate) fn new(pg: Arc<dyn ProcessGroup>) -> PyGroup {
+        PyGroup { pg: Some(pg) }
+    }
+
+    fn pg(&self) -> &Arc<dyn ProcessGroup> {
+        self.pg.as_ref().expect("a group is present until dropped")
+    }
+
+    /// Queues `start` without the GIL and wraps its `Work`.
+    fn start(
+        &self,
+        py: Python<'_>,
+        keep: Py<PyAny>,
+        is_receive: bool,
+        start: impl FnOnce(&dyn ProcessGroup) -> tensorcomm::Result<Work> + Send,
+    ) -> PyResult<PyWork> {
+        let pg = &**self.pg();
+        let work = py.allow_threads(|| start(pg)).map_err(py_err)?;
+        Ok(PyWork::new(work, keep, is_receive))
+    }
+}
+
+#[pymethods]
+impl PyGroup {
+    fn rank(&self) -> usize {
+        self.pg().rank()
+    }
+
+    fn size(&self) -> usize {
+        self.pg().size()
+    }
+
+    fn backend(&self) -> String {
+        format!("{:?}", self.pg().backend()).to_ascii_lowercase()
+    }
+
+    fn global_ranks(&self) -> Vec<usize> {
+        self.pg().global_ranks()
+    }
+
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| pg.all_reduce(&t, op, timeout))
+    }
+
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        root: usize,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| pg.broadcast(&t, root, timeout))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        root: usize,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| pg.reduce(&t, root, op, timeout))
+    }
+
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        outputs: Vec<Desc>,
+        input: Desc,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (outputs, input, timeout) = (views(&outputs)?, view(&input)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_gather(&outputs, &input, timeout)
+        })
+    }
+
+    fn all_gather_into_tensor(
+        &self,
+        py: Python<'_>,
+        output: Desc,
+        input: Desc,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_gather_into_tensor(&output, &input, timeout)
+        })
+    }
+
+    fn all_gather_coalesced(
+        &self,
+        py: Python<'_>,
+        outputs: Vec<Vec<Desc>>,
+        inputs: Vec<Desc>,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let outputs: Vec<_> = outputs.iter().map(|o| views(o)).collect::<PyResult<_>>()?;
+        let (inputs, timeout) = (views(&inputs)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_gather_coalesced(&outputs, &inputs, timeout)
+        })
+    }
+
+    fn all_gather_into_tensor_coalesced(
+        &self,
+        py: Python<'_>,
+        outputs: Vec<Desc>,
+        inputs: Vec<Desc>,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (outputs, inputs, timeout) =
+            (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_gather_into_tensor_coalesced(&outputs, &inputs, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        input: Desc,
+        outputs: Option<Vec<Desc>>,
+        root: usize,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let input = view(&input)?;
+        let outputs = outputs.map(|o| views(&o)).transpose()?;
+        let timeout = call_timeout(timeout)?;
+        self.start(py, keep, false, |pg| {
+            pg.gather(&input, outputs.as_deref(), root, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        output: Desc,
+        inputs: Option<Vec<Desc>>,
+        root: usize,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let output = view(&output)?;
+        let inputs = inputs.map(|i| views(&i)).transpose()?;
+        let timeout = call_timeout(timeout)?;
+        self.start(py, keep, false, |pg| {
+            pg.scatter(&output, inputs.as_deref(), root, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        output: Desc,
+        inputs: Vec<Desc>,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (output, inputs) = (view(&output)?, views(&inputs)?);
+        let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.reduce_scatter(&output, &inputs, op, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter_tensor(
+        &self,
+        py: Python<'_>,
+        output: Desc,
+        input: Desc,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (output, input) = (view(&output)?, view(&input)?);
+        let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.reduce_scatter_tensor(&output, &input, op, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter_tensor_coalesced(
+        &self,
+        py: Python<'_>,
+        outputs: Vec<Desc>,
+        inputs: Vec<Desc>,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (outputs, inputs) = (views(&outputs)?, views(&inputs)?);
+        let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.reduce_scatter_tensor_coalesced(&outputs, &inputs, op, timeout)
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        py: Python<'_>,
+        outputs: Vec<Desc>,
+        inputs: Vec<Desc>,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (outputs, inputs, timeout) =
+            (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_to_all(&outputs, &inputs, timeout)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_single(
+        &self,
+        py: Python<'_>,
+        output: Desc,
+        input: Desc,
+        output_split_sizes: Vec<usize>,
+        input_split_sizes: Vec<usize>,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| {
+            pg.all_to_all_single(
+                &output,
+                &input,
+                &output_split_sizes,
+                &input_split_sizes,
+                timeout,
+            )
+        })
+    }
+
+    fn all_reduce_coalesced(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<Desc>,
+        op: u8,
+        factor: f64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (tensors, op, timeout) = (
+            views(&tensors)?,
+            reduce_op(op, factor)?,
+            call_timeout(timeout)?,
+        );
+        self.start(py, keep, false, |pg| {
+            pg.all_reduce_coalesced(&tensors, op, timeout)
+        })
+    }
+
+    fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyWork> {
+        let timeout = call_timeout(timeout)?;
+        self.start(py, py.None(), false, |pg| pg.barrier(timeout))
+    }
+
+    fn monitored_barrier(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        wait_all: bool,
+    ) -> PyResult<PyWork> {
+        let timeout = call_timeout(timeout)?;
+        self.start(py, py.None(), false, |pg| {
+            pg.monitored_barrier(timeout, wait_all)
+        })
+    }
+
+    fn send(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        dst: usize,
+        tag: u64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
+        self.start(py, keep, false, |pg| pg.send(&t, dst, tag, timeout))
+    }
+
+    fn recv(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        src: usize,
+        tag: u64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
+        self.start(py, keep, true, |pg| pg.recv(&t, src, tag, timeout))
+    }
+
+    fn recv_any_source(
+        &self,
+        py: Python<'_>,
+        t: Desc,
+        tag: u64,
+        timeout: Option<f64>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyWork> {
+        let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
+        self.start(py, keep, true, |pg| pg.recv_any_source(&t, tag, timeout))
+    }
+
+    /// The sub-group of `ranks` (every rank calls it; `None` on the others).
+    fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyGroup>> {
+        let pg = &**self.pg();
+        let sub = py.allow_threads(|| pg.new_group(&ranks)).map_err(py_err)?;
+        Ok(sub.map(PyGroup::new))
+    }
+
+    fn flight_recorder_json(&self) -> String {
+        self.pg().flight_recorder_json()
+    }
+}

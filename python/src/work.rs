@@ -1,0 +1,224 @@
+//! `Work`: the handle of one collective, as Python sees it.
+//!
+//! The arrays a collective reads and writes are Python objects whose
+//! memory the Rust tensors borrow. Each `Work` hands those objects to a
+//! callback chained on the collective's future, which releases them once
+//! the collective has finished, whether or not anyone waits on it; so
+//! dropping a `Work` early never frees memory the collective still uses.
+//! Done-callbacks registered from Python run on one helper thread of the
+//! process that takes the GIL, never on a thread that moves bytes.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tensorcomm::{Error, Work};
+
+use crate::errors::{py_err, raise, to_py};
+use crate::finalizing;
+
+/// A Python callable to call with `None` or the collective's exception.
+type Callback = (Py<PyAny>, Result<(), Error>);
+
+/// The helper thread that runs done-callbacks, started on first use.
+fn callbacks() -> &'static Mutex<Sender<Callback>> {
+    static SENDER: OnceLock<Mutex<Sender<Callback>>> = OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = channel::<Callback>();
+        std::thread::Builder::new()
+            .name("tensorcomm-py-callbacks".into())
+            .spawn(move || {
+                for (callback, outcome) in rx {
+                    if finalizing() {
+                        // The interpreter is going away: leak the callable.
+                        std::mem::forget(callback);
+                        continue;
+                    }
+                    Python::with_gil(|py| {
+                        let arg = match outcome {
+                            Ok(()) => py.None(),
+                            Err(e) => to_py(py, e).into_value(py).into_any(),
+                        };
+                        if let Err(e) = callback.call1(py, (arg,)) {
+                            e.write_unraisable(py, Some(callback.bind(py)));
+                        }
+                    });
+                }
+            })
+            .expect("spawning the tensorcomm callback thread");
+        Mutex::new(tx)
+    })
+}
+
+/// The handle of a collective started from Python: `wait()`,
+/// `is_completed()`, `exception()`, `add_done_callback()`,
+/// `source_rank()`.
+///
+/// ```python
+/// work = pg.all_reduce(grads)
+/// work.wait()                 # raises the collective's error, if any
+/// assert work.is_completed()
+/// ```
+#[pyclass(name = "Work", module = "tensorcomm._tensorcomm", frozen)]
+pub struct PyWork {
+    /// The work until someone has waited for it.
+    work: Mutex<Option<Work>>,
+    /// Its outcome, once waited for.
+    outcome: OnceLock<Result<(), Error>>,
+    /// The sender's rank, for a receive from any source.
+    source: OnceLock<Option<usize>>,
+    /// Whether this is a receive whose sender `source_rank` names.
+    is_receive: bool,
+}
+
+impl PyWork {
+    /// Wraps `work`, keeping `keep` (the arrays it uses) alive until the
+    /// collective has finished.
+    pub(crate) fn new(work: Work, keep: Py<PyAny>, is_receive: bool) -> PyWork {
+        let release = work.get_future().then(move |outcome| {
+            // Without the GIL, pyo3 defers this decref to the next holder.
+            drop(keep);
+            outcome
+        });
+        drop(release);
+        PyWork {
+            work: Mutex::new(Some(work)),
+            outcome: OnceLock::new(),
+            source: OnceLock::new(),
+            is_receive,
+        }
+    }
+
+    /// Waits without the GIL (running the collective on this thread if
+    /// nobody has started it) and records the outcome.
+    fn settle(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+        let timed_out = py.allow_threads(|| {
+            let mut slot = self.work.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(work) = slot.as_ref() {
+                let limit = match (timeout, self.is_receive) {
+                    (Some(t), _) => Some(t),
+                    // Keep the work until done to read its sender.
+                    (None, true) => Some(Duration::from_secs(10 * 365 * 24 * 3600)),
+                    (None, false) => None,
+                };
+                if let Some(limit) = limit {
+                    if !work.wait_timeout(limit) {
+                        return true;
+                    }
+                    let _ = self.source.set(work.source_rank());
+                }
+            }
+            if let Some(work) = slot.take() {
+                let _ = self.outcome.set(work.wait());
+            }
+            false
+        });
+        if timed_out {
+            return Err(raise(
+                "CollectiveTimeoutError",
+                format!(
+                    "Work.wait: the collective did not finish within {:?}; it keeps running \
+                     (wait again, or let the group's own timeout end it)",
+                    timeout.unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn outcome(&self) -> Option<&Result<(), Error>> {
+        self.outcome.get()
+    }
+}
+
+#[pymethods]
+impl PyWork {
+    /// Blocks until the collective has finished and raises its error, if
+    /// any; returns `True`. `timeout` (seconds) bounds the wait: past it a
+    /// `CollectiveTimeoutError` is raised and the collective keeps running.
+    /// The GIL is released while waiting.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = timeout.filter(|t| *t > 0.0).map(Duration::from_secs_f64);
+        self.settle(py, timeout)?;
+        match self.outcome() {
+            Some(Err(e)) => Err(to_py(py, e.clone())),
+            _ => Ok(true),
+        }
+    }
+
+    /// True once the collective has finished, successfully or not. Never
+    /// blocks.
+    fn is_completed(&self) -> bool {
+        if self.outcome().is_some() {
+            return true;
+        }
+        match self.work.try_lock() {
+            Ok(slot) => slot.as_ref().is_none_or(Work::is_completed),
+            Err(_) => false, // another thread is waiting on it
+        }
+    }
+
+    /// `None` while running or after success; the collective's exception
+    /// once it has failed.
+    fn exception(&self, py: Python<'_>) -> PyResult<Option<PyObject>> {
+        if !self.is_completed() {
+            return Ok(None);
+        }
+        self.settle(py, None)?;
+        Ok(match self.outcome() {
+            Some(Err(e)) => Some(to_py(py, e.clone()).into_value(py).into_any()),
+            _ => None,
+        })
+    }
+
+    /// Calls `callback(None)` once the collective succeeds, or
+    /// `callback(exception)` once it fails, on tensorcomm's callback
+    /// thread (with the GIL); at once (on that thread) if it has finished.
+    fn add_done_callback(&self, py: Python<'_>, callback: PyObject) -> PyResult<()> {
+        let slot = self.work.lock().unwrap_or_else(PoisonError::into_inner);
+        let sender = callbacks()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match slot.as_ref() {
+            Some(work) => {
+                let chained = work.get_future().then(move |outcome| {
+                    let _ = sender.send((callback, outcome.clone()));
+                    outcome
+                });
+                drop(chained);
+            }
+            None => {
+                let outcome = self.outcome().cloned().unwrap_or(Ok(()));
+                sender.send((callback, outcome)).map_err(|_| {
+                    py_err(Error::InvalidArgument(
+                        "the tensorcomm callback thread has stopped".into(),
+                    ))
+                })?;
+            }
+        }
+        let _ = py;
+        Ok(())
+    }
+
+    /// A `concurrent.futures.Future` that completes (result `None`, or the
+    /// collective's exception) when this work does.
+    fn get_future<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        slf.py()
+            .import("tensorcomm")?
+            .getattr("_work_future")?
+            .call1((slf,))
+    }
+
+    /// The rank a finished receive got its message from (`None` before it
+    /// has been waited for, and for other collectives).
+    fn source_rank(&self) -> Option<usize> {
+        self.source.get().copied().flatten()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Work(completed={})", self.is_completed())
+    }
+}

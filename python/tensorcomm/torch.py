@@ -1,0 +1,527 @@
+"""A ``torch.distributed`` backend named ``"tensorcomm"``.
+
+Importing this module registers the backend; an existing script needs one
+changed line (and the import)::
+
+    import tensorcomm.torch  # registers "tensorcomm"
+    dist.init_process_group(backend="tensorcomm")  # was "gloo"
+
+Every init method works unchanged (torchrun's ``env://``, ``tcp://``,
+``file://``, an explicit ``store=``): the group meets the other ranks
+through the store PyTorch hands its backends. Tensors are CPU tensors,
+used in place (no copy): float32, float64, float16, bfloat16, int8, uint8,
+int32, int64, bool (complex tensors are viewed as real by
+``torch.distributed`` where an op allows). Collective errors raise
+:class:`DistBackendError` (a ``torch.distributed.DistBackendError`` and a
+:class:`tensorcomm.errors.TensorcommError`) with the message of the Rust
+library, which names the ranks; bad arguments raise
+:class:`tensorcomm.errors.InvalidArgumentError` (a ``ValueError``).
+
+Set ``TENSORCOMM_TORCH_TRACE=1`` to print every method PyTorch calls on the
+group (and the failures), to see what a PyTorch version expects.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from . import _tensorcomm as _native
+from .errors import InvalidArgumentError, TensorcommError
+
+_TRACE = os.environ.get("TENSORCOMM_TORCH_TRACE", "") not in ("", "0")
+
+BACKEND_NAME = "tensorcomm"
+
+# Index of each dtype in the native module's DTYPES.
+_DTYPE_CODES = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.int8: 4,
+    torch.uint8: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.bool: 8,
+}
+
+_OP_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
+_RED_OP_TYPE = getattr(dist.ReduceOp, "RedOpType", None)
+_OP_CODES = {}
+for _code, _name in enumerate(_OP_NAMES):
+    _value = getattr(_RED_OP_TYPE, _name, None) if _RED_OP_TYPE is not None else None
+    if _value is not None:
+        _OP_CODES[_value] = _code
+
+_DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
+try:
+
+    class DistBackendError(_DistBackendError, TensorcommError):
+        """A collective of the tensorcomm backend failed (also a
+        ``torch.distributed.DistBackendError``)."""
+
+except TypeError:  # pragma: no cover - layouts that cannot combine
+    DistBackendError = _DistBackendError
+
+
+def _as_dist_error(error):
+    """``error`` (a tensorcomm error) as the exception PyTorch users catch."""
+    if isinstance(error, (InvalidArgumentError, DistBackendError)):
+        return error
+    wrapped = DistBackendError(str(error))
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _desc(tensor, what):
+    """The native descriptor of a CPU tensor: (address, dtype, shape, strides)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, found {type(tensor).__name__}")
+    if not tensor.is_cpu:
+        raise InvalidArgumentError(
+            f"{what}: expected a CPU tensor, found one on {tensor.device} "
+            "(the tensorcomm backend runs collectives on CPU tensors)"
+        )
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise InvalidArgumentError(
+            f"{what}: expected dtype float32, float64, float16, bfloat16, int8, uint8, int32, "
+            f"int64 or bool, found {tensor.dtype}"
+        )
+    if tensor.layout != torch.strided:
+        raise InvalidArgumentError(f"{what}: expected a dense (strided) tensor, found layout {tensor.layout}")
+    return (tensor.data_ptr(), code, tuple(tensor.shape), tensor.stride())
+
+
+def _descs(tensors, what):
+    return [_desc(t, f"{what}[{i}]") for i, t in enumerate(tensors)]
+
+
+def _one(tensors, what):
+    """The single tensor of a c10d tensor list."""
+    if len(tensors) != 1:
+        raise InvalidArgumentError(
+            f"{what}: expected exactly one tensor per rank, found {len(tensors)} "
+            "(several tensors per process are not supported)"
+        )
+    return tensors[0]
+
+
+def _reduce_op(opts):
+    """(code, factor) of the reduce op in ``opts`` (SUM without opts)."""
+    if opts is None:
+        return 0, 1.0
+    op = getattr(opts, "reduceOp", None)
+    if op is None:
+        return 0, 1.0
+    kind = getattr(op, "op", op)
+    code = _OP_CODES.get(kind)
+    if code is None:
+        name = getattr(kind, "name", None) or str(kind).rsplit(".", 1)[-1]
+        if name.upper() not in _OP_NAMES:
+            raise InvalidArgumentError(f"expected a torch.distributed.ReduceOp, found {op!r}")
+        code = _OP_NAMES.index(name.upper())
+    if code != 8:
+        return code, 1.0
+    # PREMUL_SUM carries its factor; ReduceOp pickles as (kind, factor).
+    try:
+        factor = op.__getstate__()[1]
+    except Exception as e:  # noqa: BLE001
+        raise InvalidArgumentError(f"PREMUL_SUM: could not read the factor of {op!r}: {e}") from e
+    if isinstance(factor, torch.Tensor):
+        factor = factor.item()
+    return 8, float(factor)
+
+
+def _timeout(opts):
+    """The per-call timeout of ``opts`` in seconds (``None``: the group's)."""
+    t = getattr(opts, "timeout", None) if opts is not None else None
+    if t is None:
+        return None
+    seconds = t.total_seconds() if hasattr(t, "total_seconds") else float(t)
+    return seconds if seconds > 0 else None
+
+
+def _root(opts):
+    return getattr(opts, "rootRank", 0) if opts is not None else 0
+
+
+def _splits(sizes):
+    return [int(s) for s in sizes] if sizes else []
+
+
+_WorkBase = getattr(dist, "_Work", None) or dist.Work
+
+
+class Work(_WorkBase):
+    """The work of one collective of the tensorcomm backend.
+
+    ``wait()`` blocks (without the GIL) and raises the collective's error;
+    ``get_future()`` gives a ``torch.futures.Future`` whose value is the
+    collective's output tensors (what DDP's reducer reads); the tensors
+    stay alive until the collective is done with them.
+    """
+
+    def __init__(self, native, result):
+        super().__init__()
+        self._native = native
+        self._result = result
+        self._future = None
+
+    def wait(self, timeout=None):
+        seconds = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        try:
+            self._native.wait(seconds if seconds and seconds > 0 else None)
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+        return True
+
+    def synchronize(self):
+        self.wait()
+
+    def is_completed(self):
+        return self._native.is_completed()
+
+    def is_success(self):
+        return self._native.is_completed() and self._native.exception() is None
+
+    def exception(self):
+        e = self._native.exception()
+        return None if e is None else _as_dist_error(e)
+
+    def result(self):
+        return self._result
+
+    def source_rank(self):
+        rank = self._native.source_rank()
+        return -1 if rank is None else rank
+
+    _source_rank = source_rank
+
+    def get_future(self):
+        if self._future is None:
+            future = torch.futures.Future()
+            result = self._result
+
+            def settle(exc):
+                if exc is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(_as_dist_error(exc))
+
+            self._native.add_done_callback(settle)
+            self._future = future
+        return self._future
+
+
+class _Works(_WorkBase):
+    """Several works as one (what ``end_coalescing`` returns)."""
+
+    def __init__(self, works):
+        super().__init__()
+        self._works = works
+        self._future = None
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def result(self):
+        return [t for w in self._works for t in (w.result() or [])]
+
+    def get_future(self):
+        if self._future is None:
+            if not self._works:
+                self._future = torch.futures.Future()
+                self._future.set_result([])
+            else:
+                futures = [w.get_future() for w in self._works]
+                self._future = torch.futures.collect_all(futures).then(
+                    lambda f: [t for g in f.value() for t in (g.value() or [])]
+                )
+        return self._future
+
+
+class _Closed:
+    """Stands for the native group after ``shutdown()``."""
+
+    def __getattr__(self, name):
+        raise InvalidArgumentError(f"{name}: the tensorcomm process group was shut down")
+
+
+class ProcessGroupTensorcomm(dist.ProcessGroup):
+    """The ``torch.distributed`` process group of the ``"tensorcomm"``
+    backend: tensorcomm's CPU group (shared memory between the ranks of a
+    host, TCP across hosts) behind PyTorch's Python process-group API.
+
+    Made by PyTorch through ``init_process_group(backend="tensorcomm")``
+    and ``new_group``; PyTorch and its C++ parts (DDP's reducer) call the
+    methods below with c10d's arguments and option objects.
+    """
+
+    def __init__(self, store, rank, size, timeout=None):
+        super().__init__(rank, size)
+        seconds = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        try:
+            self._group = _native.cpu_group_from_store(store, rank, size, "tensorcomm", seconds)
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+        self._coalesced = None
+
+    # -- identity ---------------------------------------------------------
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def _start(self, native, result):
+        work = Work(native, result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _call(self, method, *args):
+        try:
+            return getattr(self._group, method)(*args)
+        except InvalidArgumentError:
+            raise
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+
+    # -- collectives ------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        t = _one(tensors, "allreduce")
+        code, factor = _reduce_op(opts)
+        return self._start(self._call("all_reduce", _desc(t, "allreduce"), code, factor, _timeout(opts), tensors), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        code, factor = _reduce_op(opts)
+        descs = _descs(tensors, "allreduce_coalesced")
+        return self._start(self._call("all_reduce_coalesced", descs, code, factor, _timeout(opts), tensors), tensors)
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        return self._start(self._call("broadcast", _desc(t, "broadcast"), _root(opts), _timeout(opts), tensors), tensors)
+
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce")
+        code, factor = _reduce_op(opts)
+        native = self._call("reduce", _desc(t, "reduce"), _root(opts), code, factor, _timeout(opts), tensors)
+        return self._start(native, tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs = _one(output_tensors, "allgather: output_tensors")
+        t = _one(input_tensors, "allgather: input_tensors")
+        native = self._call(
+            "all_gather", _descs(outputs, "allgather: outputs"), _desc(t, "allgather: input"), _timeout(opts),
+            (output_tensors, input_tensors),
+        )
+        return self._start(native, output_tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        native = self._call(
+            "all_gather_into_tensor", _desc(output, "all_gather_into_tensor: output"),
+            _desc(input, "all_gather_into_tensor: input"), _timeout(opts), (output, input),
+        )
+        return self._start(native, [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        descs = [_descs(o, f"allgather_coalesced: outputs[{r}]") for r, o in enumerate(output_lists)]
+        native = self._call(
+            "all_gather_coalesced", descs, _descs(input_list, "allgather_coalesced: inputs"), _timeout(opts),
+            (output_lists, input_list),
+        )
+        return self._start(native, output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        native = self._call(
+            "all_gather_into_tensor_coalesced", _descs(outputs, "allgather_into_tensor_coalesced: outputs"),
+            _descs(inputs, "allgather_into_tensor_coalesced: inputs"), _timeout(opts), (outputs, inputs),
+        )
+        return self._start(native, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        t = _one(input_tensors, "gather: input_tensors")
+        root = _root(opts)
+        outputs = None
+        if self.rank() == root:
+            outputs = _descs(_one(output_tensors, "gather: output_tensors"), "gather: outputs")
+        native = self._call("gather", _desc(t, "gather: input"), outputs, root, _timeout(opts),
+                            (output_tensors, input_tensors))
+        return self._start(native, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        t = _one(output_tensors, "scatter: output_tensors")
+        root = _root(opts)
+        inputs = None
+        if self.rank() == root:
+            inputs = _descs(_one(input_tensors, "scatter: input_tensors"), "scatter: inputs")
+        native = self._call("scatter", _desc(t, "scatter: output"), inputs, root, _timeout(opts),
+                            (output_tensors, input_tensors))
+        return self._start(native, output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        t = _one(output_tensors, "reduce_scatter: output_tensors")
+        inputs = _one(input_tensors, "reduce_scatter: input_tensors")
+        code, factor = _reduce_op(opts)
+        native = self._call("reduce_scatter", _desc(t, "reduce_scatter: output"),
+                            _descs(inputs, "reduce_scatter: inputs"), code, factor, _timeout(opts),
+                            (output_tensors, input_tensors))
+        return self._start(native, output_tensors)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        code, factor = _reduce_op(opts)
+        native = self._call("reduce_scatter_tensor", _desc(output, "reduce_scatter_tensor: output"),
+                            _desc(input, "reduce_scatter_tensor: input"), code, factor, _timeout(opts),
+                            (output, input))
+        return self._start(native, [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        code, factor = _reduce_op(opts)
+        native = self._call("reduce_scatter_tensor_coalesced",
+                            _descs(outputs, "reduce_scatter_tensor_coalesced: outputs"),
+                            _descs(inputs, "reduce_scatter_tensor_coalesced: inputs"), code, factor,
+                            _timeout(opts), (outputs, inputs))
+        return self._start(native, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        native = self._call("all_to_all", _descs(output_tensors, "alltoall: outputs"),
+                            _descs(input_tensors, "alltoall: inputs"), _timeout(opts),
+                            (output_tensors, input_tensors))
+        return self._start(native, output_tensors)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        native = self._call("all_to_all_single", _desc(output, "all_to_all_single: output"),
+                            _desc(input, "all_to_all_single: input"), _splits(output_split_sizes),
+                            _splits(input_split_sizes), _timeout(opts), (output, input))
+        return self._start(native, [output])
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts=None):
+        return self._start(self._call("barrier", _timeout(opts)), [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Blocks until every rank arrives; past ``timeout`` raises on every
+        rank that came, naming the ranks that did not (all of them with
+        ``wait_all_ranks``). ``torch.distributed.monitored_barrier`` only
+        takes Gloo groups, so call it on the group."""
+        seconds = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        Work(self._call("monitored_barrier", seconds, bool(wait_all_ranks)), []).wait()
+
+    def send(self, tensors, dstRank, tag=0):
+        t = _one(tensors, "send")
+        return self._start(self._call("send", _desc(t, "send"), int(dstRank), int(tag), None, tensors), tensors)
+
+    def recv(self, tensors, srcRank, tag=0):
+        t = _one(tensors, "recv")
+        return self._start(self._call("recv", _desc(t, "recv"), int(srcRank), int(tag), None, tensors), tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        t = _one(tensors, "recv_anysource")
+        return self._start(self._call("recv_any_source", _desc(t, "recv_anysource"), int(tag), None, tensors), tensors)
+
+    # -- coalescing (torch.distributed's _coalescing_manager) -------------
+    def start_coalescing(self, device=None):
+        self._coalesced = []
+
+    def end_coalescing(self, device=None):
+        works, self._coalesced = self._coalesced or [], None
+        return _Works(works)
+
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
+
+    @property
+    def supports_coalescing(self):
+        return False
+
+    # -- life -------------------------------------------------------------
+    def shutdown(self):
+        """Releases the group's connections and shared memory."""
+        self._group = _Closed()
+
+    def abort(self):
+        self.shutdown()
+
+    def _shutdown(self):
+        self.shutdown()
+
+    def flight_recorder_json(self):
+        """The group's last collectives, as JSON text."""
+        return self._group.flight_recorder_json()
+
+    def __repr__(self):
+        return f"ProcessGroupTensorcomm(rank={self.rank()}, size={self.size()})"
+
+    if _TRACE:
+
+        def __getattr__(self, name):
+            print(f"[tensorcomm.torch] PyTorch asked for missing attribute {name!r}", file=sys.stderr, flush=True)
+            raise AttributeError(name)
+
+
+def _traced(cls):
+    """Prints every call PyTorch makes on the group, and each failure."""
+    for name, value in list(vars(cls).items()):
+        if name.startswith("__") or name in ("_start", "_call") or not callable(value):
+            continue
+
+        def wrap(fn, name=name):
+            def traced(self, *args, **kwargs):
+                shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args]
+                print(f"[tensorcomm.torch] rank {self.rank()}: {name}({shapes})", file=sys.stderr, flush=True)
+                try:
+                    return fn(self, *args, **kwargs)
+                except BaseException as e:
+                    print(f"[tensorcomm.torch] rank {self.rank()}: {name} failed: {type(e).__name__}: {e}",
+                          file=sys.stderr, flush=True)
+                    raise
+
+            traced.__name__ = fn.__name__
+            traced.__doc__ = fn.__doc__
+            return traced
+
+        setattr(cls, name, wrap(value))
+    return cls
+
+
+if _TRACE:
+    _traced(ProcessGroupTensorcomm)
+
+
+def _create(store, rank, size, timeout):
+    """The creator ``torch.distributed`` calls for each group of the backend."""
+    return ProcessGroupTensorcomm(store, rank, size, timeout)
+
+
+def _register():
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    try:
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    except TypeError:  # PyTorch without the devices argument
+        dist.Backend.register_backend(BACKEND_NAME, _create)
+
+
+_register()
+
+__all__ = ["BACKEND_NAME", "DistBackendError", "ProcessGroupTensorcomm", "Work"]
