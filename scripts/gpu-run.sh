@@ -13,6 +13,9 @@
 # binaries, CUDA_BENCH=0 the cuda::comm benchmarks.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Tests that run up to 8 ranks as threads of one process, each on its own
+# stream, need as many hardware queues (CUDA's default is 8).
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 dir="${1:-$(cd "$(dirname "$0")" && pwd)}"
 export TENSORCOMM_CACHE_DIR="${TENSORCOMM_CACHE_DIR:-/tmp/tensorcomm-kernels}"
 out="${OUT:-/tmp}"

@@ -583,3 +583,23 @@ fn threads_calling_at_once_each_get_their_own_results() {
     });
     pg.barrier(None).unwrap().wait().unwrap();
 }
+
+#[test]
+fn a_one_rank_group_runs_all_reduce_in_nccl_and_says_why_not_on_peer_memory() {
+    if !can_run("a_one_rank_group_runs_all_reduce_in_nccl_and_says_why_not_on_peer_memory") {
+        return;
+    }
+    let pg = group();
+    assert!(pg.intranode().is_none());
+    assert!(
+        pg.intranode_reason().contains("a group of 1"),
+        "{}",
+        pg.intranode_reason()
+    );
+    let t = gpu(DType::BF16, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    pg.all_reduce(&t, ReduceOp::Sum, None)
+        .unwrap()
+        .synchronize()
+        .unwrap();
+    assert_eq!(values(&t), [1.0, 2.0, 3.0, 4.0]);
+}

@@ -45,6 +45,7 @@
 mod cuda_comm;
 mod data;
 mod ddp;
+mod intranode;
 mod nccl;
 mod ops;
 mod pending;
@@ -81,6 +82,9 @@ pub enum BenchBackend {
     Cpu,
     /// The NCCL backend: one rank per GPU, CUDA tensors.
     Nccl,
+    /// The peer-memory all-reduce (`cuda::intranode`): ranks of one host,
+    /// one GPU each (TENSORCOMM_INTRANODE=shared lets ranks share one).
+    Intranode,
     /// `cuda::comm` between two GPUs of this process.
     #[value(name = "cuda-comm")]
     CudaComm,
@@ -287,6 +291,11 @@ pub struct BenchArgs {
     /// ddp: PowerSGD's matrix approximation rank.
     #[arg(long, default_value_t = 1)]
     powersgd_rank: usize,
+    /// intranode: run the -n ranks as threads of this process instead of
+    /// processes (ranks sharing a GPU then run side by side, where
+    /// processes take turns on it).
+    #[arg(long)]
+    in_process: bool,
 }
 
 impl BenchArgs {
@@ -344,11 +353,28 @@ pub fn main(args: BenchArgs) -> ExitCode {
     match args.backend {
         BenchBackend::CudaComm => return cuda_comm::main(&args),
         BenchBackend::Auto => return cpu_then_gpus(args),
-        BenchBackend::Cpu | BenchBackend::Nccl => {}
+        BenchBackend::Cpu | BenchBackend::Nccl | BenchBackend::Intranode => {}
     }
     if let Err(msg) = args.cpu_op().and_then(|op| fits_in_memory(&args, op)) {
         eprintln!("tensorcomm bench: {msg}");
         return ExitCode::from(2);
+    }
+    if args.backend == BenchBackend::Intranode && args.in_process {
+        return match args
+            .cpu_op()
+            .map_err(tensorcomm::Error::InvalidArgument)
+            .and_then(|op| intranode::run_threads(&args, op))
+        {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => {
+                eprintln!("tensorcomm bench: some results were WRONG");
+                ExitCode::FAILURE
+            }
+            Err(err) => {
+                eprintln!("tensorcomm bench failed: {err}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if std::env::var_os("RANK").is_none() {
         return launch_self(&args);
@@ -358,6 +384,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
             .cpu_op()
             .map_err(tensorcomm::Error::InvalidArgument)
             .and_then(|op| nccl::run_rank(&args, op)),
+        BenchBackend::Intranode => args
+            .cpu_op()
+            .map_err(tensorcomm::Error::InvalidArgument)
+            .and_then(|op| intranode::run_rank(&args, op)),
         _ => run_rank(&args),
     };
     match outcome {
@@ -477,10 +507,10 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
         format!("--op={}", op_name(args)),
         format!(
             "--backend={}",
-            if args.backend == BenchBackend::Nccl {
-                "nccl"
-            } else {
-                "cpu"
+            match args.backend {
+                BenchBackend::Nccl => "nccl",
+                BenchBackend::Intranode => "intranode",
+                _ => "cpu",
             }
         ),
         format!("--minbytes={}", args.min_bytes),

@@ -240,6 +240,47 @@ impl<'a> Tensor<'a> {
         Ok(out)
     }
 
+    /// Queues a copy of `src` into `self` on `stream` and returns without
+    /// waiting: both must be contiguous CUDA tensors of the same shape and
+    /// dtype (on any GPUs that `stream`'s GPU reaches). Keep both until the
+    /// stream has run the copy, as for any stream-ordered operation.
+    ///
+    /// ```no_run
+    /// use tensorcomm::cuda::runtime::Stream;
+    /// use tensorcomm::tensor::{DType, Device, Tensor};
+    /// let a = Tensor::from_vec(vec![1f32, 2.0], &[2])?.to_device(Device::Cuda(0))?;
+    /// let b = Tensor::zeros_on(&[2], DType::F32, Device::Cuda(0))?;
+    /// let s = Stream::new(0)?;
+    /// b.copy_from_on(&a, &s)?;
+    /// s.synchronize()?;
+    /// assert_eq!(b.to_vec::<f32>()?, [1.0, 2.0]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn copy_from_on(
+        &self,
+        src: &Tensor<'_>,
+        stream: &crate::cuda::runtime::Stream,
+    ) -> Result<()> {
+        if self.shape() != src.shape() || self.dtype != src.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "copy_from_on: expected a source of shape {:?} and dtype {}, found {:?} and {}",
+                self.shape(),
+                self.dtype,
+                src.shape(),
+                src.dtype
+            )));
+        }
+        if !self.is_contiguous() || !src.is_contiguous() {
+            return Err(Error::InvalidArgument(
+                "copy_from_on: expected contiguous tensors, found a strided one".into(),
+            ));
+        }
+        self.check_writable("copy_from_on")?;
+        let (dst_ctx, dst) = self.cuda_ptr()?;
+        let (src_ctx, from) = src.cuda_ptr()?;
+        crate::cuda::runtime::copy_dtod_async(&dst_ctx, dst, &src_ctx, from, self.nbytes(), stream)
+    }
+
     /// A view of the elements of `self` (a contiguous 1-D run) with
     /// `like`'s shape and the strides its copies get (see
     /// [`preserved_layout_of`]), starting at `self`'s first element.

@@ -241,7 +241,7 @@ impl<'a> Tensor<'a> {
 
     /// Errors when writing would store to one element through several
     /// logical indices (a stride of 0 on a dimension of size > 1).
-    fn check_writable(&self, op: &str) -> Result<()> {
+    pub(super) fn check_writable(&self, op: &str) -> Result<()> {
         if self.layout.has_zero_stride_overlap() {
             return Err(Error::InvalidLayout(format!(
                 "{op}: the destination (shape {:?}, strides {:?}) has several elements at one \

@@ -69,6 +69,12 @@ struct LastCall {
 /// tensors of the same size. Calls are queued on the caller's current
 /// stream and may be captured in a CUDA graph.
 ///
+/// A call's kernel waits on the GPU for the other ranks' kernels of the
+/// same call. Ranks that are threads of one process sharing a GPU must
+/// each queue on their own stream, and need as many hardware queues as
+/// ranks (set `CUDA_DEVICE_MAX_CONNECTIONS`, default 8, before CUDA starts):
+/// two ranks' kernels in one queue would wait for each other.
+///
 /// ```no_run
 /// use std::sync::Arc;
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};

@@ -6,10 +6,13 @@
 // of a rank holds the arrival (0 or 1) of rank r's block b not yet taken.
 // Arriving waits for the peer's word to be 0 and sets it to 1 (after a
 // system fence: release); taking waits for 1 and resets it to 0 (then a
-// system fence: acquire). Words are back at 0 after every barrier, so
-// calls and graph replays need no epoch. Spinning gives up when the host
+// system fence: acquire). Both spin on plain reads before the atomic.
+// Words are back at 0 after every barrier, so calls and graph replays need
+// no epoch. Spinning gives up when the host
 // raises `abort_flag` or after `timeout_ns`, and leaves in `status` why
-// (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted.
+// (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted. The
+// host words live in host memory: only spinning threads read them, every
+// 256 tries (a read crosses PCIe).
 // Data of peers is read with ld.global.cg (L2, never a stale L1 line).
 // Element types: OpF32, OpF16 and OpBF16 above (f32 accumulation).
 
@@ -39,10 +42,13 @@ __device__ __forceinline__ u64 peer_now_ns() {
   return t;
 }
 
+// Waits until *word == from, then swaps it to `to`. Spinning reads the word
+// (served by L2) and tries the atomic only when it looks right, so waiting
+// threads do not crowd the atomic units that the arriving peers need.
 __device__ __noinline__ bool peer_spin(u32* word, u32 from, u32 to, const PeerArgs& a, u32 peer) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
-    if (atomicCAS_system(word, from, to) == from) return true;
+    if (*(volatile u32*)word == from && atomicCAS_system(word, from, to) == from) return true;
     if ((n & 255) == 0) {
       if (*(volatile u32*)a.abort_flag != 0) {
         atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
@@ -59,6 +65,10 @@ __device__ __noinline__ bool peer_spin(u32* word, u32 from, u32 to, const PeerAr
   }
 }
 
+// A release/acquire fence at system scope (lighter than the sequentially
+// consistent one __threadfence_system gives).
+__device__ __forceinline__ void peer_fence() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 // Synchronises this block with block blockIdx.x of every other rank.
 __device__ bool peer_barrier(const PeerArgs& a) {
   __shared__ u32 failed;
@@ -68,9 +78,9 @@ __device__ bool peer_barrier(const PeerArgs& a) {
   if (p < a.world && p != a.rank) {
     u32* remote = (u32*)a.pad[p] + blockIdx.x * PEER_MAX + a.rank;
     u32* local = (u32*)a.pad[a.rank] + blockIdx.x * PEER_MAX + p;
-    __threadfence_system();
+    peer_fence();
     if (!peer_spin(remote, 0u, 1u, a, p) || !peer_spin(local, 1u, 0u, a, p)) failed = 1;
-    __threadfence_system();
+    peer_fence();
   }
   __syncthreads();
   return failed == 0;
@@ -142,16 +152,11 @@ __device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
   return out;
 }
 
-__device__ __forceinline__ bool peer_failed_before(const PeerArgs& a) {
-  return *(volatile u32*)a.status != 0;
-}
-
 // One shot: block b copies its range of the input into this rank's buffer,
 // synchronises with block b of every rank, then reduces that range over
 // every rank's buffer into the output.
 template <typename Op>
 __device__ void peer_one_shot(const PeerArgs& a) {
-  if (peer_failed_before(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 per = (nvec + gridDim.x - 1) / gridDim.x;
@@ -171,7 +176,6 @@ __device__ void peer_one_shot(const PeerArgs& a) {
 // synchronise, then copy the other ranks' reduced slices into the output.
 template <typename Op>
 __device__ void peer_two_shot(const PeerArgs& a) {
-  if (peer_failed_before(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 slice = (nvec + a.world - 1) / a.world;

@@ -102,6 +102,36 @@ impl MappedWords {
     }
 }
 
+impl super::stream::Stream {
+    /// Makes later work on this stream wait until word `i` of `words` is
+    /// at least `value` (set from the host with [`MappedWords::store`]):
+    /// a gate that lets a stream be filled before any of it runs.
+    ///
+    /// ```no_run
+    /// use tensorcomm::cuda::runtime::{MappedWords, Stream};
+    /// let (s, gate) = (Stream::new(0)?, MappedWords::new(1)?);
+    /// s.wait_word(&gate, 0, 1)?;
+    /// // ... queue work on `s`: none of it runs yet ...
+    /// gate.store(0, 1);
+    /// s.synchronize()?;
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn wait_word(&self, words: &MappedWords, i: usize, value: u32) -> Result<()> {
+        let addr = words.device_ptr(i).addr();
+        self.bind()?;
+        // SAFETY: `addr` is a mapped word owned by `words`, which the
+        // caller keeps until the stream has passed the wait.
+        check_raw("cuStreamWaitValue32", unsafe {
+            sys::cuStreamWaitValue32_v2(
+                self.cu_stream(),
+                addr,
+                value,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        })
+    }
+}
+
 impl Drop for MappedWords {
     fn drop(&mut self) {
         // SAFETY: allocated by cuMemHostAlloc and freed once; owners

@@ -1,0 +1,296 @@
+//! `tensorcomm bench --backend intranode`: the peer-memory all-reduce
+//! (`cuda::intranode`), one rank per process on cuda:(LOCAL_RANK % GPUs).
+//! Ranks sharing a GPU need `TENSORCOMM_INTRANODE=shared`.
+//!
+//! For each size it checks one call against the reference (rank r's input
+//! all r + 1), then times `--iters` calls after `--warmup`, queued on one
+//! stream behind a gate that opens once every rank has queued its batch
+//! (so the device runs them back to back, not at the host's pace): before
+//! each, a device copy of a fresh input over the (in-place) output, then
+//! an event, the call, an event. `time` is the median device time of one
+//! call (eager), `host` the median host time of queueing one, `graph` the
+//! device time of one call inside a CUDA graph of 20 calls replayed (the
+//! graph's time over 20; its input is refreshed before each replay). The last result of
+//! the timed calls is checked again. Rows give the slowest rank's medians.
+//! `--in-process` runs the ranks as threads of one process (ranks sharing
+//! a GPU then run their kernels side by side; as processes they take
+//! turns on the GPU, and each barrier waits for a time slice).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
+use tensorcomm::cuda::runtime::{self, Event, MappedWords, Stream};
+use tensorcomm::rendezvous::rendezvous;
+use tensorcomm::store::{HashStore, Store};
+use tensorcomm::tensor::{DType, Device, Tensor};
+use tensorcomm::{ProcessGroup, ReduceOp};
+
+use super::{progress, sizes, BenchArgs, BenchOp, Row};
+
+/// Calls per captured graph.
+const GRAPH_CALLS: usize = 20;
+
+/// Calls queued behind one gate by all ranks together: the driver's
+/// queue is shared by the process's streams, and a full one would block
+/// the host behind a gate it has not opened yet.
+const BATCH_ALL_RANKS: usize = 48;
+
+/// A GPU tensor of `dtype` with every element `v`.
+fn filled(dtype: DType, n: usize, v: f32, device: usize) -> tensorcomm::Result<Tensor<'static>> {
+    let host = match dtype {
+        DType::F32 => Tensor::from_vec(vec![v; n], &[n]),
+        DType::F16 => Tensor::from_vec(vec![f16::from_f32(v); n], &[n]),
+        DType::BF16 => Tensor::from_vec(vec![bf16::from_f32(v); n], &[n]),
+        other => {
+            return Err(tensorcomm::Error::InvalidArgument(format!(
+                "--backend intranode: expected --dtype f32, f16 or bf16, found {other}"
+            )))
+        }
+    }?;
+    host.to_device(Device::Cuda(device))
+}
+
+/// True when every element of `t` is `want`.
+fn all_equal(t: &Tensor<'_>, want: f32) -> tensorcomm::Result<bool> {
+    let got: Vec<f32> = match t.dtype() {
+        DType::F32 => t.to_vec::<f32>()?,
+        DType::F16 => t.to_vec::<f16>()?.iter().map(|v| v.to_f32()).collect(),
+        _ => t.to_vec::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
+    };
+    Ok(got.iter().all(|&g| g == want))
+}
+
+/// The median of `v` (mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Runs every size on this rank; rank 0 prints. True when all rows were
+/// correct.
+pub fn run_rank(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
+    check_op(op)?;
+    let r = rendezvous("env://", Duration::from_secs(300))?;
+    let count = runtime::device_count()?.max(1);
+    let device = r.local_rank.unwrap_or(r.rank) % count;
+    rank_body(args, r.rank, r.world_size, device, r.store)
+}
+
+/// `--in-process`: the `-n` ranks as threads of this process, rank r on
+/// cuda:(r % GPUs).
+pub fn run_threads(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
+    check_op(op)?;
+    // Every rank's stream needs its own hardware queue: with CUDA's default
+    // of 8, a rank's kernel can wait behind another's that spins for it.
+    // Set before the first CUDA call, while this is the only thread.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    let ranks = args.nproc;
+    let count = runtime::device_count()?.max(1);
+    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let results: Vec<tensorcomm::Result<bool>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || rank_body(args, rank, ranks, rank % count, store))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(tensorcomm::Error::InvalidArgument(
+                        "a rank thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut all = true;
+    for r in results {
+        all &= r?;
+    }
+    Ok(all)
+}
+
+fn check_op(op: BenchOp) -> tensorcomm::Result<()> {
+    if op != BenchOp::AllReduce {
+        return Err(tensorcomm::Error::InvalidArgument(format!(
+            "--backend intranode times all_reduce, found {}",
+            op.name()
+        )));
+    }
+    Ok(())
+}
+
+/// One rank's sizes; rank 0 prints.
+fn rank_body(
+    args: &BenchArgs,
+    rank: usize,
+    ranks: usize,
+    device: usize,
+    store: Arc<dyn Store>,
+) -> tensorcomm::Result<bool> {
+    let count = runtime::device_count()?.max(1);
+    // A CPU group to agree on the slowest rank's numbers.
+    let pg = ProcessGroupCpu::new(
+        store.clone(),
+        "bench-cpu",
+        rank,
+        ranks,
+        &CpuOptions::default(),
+    )?;
+    let comm = IntraNodeComm::new(
+        &*store,
+        "bench",
+        rank,
+        ranks,
+        device,
+        &IntraNodeOptions::default(),
+    )?;
+    let dtype = args.dtype;
+    if rank == 0 && !args.json {
+        println!(
+            "# tensorcomm bench: all_reduce {dtype} on {} {} (peer memory, cuda:{device} of {count} GPUs), {} iterations after {} warm-up; time = device time per eager call, graph = per call in a CUDA graph of {GRAPH_CALLS} (medians)",
+            super::rank_count(ranks),
+            if args.in_process { "as threads" } else { "as processes" },
+            args.iters,
+            args.warmup
+        );
+        println!(
+            "{} {:>10} {:>9} {:>9}",
+            Row::header(),
+            "graph(us)",
+            "host(us)",
+            "algo"
+        );
+    }
+    let stream = Stream::new(device)?;
+    let sizes = sizes(args);
+    let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
+    let mut all_correct = true;
+    let want = (ranks * (ranks + 1) / 2) as f32;
+    for size in sizes {
+        let n = (size / dtype.size()).max(1);
+        progress.show(n * dtype.size());
+        let fresh = filled(dtype, n, rank as f32 + 1.0, device)?;
+        let data = filled(dtype, n, -7.0, device)?;
+        // Check one call.
+        data.copy_from_on(&fresh, &stream)?;
+        let algo = comm.all_reduce_on(&data, ReduceOp::Sum, &stream)?;
+        comm.synchronize()?;
+        stream.synchronize()?;
+        let mut correct = all_equal(&data, want)?;
+        // Eager calls, queued behind a gate in batches, so that the device
+        // runs them back to back whatever the host's pace (the host time
+        // per call is measured apart).
+        let gate = MappedWords::new(1)?;
+        let mut released = 0;
+        let mut eager = Vec::new();
+        let mut host = Vec::new();
+        let total = args.warmup + args.iters;
+        let mut done = 0;
+        while done < total {
+            let batch = (BATCH_ALL_RANKS / ranks).max(2).min(total - done);
+            stream.wait_word(&gate, 0, released + 1)?;
+            let mut events: Vec<(Event, Event)> = Vec::new();
+            for _ in 0..batch {
+                data.copy_from_on(&fresh, &stream)?;
+                let start = stream.record_timed()?;
+                let t0 = Instant::now();
+                comm.all_reduce_on(&data, ReduceOp::Sum, &stream)?;
+                host.push(t0.elapsed().as_secs_f64() * 1e6);
+                events.push((start, stream.record_timed()?));
+            }
+            pg.barrier(None)?.wait()?;
+            released += 1;
+            gate.store(0, released);
+            stream.synchronize()?;
+            comm.check()?;
+            for (i, (start, end)) in events.iter().enumerate() {
+                if done + i >= args.warmup {
+                    eager.push(f64::from(start.elapsed_ms(end)?) * 1e3);
+                }
+            }
+            done += batch;
+        }
+        correct &= all_equal(&data, want)?;
+        // Graph replays, GRAPH_CALLS calls each, gated the same way.
+        stream.begin_capture()?;
+        for _ in 0..GRAPH_CALLS {
+            comm.all_reduce_on(&data, ReduceOp::Sum, &stream)?;
+        }
+        let graph = stream.end_capture()?;
+        let replays_n = args.warmup + args.iters.div_ceil(GRAPH_CALLS).max(5);
+        stream.wait_word(&gate, 0, released + 1)?;
+        let mut events: Vec<(Event, Event)> = Vec::new();
+        for _ in 0..replays_n {
+            data.copy_from_on(&fresh, &stream)?;
+            let start = stream.record_timed()?;
+            graph.launch(&stream)?;
+            events.push((start, stream.record_timed()?));
+        }
+        pg.barrier(None)?.wait()?;
+        gate.store(0, released + 1);
+        stream.synchronize()?;
+        let mut replays = Vec::new();
+        for (start, end) in &events[args.warmup..] {
+            replays.push(f64::from(start.elapsed_ms(end)?) * 1e3 / GRAPH_CALLS as f64);
+        }
+        comm.check()?;
+        // The slowest rank's medians and everyone's verdict.
+        let agreed = Tensor::from_vec(
+            vec![
+                median(eager),
+                median(replays),
+                if correct { 0.0 } else { 1.0 },
+                median(host),
+            ],
+            &[4],
+        )?;
+        pg.all_reduce(&agreed, ReduceOp::Max, None)?.wait()?;
+        let v = agreed.to_vec::<f64>()?;
+        let row_correct = v[2] == 0.0;
+        all_correct &= row_correct;
+        progress.clear();
+        if rank == 0 {
+            let row = Row::new(
+                n * dtype.size(),
+                n,
+                dtype.name(),
+                "all_reduce",
+                ranks,
+                v[0],
+                row_correct,
+            );
+            if args.json {
+                println!(
+                    "{}",
+                    row.json_with(&[
+                        ("graph_us", serde_json::json!(v[1])),
+                        ("host_us", serde_json::json!(v[3])),
+                        ("algo", serde_json::json!(algo.name())),
+                    ])
+                );
+            } else {
+                println!(
+                    "{} {:>10.2} {:>9.2} {:>9}",
+                    row.text(),
+                    v[1],
+                    v[3],
+                    algo.name()
+                );
+            }
+        }
+    }
+    pg.barrier(None)?.wait()?;
+    Ok(all_correct)
+}
