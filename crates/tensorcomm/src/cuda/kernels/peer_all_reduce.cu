@@ -2,14 +2,15 @@
 // ---- all-reduce over peer memory (cuda::intranode) -------------------------
 // Every rank's symmetric buffer and signal pad are mapped into every rank's
 // address space (CUDA IPC). Block b of every rank handles the same part of
-// the data, so ranks synchronise block by block: word pad[b * PEER_MAX + r]
-// of a rank holds the arrival (0 or 1) of rank r's block b not yet taken.
-// Arriving waits for the peer's word to be 0 and sets it to 1 (after a
-// system fence: release); taking waits for 1 and resets it to 0 (then a
-// system fence: acquire). Both spin on plain reads before the atomic.
-// Words are back at 0 after every barrier, so calls and graph replays need
-// no epoch. Spinning gives up when the host
-// raises `abort_flag` or after `timeout_ns`, and leaves in `status` why
+// the data, so ranks synchronise block by block. Each barrier has a number
+// (epoch): block b of a rank counts its barriers in its own pad's word
+// PEER_FLAGS + b (every rank runs the same calls with the same grids, so
+// the counts agree). Arriving stores the epoch, with release semantics at
+// system scope, into word b * PEER_MAX + (this rank) of each peer's pad;
+// waiting reads word b * PEER_MAX + p of this rank's pad, with acquire
+// semantics, until rank p's epoch is there. No atomics, no fences, no
+// reset: graph replays count on. Spinning gives up when the host raises
+// `abort_flag` or after `timeout_ns`, and leaves in `status` why
 // (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted. The
 // host words live in host memory: only spinning threads read them, every
 // 256 tries (a read crosses PCIe).
@@ -18,6 +19,7 @@
 
 #define PEER_MAX 8
 #define PEER_BLOCKS 32
+#define PEER_FLAGS (PEER_BLOCKS * PEER_MAX)
 
 struct PeerArgs {
   u64 buf[PEER_MAX];
@@ -42,13 +44,22 @@ __device__ __forceinline__ u64 peer_now_ns() {
   return t;
 }
 
-// Waits until *word == from, then swaps it to `to`. Spinning reads the word
-// (served by L2) and tries the atomic only when it looks right, so waiting
-// threads do not crowd the atomic units that the arriving peers need.
-__device__ __noinline__ bool peer_spin(u32* word, u32 from, u32 to, const PeerArgs& a, u32 peer) {
+__device__ __forceinline__ void peer_store_release(u32* p, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Waits until *word has reached `epoch` (counts wrap: compared as a
+// signed difference).
+__device__ __noinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
-    if (*(volatile u32*)word == from && atomicCAS_system(word, from, to) == from) return true;
+    if ((int)(peer_load_acquire(word) - epoch) >= 0) return true;
     if ((n & 255) == 0) {
       if (*(volatile u32*)a.abort_flag != 0) {
         atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
@@ -65,22 +76,22 @@ __device__ __noinline__ bool peer_spin(u32* word, u32 from, u32 to, const PeerAr
   }
 }
 
-// A release/acquire fence at system scope (lighter than the sequentially
-// consistent one __threadfence_system gives).
-__device__ __forceinline__ void peer_fence() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
 // Synchronises this block with block blockIdx.x of every other rank.
 __device__ bool peer_barrier(const PeerArgs& a) {
   __shared__ u32 failed;
-  if (threadIdx.x == 0) failed = 0;
+  __shared__ u32 epoch;
+  u32* own = (u32*)a.pad[a.rank];
+  if (threadIdx.x == 0) {
+    volatile u32* count = own + PEER_FLAGS + blockIdx.x;
+    epoch = *count + 1;
+    *count = epoch;
+    failed = 0;
+  }
   __syncthreads();
   const u32 p = threadIdx.x;
   if (p < a.world && p != a.rank) {
-    u32* remote = (u32*)a.pad[p] + blockIdx.x * PEER_MAX + a.rank;
-    u32* local = (u32*)a.pad[a.rank] + blockIdx.x * PEER_MAX + p;
-    peer_fence();
-    if (!peer_spin(remote, 0u, 1u, a, p) || !peer_spin(local, 1u, 0u, a, p)) failed = 1;
-    peer_fence();
+    peer_store_release((u32*)a.pad[p] + blockIdx.x * PEER_MAX + a.rank, epoch);
+    if (!peer_wait(own + blockIdx.x * PEER_MAX + p, epoch, a, p)) failed = 1;
   }
   __syncthreads();
   return failed == 0;

@@ -15,8 +15,9 @@ pub(crate) const PEER_MAX: usize = 8;
 pub(crate) const PEER_BLOCKS: usize = 32;
 /// Threads per block.
 const THREADS: u32 = 512;
-/// Bytes of one rank's signal pad.
-pub(crate) const PEER_PAD_BYTES: usize = PEER_BLOCKS * PEER_MAX * 4;
+/// Bytes of one rank's signal pad: a word per block and rank (the peers'
+/// arrivals), then a word per block (this rank's barrier count).
+pub(crate) const PEER_PAD_BYTES: usize = (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS) * 4;
 
 /// Which kernel runs the all-reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
