@@ -174,6 +174,11 @@ fn rank_body(
         );
     }
     let stream = Stream::new(device)?;
+    // One gate for the whole run: freeing pinned memory waits for the
+    // whole device, which a rank of this process may keep busy waiting for
+    // this one (ranks as threads).
+    let gate = MappedWords::new(1)?;
+    let mut released = 0;
     let sizes = sizes(args);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     let mut all_correct = true;
@@ -192,8 +197,6 @@ fn rank_body(
         // Eager calls, queued behind a gate in batches, so that the device
         // runs them back to back whatever the host's pace (the host time
         // per call is measured apart).
-        let gate = MappedWords::new(1)?;
-        let mut released = 0;
         let mut eager = Vec::new();
         let mut host = Vec::new();
         let total = args.warmup + args.iters;
@@ -239,7 +242,8 @@ fn rank_body(
             events.push((start, stream.record_timed()?));
         }
         pg.barrier(None)?.wait()?;
-        gate.store(0, released + 1);
+        released += 1;
+        gate.store(0, released);
         stream.synchronize()?;
         let mut replays = Vec::new();
         for (start, end) in &events[args.warmup..] {

@@ -73,7 +73,10 @@ struct LastCall {
 /// same call. Ranks that are threads of one process sharing a GPU must
 /// each queue on their own stream, and need as many hardware queues as
 /// ranks (set `CUDA_DEVICE_MAX_CONNECTIONS`, default 8, before CUDA starts):
-/// two ranks' kernels in one queue would wait for each other.
+/// two ranks' kernels in one queue would wait for each other. Such ranks
+/// must also not call CUDA functions that wait for the whole device
+/// (freeing device or pinned memory, `cuCtxSynchronize`) while a call is
+/// queued: the device waits for that very rank.
 ///
 /// ```no_run
 /// use std::sync::Arc;
