@@ -79,15 +79,15 @@ struct LastCall {
 /// queued: the device waits for that very rank.
 ///
 /// ```no_run
-/// use std::sync::Arc;
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
 /// use tensorcomm::group::ReduceOp;
-/// use tensorcomm::store::{Store, TcpStore};
+/// use tensorcomm::rendezvous::rendezvous;
 /// use tensorcomm::tensor::{DType, Device, Tensor};
 ///
-/// let (rank, world) = (0, 2); // from the launcher
-/// let store = TcpStore::connect("127.0.0.1", 29500, std::time::Duration::from_secs(30))?;
-/// let comm = IntraNodeComm::new(&store, "tp", rank, world, rank, &IntraNodeOptions::default())?;
+/// // Every rank of this host, one GPU each, under `tensorcomm run`.
+/// let r = rendezvous("env://", std::time::Duration::from_secs(60))?;
+/// let (rank, world) = (r.rank, r.world_size);
+/// let comm = IntraNodeComm::new(&*r.store, "tp", rank, world, rank, &IntraNodeOptions::default())?;
 /// let t = Tensor::zeros_on(&[4096], DType::BF16, Device::Cuda(rank))?;
 /// let algo = comm.all_reduce(&t, ReduceOp::Sum)?; // queued on the current stream
 /// comm.synchronize()?;
