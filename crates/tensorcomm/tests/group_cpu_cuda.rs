@@ -567,3 +567,180 @@ fn a_reducer_averages_cuda_gradients_through_the_cpu_group() {
         h.join().unwrap();
     }
 }
+
+// ---- the device path (peer memory) ------------------------------------------
+
+/// Two CPU groups (ranks as threads) with the device path on cuda:0,
+/// which both ranks share (`PeerPolicy::Shared`).
+fn two_ranks_with_peer_memory(prefix: &str) -> Vec<ProcessGroupCpu> {
+    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
+    use tensorcomm::cuda::intranode::{IntraNodeOptions, PeerPolicy};
+    let store = Arc::new(HashStore::new());
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let options = CpuOptions {
+                        timeout: std::time::Duration::from_secs(60),
+                        peer_memory: Some(PeerMemory {
+                            device: 0,
+                            options: IntraNodeOptions {
+                                policy: Some(PeerPolicy::Shared),
+                                region_bytes: 1 << 20,
+                                ..IntraNodeOptions::default()
+                            },
+                        }),
+                        ..CpuOptions::default()
+                    };
+                    ProcessGroupCpu::new(store, prefix, rank, 2, &options).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn all_reduce_of_cuda_tensors_takes_the_device_path_when_every_rank_can() {
+    if !can_run("all_reduce_of_cuda_tensors_takes_the_device_path_when_every_rank_can") {
+        return;
+    }
+    let pgs = two_ranks_with_peer_memory("device-path");
+    on_every_rank(&pgs, |pg| {
+        // Each rank queues on its own stream (ranks of one process).
+        let mine = Stream::new(0).unwrap();
+        let _current = set_current_stream(&mine);
+        let peer = pg.intranode().expect("peer memory set up");
+        let me = pg.rank();
+        let n = 3000;
+        let mut calls = 0;
+        for (op, want) in [(ReduceOp::Sum, 1.0f32), (ReduceOp::Avg, 0.5)] {
+            for round in 0..3 {
+                let t = on(GPU, rank_data(me, n), &[n]);
+                let work = pg.all_reduce(&t, op, None).unwrap();
+                work.wait().unwrap();
+                mine.synchronize().unwrap();
+                calls += 1;
+                let got = get(&t);
+                let reference: Vec<f32> = (0..n)
+                    .map(|i| (rank_data(0, n)[i] + rank_data(1, n)[i]) * want)
+                    .collect();
+                assert_eq!(got, reference, "{op:?} round {round}");
+            }
+        }
+        let u = peer.usage();
+        assert_eq!((u.one_shot, u.none), (calls, 0), "{u:?}");
+        // A bf16 tensor big enough for two-shot, through synchronize().
+        let big = 300_000;
+        let values: Vec<half::bf16> = (0..big)
+            .map(|i| half::bf16::from_f32((i % 7 + me) as f32))
+            .collect();
+        let t = Tensor::from_vec(values, &[big])
+            .unwrap()
+            .to_device(GPU)
+            .unwrap();
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let got = t.to_vec::<half::bf16>().unwrap();
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, v)| v.to_f32() == (2 * (i % 7) + 1) as f32));
+        assert_eq!(peer.usage().two_shot, 1);
+    });
+}
+
+#[test]
+fn the_device_path_group_stages_what_not_every_rank_can_take() {
+    if !can_run("the_device_path_group_stages_what_not_every_rank_can_take") {
+        return;
+    }
+    let pgs = two_ranks_with_peer_memory("device-path-fallback");
+    on_every_rank(&pgs, |pg| {
+        let mine = Stream::new(0).unwrap();
+        let _current = set_current_stream(&mine);
+        let me = pg.rank();
+        let n = 64;
+        let reference: Vec<f32> = (0..n)
+            .map(|i| rank_data(0, n)[i] + rank_data(1, n)[i])
+            .collect();
+        // Rank 0 passes a host tensor, rank 1 a CUDA tensor.
+        let device = if me == 0 { Device::Cpu } else { GPU };
+        let t = on(device, rank_data(me, n), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), reference, "mixed placements");
+        // PRODUCT and i64 are not the device path's.
+        let t = on(GPU, vec![2.0; n], &[n]);
+        pg.all_reduce(&t, ReduceOp::Product, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), vec![4.0; n], "product");
+        let ints = Tensor::from_vec(vec![me as i64 + 1; n], &[n])
+            .unwrap()
+            .to_device(GPU)
+            .unwrap();
+        pg.all_reduce(&ints, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(ints.to_vec::<i64>().unwrap(), vec![3; n], "i64");
+        let u = pg.intranode().unwrap().usage();
+        assert_eq!((u.one_shot + u.two_shot + u.large, u.none), (0, 3), "{u:?}");
+        // Other collectives of CUDA tensors are staged as before.
+        let b = on(GPU, vec![me as f32 + 5.0; n], &[n]);
+        pg.broadcast(&b, 1, None).unwrap().synchronize().unwrap();
+        assert_eq!(get(&b), vec![6.0; n]);
+    });
+}
+
+#[test]
+fn a_group_that_cannot_use_peer_memory_stages_and_says_why() {
+    if !can_run("a_group_that_cannot_use_peer_memory_stages_and_says_why") {
+        return;
+    }
+    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
+    use tensorcomm::cuda::intranode::{IntraNodeOptions, PeerPolicy};
+    let store = Arc::new(HashStore::new());
+    let pgs: Vec<ProcessGroupCpu> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let options = CpuOptions {
+                        peer_memory: Some(PeerMemory {
+                            device: 0,
+                            options: IntraNodeOptions {
+                                policy: Some(PeerPolicy::Auto),
+                                ..IntraNodeOptions::default()
+                            },
+                        }),
+                        ..CpuOptions::default()
+                    };
+                    ProcessGroupCpu::new(store, "no-peer", rank, 2, &options).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    on_every_rank(&pgs, |pg| {
+        assert!(pg.intranode().is_none());
+        assert!(
+            pg.intranode_reason().contains("share one GPU"),
+            "{}",
+            pg.intranode_reason()
+        );
+        let t = full(pg.rank() as f32, 10);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert_eq!(get(&t), vec![1.0; 10]);
+    });
+}

@@ -67,6 +67,37 @@ pub struct CpuOptions {
     /// [`TcpTransportOptions::lanes`]); `None`: `TENSORCOMM_TCP_LANES`, or
     /// chosen from the host's cores.
     pub tcp_lanes: Option<usize>,
+    /// The device path for CUDA tensors: with `Some`, the group sets up
+    /// peer memory ([`cuda::intranode`](crate::cuda::intranode)) on this
+    /// rank's GPU when it is created, and a dense SUM or AVG all_reduce
+    /// whose every rank passes an eligible CUDA tensor then runs on the
+    /// GPUs with no host staging (each all_reduce starts with a
+    /// one-element vote of the ranks); other calls are staged through host
+    /// memory. A group whose ranks cannot use peer memory is created
+    /// without it ([`ProcessGroupCpu::intranode_reason`] says why).
+    /// `None` (the default): every CUDA tensor is staged.
+    #[cfg(feature = "cuda")]
+    pub peer_memory: Option<PeerMemory>,
+}
+
+/// See [`CpuOptions::peer_memory`].
+///
+/// ```
+/// use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
+/// let options = CpuOptions {
+///     peer_memory: Some(PeerMemory { device: 0, options: Default::default() }),
+///     ..CpuOptions::default()
+/// };
+/// assert_eq!(options.peer_memory.unwrap().device, 0);
+/// ```
+#[cfg(feature = "cuda")]
+#[derive(Clone, Debug)]
+pub struct PeerMemory {
+    /// This rank's GPU, where its CUDA tensors are.
+    pub device: usize,
+    /// How the peer memory is set up (which groups qualify, its buffer,
+    /// how long a kernel waits for a peer).
+    pub options: crate::cuda::intranode::IntraNodeOptions,
 }
 
 impl Default for CpuOptions {
@@ -76,7 +107,32 @@ impl Default for CpuOptions {
             advertise_host: "127.0.0.1".into(),
             transport: TransportChoice::default(),
             tcp_lanes: None,
+            #[cfg(feature = "cuda")]
+            peer_memory: None,
         }
+    }
+}
+
+/// Sets up the device path's peer memory when `options` ask for it (every
+/// rank of the group calls this at the same point of its creation).
+#[cfg(feature = "cuda")]
+fn peer_memory(
+    store: &dyn Store,
+    key_prefix: &str,
+    (rank, size): (usize, usize),
+    options: &CpuOptions,
+) -> Result<(Option<Arc<crate::cuda::intranode::IntraNodeComm>>, String)> {
+    use crate::cuda::intranode::IntraNodeComm;
+    let Some(asked) = &options.peer_memory else {
+        return Ok((None, "not asked for (CpuOptions::peer_memory)".into()));
+    };
+    match IntraNodeComm::new(store, key_prefix, rank, size, asked.device, &asked.options) {
+        Ok(comm) => Ok((Some(Arc::new(comm)), String::new())),
+        Err(crate::Error::IntraNodeUnavailable { reason }) => {
+            tracing::info!(rank, %reason, "CPU group: no device path for CUDA tensors");
+            Ok((None, reason))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -194,6 +250,8 @@ impl ProcessGroupCpu {
         } else {
             None
         };
+        #[cfg(feature = "cuda")]
+        let (peer, peer_reason) = peer_memory(&*store, key_prefix, (rank, size), options)?;
         let backend = Arc::new(CpuBackend {
             transport,
             p2p: Arc::new(p2p),
@@ -204,6 +262,10 @@ impl ProcessGroupCpu {
             rank,
             #[cfg(feature = "cuda")]
             staging: Default::default(),
+            #[cfg(feature = "cuda")]
+            peer,
+            #[cfg(feature = "cuda")]
+            peer_reason,
         });
         let engine = Engine::start(
             backend.clone(),
@@ -247,6 +309,20 @@ impl ProcessGroupCpu {
     /// ```
     pub fn route(&self, peer: usize) -> Route {
         self.backend.transport.route(peer)
+    }
+
+    /// The group's peer memory for the device path, when it was asked for
+    /// ([`CpuOptions::peer_memory`]) and the ranks qualify.
+    #[cfg(feature = "cuda")]
+    pub fn intranode(&self) -> Option<&crate::cuda::intranode::IntraNodeComm> {
+        self.backend.peer.as_deref()
+    }
+
+    /// Why [`intranode`](ProcessGroupCpu::intranode) is `None` (empty when
+    /// it is not).
+    #[cfg(feature = "cuda")]
+    pub fn intranode_reason(&self) -> &str {
+        &self.backend.peer_reason
     }
 
     /// How this rank's point-to-point messages (`send`, `recv`, the

@@ -5,7 +5,9 @@
 //! checked both ways on every pair that talks), and the call described
 //! in full when it fails. A call with CUDA tensors is staged through
 //! pinned host memory (`cuda::staged`): prepared on the caller's thread,
-//! run on the host copies, and finished on the device.
+//! run on the host copies, and finished on the device; in a group with
+//! peer memory, an all_reduce that every rank votes able runs on the GPUs
+//! instead (`cuda::staged::peer_path`).
 
 use std::sync::Arc;
 
@@ -38,6 +40,12 @@ pub(crate) struct CpuBackend {
     /// Where CUDA tensors are staged through host memory.
     #[cfg(feature = "cuda")]
     pub(crate) staging: crate::cuda::staged::Staging,
+    /// Peer memory for the device path, when asked for and eligible.
+    #[cfg(feature = "cuda")]
+    pub(crate) peer: Option<Arc<crate::cuda::intranode::IntraNodeComm>>,
+    /// Why `peer` is absent (empty when present).
+    #[cfg(feature = "cuda")]
+    pub(crate) peer_reason: String,
 }
 
 impl GroupBackend for CpuBackend {
@@ -60,6 +68,13 @@ impl GroupBackend for CpuBackend {
                     "the CPU backend was handed a call it did not prepare".into(),
                 ));
             };
+            if let (Some(peer), Collective::AllReduce { tensor, op }) = (&self.peer, collective) {
+                let mine = crate::cuda::staged::peer_path_eligible(peer, tensor, *op);
+                if self.all_vote(mine, collective, call)? {
+                    return ordered.peer_all_reduce(peer, tensor, *op).map(Some);
+                }
+                peer.count_fallback();
+            }
             let staged = ordered.copy_down(collective, self.rank)?;
             let ran = staged
                 .wait_copied_down_until(call.deadline)
@@ -72,16 +87,40 @@ impl GroupBackend for CpuBackend {
         }
         #[cfg(not(feature = "cuda"))]
         drop(prepared);
+        #[cfg(feature = "cuda")]
+        if let (Some(peer), Collective::AllReduce { .. }) = (&self.peer, collective) {
+            // A host tensor here: vote no, so that ranks with CUDA tensors
+            // stage theirs too.
+            self.all_vote(false, collective, call)?;
+            peer.count_fallback();
+        }
         self.run_on_host(collective, collective, call)
             .map(|()| None)
     }
 
     fn abort(&self) {
+        #[cfg(feature = "cuda")]
+        if let Some(peer) = &self.peer {
+            peer.abort();
+        }
         self.transport.abort();
     }
 }
 
 impl CpuBackend {
+    /// True when every rank votes yes: a one-element MIN all_reduce over
+    /// the host transport, as part of `call` (`described` on failure).
+    #[cfg(feature = "cuda")]
+    fn all_vote(&self, mine: bool, described: &Collective, call: &Call) -> Result<bool> {
+        let ballot = crate::tensor::Tensor::from_vec(vec![i32::from(mine)], &[1])?;
+        let vote = Collective::AllReduce {
+            tensor: ballot.clone(),
+            op: crate::group::ReduceOp::Min,
+        };
+        self.run_on_host(&vote, described, call)?;
+        Ok(ballot.to_vec::<i32>()?[0] == 1)
+    }
+
     /// Runs `collective` to its end on this thread; on failure describes
     /// the call as `described` (the caller's collective, of which
     /// `collective` may be the host copy).

@@ -16,12 +16,16 @@
 //!   seen (stream, pinned buffer pool, copies in flight).
 //! - [`StagedCall`]: one collective's copies down and up.
 //! - [`StagedP2p`]: a send's copy down, a receive's copy up.
+//! - `peer_path`: the device path, a dense SUM/AVG all_reduce on peer
+//!   memory when every rank can take it (groups created with
+//!   `CpuOptions::peer_memory`).
 //!
 //! Not done: pipelining large messages (copying chunk i+1 down while
 //! chunk i is reduced); each call copies everything down, reduces, then
 //! copies everything up.
 
 mod one_gpu;
+mod peer_path;
 mod pinned_pool;
 mod staged_call;
 mod staged_event;
@@ -32,6 +36,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub(crate) use one_gpu::gpu_of;
+pub(crate) use peer_path::peer_path_eligible;
 pub(crate) use staged_call::{Ordered, StagedCall};
 pub(crate) use staged_p2p::StagedP2p;
 pub(crate) use staging_device::StagingDevice;

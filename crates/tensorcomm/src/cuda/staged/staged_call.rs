@@ -58,6 +58,11 @@ pub(crate) struct Ordered {
 }
 
 impl Ordered {
+    /// The staging device this call was ordered on.
+    pub(super) fn into_device(self) -> Arc<StagingDevice> {
+        self.device
+    }
+
     /// Step 2's first half for rank `rank`'s `collective` (see the module
     /// docs): queues the copies down, in call order.
     pub(crate) fn copy_down(self, collective: &Collective, rank: usize) -> Result<StagedCall> {

@@ -104,6 +104,12 @@ impl StagingDevice {
         unsafe { copy_htod_async(&ctx, dst, src, len, &self.stream) }
     }
 
+    /// The staging stream (ordered after each caller's stream by
+    /// `order_after_caller`).
+    pub(crate) fn stream(&self) -> &crate::cuda::runtime::Stream {
+        &self.stream
+    }
+
     /// Records the point after every copy queued so far on the staging
     /// stream, holding `keep` (both ends of those copies) until it has
     /// passed; also lets go of earlier points that have.
