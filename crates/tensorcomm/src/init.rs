@@ -26,9 +26,15 @@ pub struct InitOptions {
     pub group_name: String,
     /// Which transport the CPU backend uses between ranks.
     pub transport: TransportChoice,
-    /// The GPU of this rank for the NCCL backend (c10d's `device_id`);
-    /// `None`: `LOCAL_RANK` modulo the GPU count.
+    /// The GPU of this rank for the NCCL backend (c10d's `device_id`), and
+    /// for the CPU backend's peer memory; `None`: `LOCAL_RANK` modulo the
+    /// GPU count.
     pub device: Option<usize>,
+    /// CPU backend: set up the device path for CUDA tensors on this rank's
+    /// GPU (see [`CpuOptions::peer_memory`]), with the peer-memory
+    /// settings of the environment (`TENSORCOMM_INTRANODE`, ...).
+    #[cfg(feature = "cuda")]
+    pub peer_memory: bool,
 }
 
 impl Default for InitOptions {
@@ -38,6 +44,8 @@ impl Default for InitOptions {
             group_name: "default".into(),
             transport: TransportChoice::default(),
             device: None,
+            #[cfg(feature = "cuda")]
+            peer_memory: false,
         }
     }
 }
@@ -91,6 +99,21 @@ pub fn init_process_group_with(
         advertise_host,
         timeout: options.timeout,
         transport: options.transport,
+        #[cfg(feature = "cuda")]
+        peer_memory: if options.peer_memory {
+            Some(crate::cpu::backend::PeerMemory {
+                device: match options.device {
+                    Some(d) => d,
+                    None => local_gpu(rdzv.local_rank.unwrap_or(rdzv.rank))?,
+                },
+                options: crate::cuda::intranode::IntraNodeOptions {
+                    timeout: options.timeout,
+                    ..Default::default()
+                },
+            })
+        } else {
+            None
+        },
         ..CpuOptions::default()
     };
     match backend {
@@ -190,4 +213,16 @@ fn local_address_towards(host: &str, port: u16) -> String {
     UdpSocket::bind(bind)
         .and_then(|s| s.connect(&target).and_then(|()| s.local_addr()))
         .map_or_else(|_| "127.0.0.1".into(), |a| a.ip().to_string())
+}
+
+/// The GPU of local rank `local`: `local` modulo the GPU count.
+#[cfg(feature = "cuda")]
+fn local_gpu(local: usize) -> Result<usize> {
+    let count = crate::cuda::runtime::device_count()?;
+    if count == 0 {
+        return Err(crate::Error::NoCuda {
+            reason: "peer memory needs a GPU and this machine has none".into(),
+        });
+    }
+    Ok(local % count)
 }

@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::transport::{TransportChoice, TRANSPORT_ENV};
 use tensorcomm::tensor::{DType, Device, Tensor};
-use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp};
+use tensorcomm::{Backend, ProcessGroup, ReduceOp};
 
 pub use row::Row;
 
@@ -291,6 +291,11 @@ pub struct BenchArgs {
     /// ddp: PowerSGD's matrix approximation rank.
     #[arg(long, default_value_t = 1)]
     powersgd_rank: usize,
+    /// cpu with --device cuda: give the group peer memory (the device path:
+    /// all_reduce on the GPUs when every rank can; TENSORCOMM_INTRANODE
+    /// says which groups qualify, `shared` for ranks sharing a GPU).
+    #[arg(long)]
+    peer_memory: bool,
     /// intranode: run the -n ranks as threads of this process instead of
     /// processes (ranks sharing a GPU then run side by side, where
     /// processes take turns on it).
@@ -344,6 +349,10 @@ pub fn main(args: BenchArgs) -> ExitCode {
     }
     if args.device == BenchDevice::Cuda && (args.backend != BenchBackend::Cpu || args.symmetric) {
         eprintln!("tensorcomm bench: --device cuda goes with --backend cpu, without --symmetric");
+        return ExitCode::from(2);
+    }
+    if args.peer_memory && args.device != BenchDevice::Cuda {
+        eprintln!("tensorcomm bench: --peer-memory goes with --backend cpu --device cuda");
         return ExitCode::from(2);
     }
     if args.sizes.contains(&0) {
@@ -529,6 +538,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if args.symmetric {
         rank_args.push("--symmetric".into());
     }
+    if args.peer_memory {
+        rank_args.push("--peer-memory".into());
+    }
     if args.device == BenchDevice::Cuda {
         rank_args.push("--device=cuda".into());
     }
@@ -557,7 +569,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             op.name()
         )));
     }
-    let pg = init_process_group(Backend::Cpu, "env://")?;
+    let pg = tensorcomm::init_process_group_with(
+        Backend::Cpu,
+        "env://",
+        &tensorcomm::InitOptions {
+            peer_memory: args.peer_memory,
+            ..tensorcomm::InitOptions::default()
+        },
+    )?;
     let (rank, ranks) = (pg.rank(), pg.size());
     ops::check_ranks(op, ranks)?;
     let dtype = args.dtype;
@@ -573,6 +592,8 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
             args.backend,
             if args.symmetric && !ops::sizeless(op) {
                 ", symmetric memory"
+            } else if args.peer_memory {
+                ", peer memory"
             } else {
                 ""
             },
