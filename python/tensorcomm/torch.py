@@ -321,6 +321,15 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND_NAME
 
+    def _get_backend(self, device):
+        """The backend of ``device``'s type: this group for CPU, as
+        PyTorch asks of a group (``batch_isend_irecv`` does) before it
+        reads the backend's ``supports_coalescing``; other device types
+        raise the ``RuntimeError`` PyTorch's own groups raise."""
+        kind = device if isinstance(device, str) else getattr(device, "type", str(device))
+        if str(kind).split(":", 1)[0] == "cpu":
+            return self
+        raise RuntimeError(f"No backend type associated with device type {kind}")
 
     def _go(self, method, opts, result, *args):
         """Starts the native collective ``method(*args)`` and returns its
