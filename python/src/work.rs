@@ -134,6 +134,10 @@ impl PyWork {
     /// Waits without the GIL (running the collective on this thread if
     /// nobody has started it) and records the outcome.
     fn settle(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+        if self.outcome.get().is_some() {
+            // Already waited for (or finished by a blocking call).
+            return Ok(());
+        }
         let (timed_out, released) = py.allow_threads(|| {
             let mut slot = self.work.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(Pending { work, .. }) = slot.as_ref() {
