@@ -3,7 +3,9 @@
 //!
 //! Each method views its arrays as tensors (no copy), queues the
 //! collective without the GIL, and returns a [`PyWork`] that keeps `keep`
-//! (the Python arrays) alive until the collective is done with them. The
+//! (the Python arrays) alive until the collective is done with them; with
+//! `blocking=True` a method also waits for the collective before it
+//! returns (one GIL-free call for a caller that would wait at once). The
 //! friendlier signatures (NumPy arrays, defaults, op names) are in
 //! `tensorcomm/__init__.py`; PyTorch's are in `tensorcomm/torch.py`.
 
@@ -74,15 +76,31 @@ impl PyGroup {
         self.pg.as_ref().expect("a group is present until dropped")
     }
 
-    /// Queues `start` without the GIL and wraps its `Work`.
+    /// Queues `start` without the GIL and wraps its `Work`. With
+    /// `blocking`, also waits for it in the same GIL-free stretch (running
+    /// it on this thread, as the engine does for a waiter that comes
+    /// before the group's thread) and returns the finished work, whose
+    /// `wait()` gives the outcome: what a caller that waits at once (a
+    /// synchronous `torch.distributed` call) needs, without a second
+    /// call, a second GIL release or a window for the group's thread to
+    /// take the collective over.
     fn start(
         &self,
         py: Python<'_>,
         keep: Py<PyAny>,
         is_receive: bool,
+        blocking: bool,
         start: impl FnOnce(&dyn ProcessGroup) -> tensorcomm::Result<Work> + Send,
     ) -> PyResult<PyWork> {
         let pg = &**self.pg();
+        if blocking {
+            let outcome = py
+                .allow_threads(|| start(pg).map(Work::wait))
+                .map_err(py_err)?;
+            // The collective is done with the arrays in `keep`.
+            drop(keep);
+            return Ok(PyWork::finished(outcome));
+        }
         let work = py.allow_threads(|| start(pg)).map_err(py_err)?;
         Ok(PyWork::new(work, keep, is_receive))
     }
@@ -106,6 +124,8 @@ impl PyGroup {
         self.pg().global_ranks()
     }
 
+    #[pyo3(signature = (t, op, factor, timeout, keep, blocking=false))]
+    #[allow(clippy::too_many_arguments)]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -114,11 +134,15 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| pg.all_reduce(&t, op, timeout))
+        self.start(py, keep, false, blocking, |pg| {
+            pg.all_reduce(&t, op, timeout)
+        })
     }
 
+    #[pyo3(signature = (t, root, timeout, keep, blocking=false))]
     fn broadcast(
         &self,
         py: Python<'_>,
@@ -126,11 +150,15 @@ impl PyGroup {
         root: usize,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| pg.broadcast(&t, root, timeout))
+        self.start(py, keep, false, blocking, |pg| {
+            pg.broadcast(&t, root, timeout)
+        })
     }
 
+    #[pyo3(signature = (t, root, op, factor, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
@@ -141,11 +169,15 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| pg.reduce(&t, root, op, timeout))
+        self.start(py, keep, false, blocking, |pg| {
+            pg.reduce(&t, root, op, timeout)
+        })
     }
 
+    #[pyo3(signature = (outputs, input, timeout, keep, blocking=false))]
     fn all_gather(
         &self,
         py: Python<'_>,
@@ -153,13 +185,15 @@ impl PyGroup {
         input: Desc,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (outputs, input, timeout) = (views(&outputs)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_gather(&outputs, &input, timeout)
         })
     }
 
+    #[pyo3(signature = (output, input, timeout, keep, blocking=false))]
     fn all_gather_into_tensor(
         &self,
         py: Python<'_>,
@@ -167,13 +201,15 @@ impl PyGroup {
         input: Desc,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_gather_into_tensor(&output, &input, timeout)
         })
     }
 
+    #[pyo3(signature = (outputs, inputs, timeout, keep, blocking=false))]
     fn all_gather_coalesced(
         &self,
         py: Python<'_>,
@@ -181,14 +217,16 @@ impl PyGroup {
         inputs: Vec<Desc>,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let outputs: Vec<_> = outputs.iter().map(|o| views(o)).collect::<PyResult<_>>()?;
         let (inputs, timeout) = (views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_gather_coalesced(&outputs, &inputs, timeout)
         })
     }
 
+    #[pyo3(signature = (outputs, inputs, timeout, keep, blocking=false))]
     fn all_gather_into_tensor_coalesced(
         &self,
         py: Python<'_>,
@@ -196,14 +234,16 @@ impl PyGroup {
         inputs: Vec<Desc>,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (outputs, inputs, timeout) =
             (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_gather_into_tensor_coalesced(&outputs, &inputs, timeout)
         })
     }
 
+    #[pyo3(signature = (input, outputs, root, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
@@ -213,15 +253,17 @@ impl PyGroup {
         root: usize,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let input = view(&input)?;
         let outputs = outputs.map(|o| views(&o)).transpose()?;
         let timeout = call_timeout(timeout)?;
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.gather(&input, outputs.as_deref(), root, timeout)
         })
     }
 
+    #[pyo3(signature = (output, inputs, root, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn scatter(
         &self,
@@ -231,15 +273,17 @@ impl PyGroup {
         root: usize,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let output = view(&output)?;
         let inputs = inputs.map(|i| views(&i)).transpose()?;
         let timeout = call_timeout(timeout)?;
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.scatter(&output, inputs.as_deref(), root, timeout)
         })
     }
 
+    #[pyo3(signature = (output, inputs, op, factor, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn reduce_scatter(
         &self,
@@ -250,14 +294,16 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (output, inputs) = (view(&output)?, views(&inputs)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.reduce_scatter(&output, &inputs, op, timeout)
         })
     }
 
+    #[pyo3(signature = (output, input, op, factor, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn reduce_scatter_tensor(
         &self,
@@ -268,14 +314,16 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (output, input) = (view(&output)?, view(&input)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.reduce_scatter_tensor(&output, &input, op, timeout)
         })
     }
 
+    #[pyo3(signature = (outputs, inputs, op, factor, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn reduce_scatter_tensor_coalesced(
         &self,
@@ -286,14 +334,16 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (outputs, inputs) = (views(&outputs)?, views(&inputs)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.reduce_scatter_tensor_coalesced(&outputs, &inputs, op, timeout)
         })
     }
 
+    #[pyo3(signature = (outputs, inputs, timeout, keep, blocking=false))]
     fn all_to_all(
         &self,
         py: Python<'_>,
@@ -301,14 +351,16 @@ impl PyGroup {
         inputs: Vec<Desc>,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (outputs, inputs, timeout) =
             (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_to_all(&outputs, &inputs, timeout)
         })
     }
 
+    #[pyo3(signature = (output, input, output_split_sizes, input_split_sizes, timeout, keep, blocking=false))]
     #[allow(clippy::too_many_arguments)]
     fn all_to_all_single(
         &self,
@@ -319,9 +371,10 @@ impl PyGroup {
         input_split_sizes: Vec<usize>,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_to_all_single(
                 &output,
                 &input,
@@ -332,6 +385,8 @@ impl PyGroup {
         })
     }
 
+    #[pyo3(signature = (tensors, op, factor, timeout, keep, blocking=false))]
+    #[allow(clippy::too_many_arguments)]
     fn all_reduce_coalesced(
         &self,
         py: Python<'_>,
@@ -340,20 +395,22 @@ impl PyGroup {
         factor: f64,
         timeout: Option<f64>,
         keep: Py<PyAny>,
+        blocking: bool,
     ) -> PyResult<PyWork> {
         let (tensors, op, timeout) = (
             views(&tensors)?,
             reduce_op(op, factor)?,
             call_timeout(timeout)?,
         );
-        self.start(py, keep, false, |pg| {
+        self.start(py, keep, false, blocking, |pg| {
             pg.all_reduce_coalesced(&tensors, op, timeout)
         })
     }
 
-    fn barrier(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyWork> {
+    #[pyo3(signature = (timeout, blocking=false))]
+    fn barrier(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<PyWork> {
         let timeout = call_timeout(timeout)?;
-        self.start(py, py.None(), false, |pg| pg.barrier(timeout))
+        self.start(py, py.None(), false, blocking, |pg| pg.barrier(timeout))
     }
 
     fn monitored_barrier(
@@ -363,7 +420,7 @@ impl PyGroup {
         wait_all: bool,
     ) -> PyResult<PyWork> {
         let timeout = call_timeout(timeout)?;
-        self.start(py, py.None(), false, |pg| {
+        self.start(py, py.None(), false, false, |pg| {
             pg.monitored_barrier(timeout, wait_all)
         })
     }
@@ -378,7 +435,7 @@ impl PyGroup {
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, false, |pg| pg.send(&t, dst, tag, timeout))
+        self.start(py, keep, false, false, |pg| pg.send(&t, dst, tag, timeout))
     }
 
     fn recv(
@@ -391,7 +448,7 @@ impl PyGroup {
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, true, |pg| pg.recv(&t, src, tag, timeout))
+        self.start(py, keep, true, false, |pg| pg.recv(&t, src, tag, timeout))
     }
 
     fn recv_any_source(
@@ -403,7 +460,9 @@ impl PyGroup {
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, true, |pg| pg.recv_any_source(&t, tag, timeout))
+        self.start(py, keep, true, false, |pg| {
+            pg.recv_any_source(&t, tag, timeout)
+        })
     }
 
     /// The sub-group of `ranks` (every rank calls it; `None` on the others).

@@ -1,10 +1,12 @@
 //! `Work`: the handle of one collective, as Python sees it.
 //!
 //! The arrays a collective reads and writes are Python objects whose
-//! memory the Rust tensors borrow. Each `Work` hands those objects to a
-//! callback chained on the collective's future, which releases them once
-//! the collective has finished, whether or not anyone waits on it; so
-//! dropping a `Work` early never frees memory the collective still uses.
+//! memory the Rust tensors borrow. Each `Work` holds those objects until
+//! the collective has finished: waiting on it releases them; a `Work`
+//! dropped while its collective still runs hands them to a callback
+//! chained on the collective's future, which releases them once it has
+//! finished. So dropping a `Work` early never frees memory the collective
+//! still uses, and the usual call-then-wait pays for no callback.
 //! Done-callbacks registered from Python run on one helper thread of the
 //! process that takes the GIL, never on a thread that moves bytes.
 
@@ -62,8 +64,8 @@ fn callbacks() -> &'static Mutex<Sender<Callback>> {
 /// ```
 #[pyclass(name = "Work", module = "tensorcomm._tensorcomm", frozen)]
 pub struct PyWork {
-    /// The work until someone has waited for it.
-    work: Mutex<Option<Work>>,
+    /// The work and the arrays it uses, until someone has waited for it.
+    work: Mutex<Option<Pending>>,
     /// Its outcome, once waited for.
     outcome: OnceLock<Result<(), Error>>,
     /// The sender's rank, for a receive from any source.
@@ -72,30 +74,73 @@ pub struct PyWork {
     is_receive: bool,
 }
 
-impl PyWork {
-    /// Wraps `work`, keeping `keep` (the arrays it uses) alive until the
-    /// collective has finished.
-    pub(crate) fn new(work: Work, keep: Py<PyAny>, is_receive: bool) -> PyWork {
+/// A collective not waited for yet, with the Python objects whose memory it
+/// uses.
+struct Pending {
+    work: Work,
+    keep: Py<PyAny>,
+}
+
+impl Drop for PyWork {
+    /// A work dropped before anyone waited for it keeps its arrays alive
+    /// until the collective has finished, through a callback on its
+    /// future (run by the thread that finishes it).
+    fn drop(&mut self) {
+        let pending = self
+            .work
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(Pending { work, keep }) = pending else {
+            return;
+        };
+        if work.is_completed() {
+            // Python drops a `Work` holding the GIL: a plain decref.
+            drop(keep);
+            return;
+        }
         let release = work.get_future().then(move |outcome| {
             // Without the GIL, pyo3 defers this decref to the next holder.
             drop(keep);
             outcome
         });
         drop(release);
+    }
+}
+
+impl PyWork {
+    /// Wraps `work`, keeping `keep` (the arrays it uses) alive until the
+    /// collective has finished.
+    pub(crate) fn new(work: Work, keep: Py<PyAny>, is_receive: bool) -> PyWork {
         PyWork {
-            work: Mutex::new(Some(work)),
+            work: Mutex::new(Some(Pending { work, keep })),
             outcome: OnceLock::new(),
             source: OnceLock::new(),
             is_receive,
         }
     }
 
+    /// A work whose collective has already finished with `outcome` (see
+    /// `PyGroup::start`'s `blocking`).
+    pub(crate) fn finished(outcome: Result<(), Error>) -> PyWork {
+        PyWork {
+            work: Mutex::new(None),
+            outcome: OnceLock::from(outcome),
+            source: OnceLock::new(),
+            is_receive: false,
+        }
+    }
+
     /// Waits without the GIL (running the collective on this thread if
     /// nobody has started it) and records the outcome.
     fn settle(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
-        let timed_out = py.allow_threads(|| {
+        if self.outcome.get().is_some() {
+            // Already waited for (or finished by a blocking call).
+            return Ok(());
+        }
+        let (timed_out, released) = py.allow_threads(|| {
             let mut slot = self.work.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(work) = slot.as_ref() {
+            if let Some(Pending { work, .. }) = slot.as_ref() {
                 let limit = match (timeout, self.is_receive) {
                     (Some(t), _) => Some(t),
                     // Keep the work until done to read its sender.
@@ -104,16 +149,21 @@ impl PyWork {
                 };
                 if let Some(limit) = limit {
                     if !work.wait_timeout(limit) {
-                        return true;
+                        return (true, None);
                     }
                     let _ = self.source.set(work.source_rank());
                 }
             }
-            if let Some(work) = slot.take() {
-                let _ = self.outcome.set(work.wait());
+            match slot.take() {
+                Some(Pending { work, keep }) => {
+                    let _ = self.outcome.set(work.wait());
+                    (false, Some(keep))
+                }
+                None => (false, None),
             }
-            false
         });
+        // The collective is done with the arrays: released with the GIL.
+        drop(released);
         if timed_out {
             return Err(raise(
                 "CollectiveTimeoutError",
@@ -155,7 +205,7 @@ impl PyWork {
             return true;
         }
         match self.work.try_lock() {
-            Ok(slot) => slot.as_ref().is_none_or(Work::is_completed),
+            Ok(slot) => slot.as_ref().is_none_or(|p| p.work.is_completed()),
             Err(_) => false, // another thread is waiting on it
         }
     }
@@ -183,7 +233,7 @@ impl PyWork {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         match slot.as_ref() {
-            Some(work) => {
+            Some(Pending { work, .. }) => {
                 let chained = work.get_future().then(move |outcome| {
                     let _ = sender.send((callback, outcome.clone()));
                     outcome

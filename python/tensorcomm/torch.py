@@ -50,10 +50,16 @@ _DTYPE_CODES = {
 _OP_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 _RED_OP_TYPE = getattr(dist.ReduceOp, "RedOpType", None)
 _OP_CODES = {}
+# The same by the integer value of each RedOpType (``opts.reduceOp.op.value``,
+# cheaper to look up than the enum), without PREMUL_SUM, whose factor
+# _reduce_op reads.
+_OP_VALUE_CODES = {}
 for _code, _name in enumerate(_OP_NAMES):
     _value = getattr(_RED_OP_TYPE, _name, None) if _RED_OP_TYPE is not None else None
     if _value is not None:
         _OP_CODES[_value] = _code
+        if _name != "PREMUL_SUM" and isinstance(getattr(_value, "value", None), int):
+            _OP_VALUE_CODES[_value.value] = _code
 
 _DistBackendError = getattr(dist, "DistBackendError", RuntimeError)
 try:
@@ -75,24 +81,33 @@ def _as_dist_error(error):
     return wrapped
 
 
+_STRIDED = torch.strided
+
+
 def _desc(tensor, what):
     """The native descriptor of a CPU tensor: (address, dtype, shape, strides)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, found {type(tensor).__name__}")
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None or not tensor.is_cpu or tensor.layout is not _STRIDED:
+        _refuse(tensor, what)
+    # tensor.shape is a torch.Size, a tuple: the native side reads it as is.
+    return (tensor.data_ptr(), code, tensor.shape, tensor.stride())
+
+
+def _refuse(tensor, what):
+    """Raises the error that says why ``_desc`` cannot take ``tensor``."""
     if not tensor.is_cpu:
         raise InvalidArgumentError(
             f"{what}: expected a CPU tensor, found one on {tensor.device} "
             "(the tensorcomm backend runs collectives on CPU tensors)"
         )
-    code = _DTYPE_CODES.get(tensor.dtype)
-    if code is None:
+    if tensor.dtype not in _DTYPE_CODES:
         raise InvalidArgumentError(
             f"{what}: expected dtype float32, float64, float16, bfloat16, int8, uint8, int32, "
             f"int64 or bool, found {tensor.dtype}"
         )
-    if tensor.layout != torch.strided:
-        raise InvalidArgumentError(f"{what}: expected a dense (strided) tensor, found layout {tensor.layout}")
-    return (tensor.data_ptr(), code, tuple(tensor.shape), tensor.stride())
+    raise InvalidArgumentError(f"{what}: expected a dense (strided) tensor, found layout {tensor.layout}")
 
 
 def _descs(tensors, what):
@@ -111,6 +126,15 @@ def _one(tensors, what):
 
 def _reduce_op(opts):
     """(code, factor) of the reduce op in ``opts`` (SUM without opts)."""
+    try:
+        return _OP_VALUE_CODES[opts.reduceOp.op.value], 1.0
+    except (AttributeError, KeyError, TypeError):
+        return _reduce_op_slow(opts)
+
+
+def _reduce_op_slow(opts):
+    """:func:`_reduce_op` of options it has no fast path for: none, an op
+    without ``.op.value``, PREMUL_SUM (with its factor)."""
     if opts is None:
         return 0, 1.0
     op = getattr(opts, "reduceOp", None)
@@ -137,6 +161,15 @@ def _reduce_op(opts):
 
 def _timeout(opts):
     """The per-call timeout of ``opts`` in seconds (``None``: the group's)."""
+    try:
+        seconds = opts.timeout.total_seconds()
+    except AttributeError:
+        return _timeout_slow(opts)
+    return seconds if seconds > 0 else None
+
+
+def _timeout_slow(opts):
+    """:func:`_timeout` of options without a ``timedelta`` timeout."""
     t = getattr(opts, "timeout", None) if opts is not None else None
     if t is None:
         return None
@@ -161,8 +194,11 @@ class Work(_WorkBase):
     ``wait()`` blocks (without the GIL) and raises the collective's error;
     ``get_future()`` gives a ``torch.futures.Future`` whose value is the
     collective's output tensors (what DDP's reducer reads); the tensors
-    stay alive until the collective is done with them.
+    stay alive until the collective is done with them. The future is made
+    on the first ``get_future()`` call, not before.
     """
+
+    __slots__ = ("_native", "_result", "_future")
 
     def __init__(self, native, result):
         super().__init__()
@@ -174,11 +210,12 @@ class Work(_WorkBase):
         seconds = None
         if timeout is not None:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            if seconds <= 0:
+                seconds = None
         try:
-            self._native.wait(seconds if seconds and seconds > 0 else None)
+            return self._native.wait(seconds)
         except TensorcommError as e:
             raise _as_dist_error(e) from None
-        return True
 
     def synchronize(self):
         self.wait()
@@ -220,6 +257,8 @@ class Work(_WorkBase):
 
 class _Works(_WorkBase):
     """Several works as one (what ``end_coalescing`` returns)."""
+
+    __slots__ = ("_works", "_future")
 
     def __init__(self, works):
         super().__init__()
@@ -282,73 +321,107 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND_NAME
 
-    def _start(self, native, result):
+    def _get_backend(self, device):
+        """The backend of ``device``'s type: this group for CPU, as
+        PyTorch asks of a group (``batch_isend_irecv`` does) before it
+        reads the backend's ``supports_coalescing``; other device types
+        raise the ``RuntimeError`` PyTorch's own groups raise."""
+        kind = device if isinstance(device, str) else getattr(device, "type", str(device))
+        if str(kind).split(":", 1)[0] == "cpu":
+            return self
+        raise RuntimeError(f"No backend type associated with device type {kind}")
+
+    def _go(self, method, opts, result, *args):
+        """Starts the native collective ``method(*args)`` and returns its
+        :class:`Work`, whose result is ``result``.
+
+        A synchronous ``torch.distributed`` call (``opts.asyncOp`` False:
+        the caller waits on the work at once) runs the collective to its
+        end inside the native call, with the GIL released once; the work
+        it returns is finished and ``wait()`` raises its error, if any.
+        """
+        try:
+            blocking = opts.asyncOp is False and self._coalesced is None
+        except AttributeError:  # no options, or a PyTorch without asyncOp
+            blocking = False
+        try:
+            native = method(*args, blocking)
+        except InvalidArgumentError:
+            raise
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
         work = Work(native, result)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
-    def _call(self, method, *args):
+    def _p2p(self, method, result, *args):
+        """Starts the native point-to-point ``method(*args)`` and returns
+        its :class:`Work`."""
         try:
-            return getattr(self._group, method)(*args)
+            native = method(*args)
         except InvalidArgumentError:
             raise
         except TensorcommError as e:
             raise _as_dist_error(e) from None
+        work = Work(native, result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     # -- collectives ------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        t = _one(tensors, "allreduce")
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "allreduce")
         code, factor = _reduce_op(opts)
-        return self._start(self._call("all_reduce", _desc(t, "allreduce"), code, factor, _timeout(opts), tensors), tensors)
+        g = self._group
+        return self._go(g.all_reduce, opts, tensors, _desc(t, "allreduce"), code, factor, _timeout(opts), tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         code, factor = _reduce_op(opts)
         descs = _descs(tensors, "allreduce_coalesced")
-        return self._start(self._call("all_reduce_coalesced", descs, code, factor, _timeout(opts), tensors), tensors)
+        g = self._group
+        return self._go(g.all_reduce_coalesced, opts, tensors, descs, code, factor, _timeout(opts), tensors)
 
     def broadcast(self, tensors, opts=None):
-        t = _one(tensors, "broadcast")
-        return self._start(self._call("broadcast", _desc(t, "broadcast"), _root(opts), _timeout(opts), tensors), tensors)
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "broadcast")
+        g = self._group
+        return self._go(g.broadcast, opts, tensors, _desc(t, "broadcast"), _root(opts), _timeout(opts), tensors)
 
     def reduce(self, tensors, opts=None):
         t = _one(tensors, "reduce")
         code, factor = _reduce_op(opts)
-        native = self._call("reduce", _desc(t, "reduce"), _root(opts), code, factor, _timeout(opts), tensors)
-        return self._start(native, tensors)
+        g = self._group
+        return self._go(g.reduce, opts, tensors, _desc(t, "reduce"), _root(opts), code, factor, _timeout(opts), tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _one(output_tensors, "allgather: output_tensors")
         t = _one(input_tensors, "allgather: input_tensors")
-        native = self._call(
-            "all_gather", _descs(outputs, "allgather: outputs"), _desc(t, "allgather: input"), _timeout(opts),
-            (output_tensors, input_tensors),
+        return self._go(
+            self._group.all_gather, opts, output_tensors, _descs(outputs, "allgather: outputs"),
+            _desc(t, "allgather: input"), _timeout(opts), (output_tensors, input_tensors),
         )
-        return self._start(native, output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
-        native = self._call(
-            "all_gather_into_tensor", _desc(output, "all_gather_into_tensor: output"),
+        return self._go(
+            self._group.all_gather_into_tensor, opts, [output], _desc(output, "all_gather_into_tensor: output"),
             _desc(input, "all_gather_into_tensor: input"), _timeout(opts), (output, input),
         )
-        return self._start(native, [output])
 
     all_gather_single = _allgather_base
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         descs = [_descs(o, f"allgather_coalesced: outputs[{r}]") for r, o in enumerate(output_lists)]
-        native = self._call(
-            "all_gather_coalesced", descs, _descs(input_list, "allgather_coalesced: inputs"), _timeout(opts),
-            (output_lists, input_list),
+        return self._go(
+            self._group.all_gather_coalesced, opts, output_lists, descs,
+            _descs(input_list, "allgather_coalesced: inputs"), _timeout(opts), (output_lists, input_list),
         )
-        return self._start(native, output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        native = self._call(
-            "all_gather_into_tensor_coalesced", _descs(outputs, "allgather_into_tensor_coalesced: outputs"),
+        return self._go(
+            self._group.all_gather_into_tensor_coalesced, opts, outputs,
+            _descs(outputs, "allgather_into_tensor_coalesced: outputs"),
             _descs(inputs, "allgather_into_tensor_coalesced: inputs"), _timeout(opts), (outputs, inputs),
         )
-        return self._start(native, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -358,9 +431,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         outputs = None
         if self.rank() == root:
             outputs = _descs(_one(output_tensors, "gather: output_tensors"), "gather: outputs")
-        native = self._call("gather", _desc(t, "gather: input"), outputs, root, _timeout(opts),
-                            (output_tensors, input_tensors))
-        return self._start(native, output_tensors)
+        return self._go(self._group.gather, opts, output_tensors, _desc(t, "gather: input"), outputs, root,
+                        _timeout(opts), (output_tensors, input_tensors))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         t = _one(output_tensors, "scatter: output_tensors")
@@ -368,54 +440,49 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         inputs = None
         if self.rank() == root:
             inputs = _descs(_one(input_tensors, "scatter: input_tensors"), "scatter: inputs")
-        native = self._call("scatter", _desc(t, "scatter: output"), inputs, root, _timeout(opts),
-                            (output_tensors, input_tensors))
-        return self._start(native, output_tensors)
+        return self._go(self._group.scatter, opts, output_tensors, _desc(t, "scatter: output"), inputs, root,
+                        _timeout(opts), (output_tensors, input_tensors))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         t = _one(output_tensors, "reduce_scatter: output_tensors")
         inputs = _one(input_tensors, "reduce_scatter: input_tensors")
         code, factor = _reduce_op(opts)
-        native = self._call("reduce_scatter", _desc(t, "reduce_scatter: output"),
-                            _descs(inputs, "reduce_scatter: inputs"), code, factor, _timeout(opts),
-                            (output_tensors, input_tensors))
-        return self._start(native, output_tensors)
+        return self._go(self._group.reduce_scatter, opts, output_tensors, _desc(t, "reduce_scatter: output"),
+                        _descs(inputs, "reduce_scatter: inputs"), code, factor, _timeout(opts),
+                        (output_tensors, input_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         code, factor = _reduce_op(opts)
-        native = self._call("reduce_scatter_tensor", _desc(output, "reduce_scatter_tensor: output"),
-                            _desc(input, "reduce_scatter_tensor: input"), code, factor, _timeout(opts),
-                            (output, input))
-        return self._start(native, [output])
+        return self._go(self._group.reduce_scatter_tensor, opts, [output],
+                        _desc(output, "reduce_scatter_tensor: output"),
+                        _desc(input, "reduce_scatter_tensor: input"), code, factor, _timeout(opts),
+                        (output, input))
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         code, factor = _reduce_op(opts)
-        native = self._call("reduce_scatter_tensor_coalesced",
-                            _descs(outputs, "reduce_scatter_tensor_coalesced: outputs"),
-                            _descs(inputs, "reduce_scatter_tensor_coalesced: inputs"), code, factor,
-                            _timeout(opts), (outputs, inputs))
-        return self._start(native, outputs)
+        return self._go(self._group.reduce_scatter_tensor_coalesced, opts, outputs,
+                        _descs(outputs, "reduce_scatter_tensor_coalesced: outputs"),
+                        _descs(inputs, "reduce_scatter_tensor_coalesced: inputs"), code, factor,
+                        _timeout(opts), (outputs, inputs))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        native = self._call("all_to_all", _descs(output_tensors, "alltoall: outputs"),
-                            _descs(input_tensors, "alltoall: inputs"), _timeout(opts),
-                            (output_tensors, input_tensors))
-        return self._start(native, output_tensors)
+        return self._go(self._group.all_to_all, opts, output_tensors, _descs(output_tensors, "alltoall: outputs"),
+                        _descs(input_tensors, "alltoall: inputs"), _timeout(opts),
+                        (output_tensors, input_tensors))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        native = self._call("all_to_all_single", _desc(output, "all_to_all_single: output"),
-                            _desc(input, "all_to_all_single: input"), _splits(output_split_sizes),
-                            _splits(input_split_sizes), _timeout(opts), (output, input))
-        return self._start(native, [output])
+        return self._go(self._group.all_to_all_single, opts, [output], _desc(output, "all_to_all_single: output"),
+                        _desc(input, "all_to_all_single: input"), _splits(output_split_sizes),
+                        _splits(input_split_sizes), _timeout(opts), (output, input))
 
     all_to_all_single = alltoall_base
 
     def barrier(self, opts=None):
-        return self._start(self._call("barrier", _timeout(opts)), [])
+        return self._go(self._group.barrier, opts, [], _timeout(opts))
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """Blocks until every rank arrives; past ``timeout`` raises on every
@@ -425,19 +492,25 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         seconds = None
         if timeout is not None:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-        Work(self._call("monitored_barrier", seconds, bool(wait_all_ranks)), []).wait()
+        try:
+            native = self._group.monitored_barrier(seconds, bool(wait_all_ranks))
+        except InvalidArgumentError:
+            raise
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+        Work(native, []).wait()
 
     def send(self, tensors, dstRank, tag=0):
         t = _one(tensors, "send")
-        return self._start(self._call("send", _desc(t, "send"), int(dstRank), int(tag), None, tensors), tensors)
+        return self._p2p(self._group.send, tensors, _desc(t, "send"), int(dstRank), int(tag), None, tensors)
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
-        return self._start(self._call("recv", _desc(t, "recv"), int(srcRank), int(tag), None, tensors), tensors)
+        return self._p2p(self._group.recv, tensors, _desc(t, "recv"), int(srcRank), int(tag), None, tensors)
 
     def recv_anysource(self, tensors, tag=0):
         t = _one(tensors, "recv_anysource")
-        return self._start(self._call("recv_any_source", _desc(t, "recv_anysource"), int(tag), None, tensors), tensors)
+        return self._p2p(self._group.recv_any_source, tensors, _desc(t, "recv_anysource"), int(tag), None, tensors)
 
     # -- coalescing (torch.distributed's _coalescing_manager) -------------
     def start_coalescing(self, device=None):
@@ -482,7 +555,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 def _traced(cls):
     """Prints every call PyTorch makes on the group, and each failure."""
     for name, value in list(vars(cls).items()):
-        if name.startswith("__") or name in ("_start", "_call") or not callable(value):
+        if name.startswith("__") or name in ("_go", "_p2p") or not callable(value):
             continue
 
         def wrap(fn, name=name):

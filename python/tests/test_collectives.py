@@ -4,7 +4,7 @@ on 2 and 3 ranks."""
 import numpy as np
 import pytest
 
-from tensorcomm import ReduceOp
+from tensorcomm import ReduceOp, errors
 
 from conftest import run_ranks
 
@@ -273,3 +273,85 @@ def test_work_handles(world):
     for x, y in run_ranks(n, body):
         assert x == [float(n)] * 8
         assert y == [float(n)] * 3
+
+
+def test_blocking_calls_return_finished_works(world):
+    # The native group's blocking=True (what tensorcomm.torch uses for a
+    # synchronous torch.distributed call) runs the collective before it
+    # returns: the work is complete at once and wait() gives the outcome.
+    def body(pg):
+        r = pg.rank()
+        g = pg._g
+        x = np.full(4, r + 1.0, np.float32)
+        w = g.all_reduce((x.ctypes.data, 0, (4,), None), 0, 1.0, None, x, True)
+        finished = w.is_completed()
+        assert w.wait() is True and w.exception() is None
+        b = np.full(3, float(r), np.float64)
+        wb = g.broadcast((b.ctypes.data, 1, (3,), None), 1, None, b, True)
+        finished = finished and wb.is_completed()
+        assert wb.wait() is True
+        assert g.barrier(None, True).is_completed()
+        return finished, x.tolist(), b.tolist()
+
+    n = world
+    total = float(sum(range(1, n + 1)))
+    for finished, x, b in run_ranks(n, body):
+        assert finished
+        assert x == [total] * 4
+        assert b == [1.0] * 3
+
+
+def test_blocking_call_failure_is_raised_by_wait():
+    # A collective that fails (shapes differ between the ranks) still
+    # returns its work from a blocking call; wait() and exception() report
+    # the failure, as for a work waited on later.
+    def body(pg):
+        n = 3 + pg.rank()
+        x = np.ones(n, np.float32)
+        w = pg._g.all_reduce((x.ctypes.data, 0, (n,), None), 0, 1.0, None, x, True)
+        assert w.is_completed()
+        with pytest.raises(errors.TensorcommError) as raised:
+            w.wait()
+        assert isinstance(w.exception(), errors.TensorcommError)
+        return str(raised.value)
+
+    for message in run_ranks(2, body, timeout=20):
+        assert "all_reduce" in message and "rank" in message, message
+
+
+def test_dropped_work_keeps_its_array_until_the_collective_is_done():
+    import gc
+    import threading
+    import time
+    import weakref
+
+    arrived = threading.Event()
+
+    def body(pg):
+        if pg.rank() == 1:
+            assert arrived.wait(30)
+            y = np.full(1024, 2.0, np.float32)
+            pg.all_reduce(y).wait()
+            pg.all_reduce(np.zeros(1)).wait()
+            return y[:2].tolist()
+        x = np.ones(1024, np.float32)
+        ref = weakref.ref(x)
+        pg.all_reduce(x)  # the Work is dropped at once, x right after
+        del x
+        gc.collect()
+        # Rank 1 has not come yet: the collective still owns the array.
+        alive_while_running = ref() is not None
+        arrived.set()
+        z = np.zeros(1)
+        pg.all_reduce(z).wait()  # after the first one, in call order
+        deadline = time.monotonic() + 10
+        while ref() is not None and time.monotonic() < deadline:
+            pg.rank()  # a native call: releases left pending run
+            gc.collect()
+            time.sleep(0.01)
+        return alive_while_running, ref() is None
+
+    (alive, released), y = run_ranks(2, body, timeout=30)
+    assert y == [3.0, 3.0]
+    assert alive, "the array was freed while its collective was running"
+    assert released, "the array was never released after its collective finished"
