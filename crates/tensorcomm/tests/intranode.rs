@@ -386,11 +386,17 @@ fn ineligible_inputs_fall_back_with_a_reason_and_misuse_is_refused() {
         .unwrap()
         .permute(&[1, 0])
         .unwrap();
-    let cases: [(&Tensor<'_>, ReduceOp, &str); 6] = [
+    // An address that is not 4-byte aligned is taken (the kernels go
+    // element by element there): addresses differ between ranks, and a
+    // rule on them could split one call between two paths.
+    assert_eq!(
+        c.select_all_reduce_algo(&shifted, ReduceOp::Sum),
+        AllReduceAlgo::OneShot
+    );
+    let cases: [(&Tensor<'_>, ReduceOp, &str); 5] = [
         (&int64, ReduceOp::Sum, "found i64"),
         (&f32s, ReduceOp::Product, "found Product"),
-        (&odd, ReduceOp::Sum, "multiples of 4 bytes"),
-        (&shifted, ReduceOp::Sum, "multiples of 4 bytes"),
+        (&odd, ReduceOp::Sum, "a multiple of 4 bytes"),
         (&host, ReduceOp::Sum, "found one on cpu"),
         (&strided, ReduceOp::Sum, "contiguous"),
     ];
