@@ -6,7 +6,9 @@ use crate::tensor::{DType, Tensor};
 /// `torch::utils::take_tensors` (not fine-grained) emits them: a dtype's
 /// bucket is closed as soon as its size reaches `buffer_size` bytes (so it
 /// may exceed it by its last tensor); the open buckets are emitted at the
-/// end, in dtype order. Within a bucket, indices keep input order.
+/// end in PyTorch's dtype order (its `ScalarType` numbering: u8, i8, i32,
+/// i64, f16, f32, f64, bool, bf16). Within a bucket, indices keep input
+/// order.
 ///
 /// ```
 /// use tensorcomm::cuda::comm::take_tensors;
@@ -43,6 +45,23 @@ impl Kind {
     }
 }
 
+/// The number of `dtype` in PyTorch's `ScalarType` enum: `take_tensors`
+/// keeps its open buckets in a map keyed by backend and this number, and
+/// emits them in that order (u8, i8, i32, i64, f16, f32, f64, bool, bf16).
+fn torch_scalar_type(dtype: DType) -> u8 {
+    match dtype {
+        DType::U8 => 0,
+        DType::I8 => 1,
+        DType::I32 => 3,
+        DType::I64 => 4,
+        DType::F16 => 5,
+        DType::F32 => 6,
+        DType::F64 => 7,
+        DType::Bool => 11,
+        DType::BF16 => 15,
+    }
+}
+
 /// [`take_tensors`] over (dtype, bytes) pairs of dense tensors.
 pub(crate) fn take_specs(specs: &[(DType, usize)], buffer_size: usize) -> Vec<Vec<usize>> {
     let kinds: Vec<(Kind, usize)> = specs.iter().map(|&(d, b)| (Kind::dense(d), b)).collect();
@@ -51,7 +70,7 @@ pub(crate) fn take_specs(specs: &[(DType, usize)], buffer_size: usize) -> Vec<Ve
 
 /// [`take_tensors`] over (kind, bytes) pairs: dense and sparse tensors of
 /// one dtype never share a bucket; the open buckets are emitted at the end,
-/// dense before sparse, each in dtype order.
+/// dense before sparse, each in PyTorch's dtype order.
 pub(crate) fn take_kinds(specs: &[(Kind, usize)], buffer_size: usize) -> Vec<Vec<usize>> {
     let mut results = Vec::new();
     let mut open: Vec<(Kind, Vec<usize>, usize)> = Vec::new();
@@ -71,13 +90,7 @@ pub(crate) fn take_kinds(specs: &[(Kind, usize)], buffer_size: usize) -> Vec<Vec
             bucket.2 = 0;
         }
     }
-    let rank = |d: DType| {
-        DType::ALL
-            .iter()
-            .position(|&x| x == d)
-            .unwrap_or(usize::MAX)
-    };
-    open.sort_by_key(|(k, _, _)| (k.sparse, rank(k.dtype)));
+    open.sort_by_key(|(k, _, _)| (k.sparse, torch_scalar_type(k.dtype)));
     results.extend(
         open.into_iter()
             .map(|(_, b, _)| b)
@@ -142,12 +155,46 @@ mod tests {
             take_kinds(&specs, 8),
             vec![vec![0, 2], vec![1, 3], vec![4], vec![5]]
         );
-        // With a large buffer: dense buckets first, in dtype order.
+        // With a large buffer: dense buckets first, in PyTorch's order
+        // (i64 is ScalarType 4, f32 is 6).
         let buckets = take_kinds(&specs, 1 << 20);
-        assert_eq!(buckets, vec![vec![1, 3], vec![4], vec![0, 2, 5]]);
+        assert_eq!(buckets, vec![vec![4], vec![1, 3], vec![0, 2, 5]]);
         for b in &buckets {
             assert!(b.iter().all(|&i| specs[i].0 == specs[b[0]].0));
         }
+    }
+
+    #[test]
+    fn open_buckets_come_out_in_pytorchs_scalar_type_order() {
+        // One tensor of each dtype, in an order unlike PyTorch's.
+        let order = [
+            DType::BF16,
+            DType::Bool,
+            DType::F64,
+            DType::F32,
+            DType::F16,
+            DType::I64,
+            DType::I32,
+            DType::I8,
+            DType::U8,
+        ];
+        let specs: Vec<(DType, usize)> = order.iter().map(|&d| (d, 4)).collect();
+        let emitted: Vec<DType> = take_specs(&specs, 1 << 20)
+            .iter()
+            .map(|b| specs[b[0]].0)
+            .collect();
+        let pytorch = [
+            DType::U8,
+            DType::I8,
+            DType::I32,
+            DType::I64,
+            DType::F16,
+            DType::F32,
+            DType::F64,
+            DType::Bool,
+            DType::BF16,
+        ];
+        assert_eq!(emitted, pytorch);
     }
 
     #[test]
