@@ -375,3 +375,33 @@ fn a_rank_process_killed_mid_collective_fails_every_survivor_promptly_by_name(
     // from the store that rank 1 is the one that died.
     assert_eq!(named, [[1], [1]], "{choice}");
 }
+
+/// A peer timeout names the timeout the caller set (1 ms), not what the
+/// wait inside the call measured from its own, later start; the measured
+/// time follows.
+#[test]
+fn a_peer_timeout_names_the_timeout_the_caller_set() {
+    let pgs = groups(2, &Arc::new(HashStore::new()), "timeout-set");
+    let t = Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    // Rank 1 never calls.
+    let err = pgs[0]
+        .all_reduce(&t, ReduceOp::Sum, Some(Duration::from_millis(1)))
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    let Error::CollectiveFailed { source, .. } = &err else {
+        panic!("{err:?}");
+    };
+    match &**source {
+        Error::PeerTimeout {
+            peer: 1,
+            timeout,
+            during,
+        } => {
+            assert_eq!(*timeout, Duration::from_millis(1), "{err}");
+            assert!(during.contains("this wait measured"), "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("within 1ms"), "{err}");
+}

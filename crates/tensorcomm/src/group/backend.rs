@@ -26,6 +26,9 @@ pub(crate) type Prepared = Box<dyn Any + Send>;
 pub(crate) struct Call {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) deadline: Instant,
+    /// The timeout the caller set, from which `deadline` was computed
+    /// (named in timeout errors instead of what a wait measured).
+    pub(crate) timeout: Option<std::time::Duration>,
     prepared: Mutex<Option<Result<Option<Prepared>>>>,
     mismatched: OnceLock<(usize, [u8; FINGERPRINT_LEN])>,
     described: OnceLock<String>,
@@ -36,10 +39,17 @@ impl Call {
         Call {
             fingerprint,
             deadline,
+            timeout: None,
             prepared: Mutex::new(None),
             mismatched: OnceLock::new(),
             described: OnceLock::new(),
         }
+    }
+
+    /// The call with the timeout its deadline was computed from.
+    pub(crate) fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// The call with what [`GroupBackend::prepare`] returned for it.

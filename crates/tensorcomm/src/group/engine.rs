@@ -163,7 +163,9 @@ impl Engine {
             // Still under the queue's lock: device work is queued in call
             // order.
             dog.started(&fingerprint);
-            let call = Call::new(fingerprint, deadline).with_prepared(prepared);
+            let call = Call::new(fingerprint, deadline)
+                .with_timeout(timeout)
+                .with_prepared(prepared);
             let outcome = run(&self.shared, call, &collective);
             let pending = Pending {
                 fingerprint,
@@ -181,7 +183,9 @@ impl Engine {
         let job: Job = Box::new(move || {
             let hooks = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
-                let call = Call::new(fingerprint, deadline).with_prepared(prepared);
+                let call = Call::new(fingerprint, deadline)
+                    .with_timeout(timeout)
+                    .with_prepared(prepared);
                 let (outcome, event) = match run(&shared, call, &collective) {
                     Ok(event) => (Ok(()), event),
                     Err(e) => (Err(e), None),
@@ -340,6 +344,7 @@ fn run(
 /// closed finds it), closes them, adds both sides' descriptions of a
 /// mismatch, and names what failed.
 fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
+    let source = with_timeout_set(call, source);
     let (source, earlier) = settle(shared, fp, call.mismatched(), source);
     if let Some(dog) = shared.watchdog.get() {
         // Device work queued before this call is aborted with it: its
@@ -356,6 +361,27 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
         Some(_) => source,
     };
     named(shared, fp, source)
+}
+
+/// A peer timeout names the timeout the caller set (a wait inside the
+/// call measures from its own start, a little later), then what it
+/// measured.
+fn with_timeout_set(call: &Call, source: Error) -> Error {
+    match (source, call.timeout) {
+        (
+            Error::PeerTimeout {
+                peer,
+                during,
+                timeout: measured,
+            },
+            Some(set),
+        ) => Error::PeerTimeout {
+            peer,
+            during: format!("{during}; this wait measured {measured:?}"),
+            timeout: set,
+        },
+        (source, _) => source,
+    }
 }
 
 /// [`fail`] short of closing the connections: marks the group broken and
