@@ -27,7 +27,8 @@ enum Command {
     Store(store_cmd::StoreArgs),
     /// The demo job: ranks rendezvous through the store and exchange data.
     Demo(demo::DemoArgs),
-    /// Benchmark a collective (cpu) or cuda::comm (cuda-comm), nccl-tests style.
+    /// Benchmark a collective (cpu, nccl), the peer-memory all-reduce
+    /// (intranode) or cuda::comm (cuda-comm), nccl-tests style.
     Bench(bench::BenchArgs),
 }
 
