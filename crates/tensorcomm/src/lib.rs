@@ -68,3 +68,13 @@ pub use tensor::Tensor;
 #[doc = include_str!("../../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// Says that a unit test skipped, past the test harness's capture (which
+/// hides `println!`), so a plain `cargo test` shows it.
+#[cfg(test)]
+pub(crate) fn test_skipped(why: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("skipped: {why}\n").as_bytes());
+}

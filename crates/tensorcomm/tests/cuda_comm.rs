@@ -3,6 +3,8 @@
 //! the machine has no CUDA driver or fewer than two GPUs.
 #![cfg(feature = "cuda")]
 
+mod skip;
+
 use tensorcomm::cuda::comm::{self, DEFAULT_BUFFER_SIZE};
 use tensorcomm::cuda::runtime;
 use tensorcomm::tensor::{DType, Device, Tensor};
@@ -12,11 +14,11 @@ fn two_gpus(test: &str) -> bool {
     match runtime::device_count() {
         Ok(n) if n >= 2 => true,
         Ok(n) => {
-            println!("skipped {test}: needs 2 GPUs, found {n}");
+            skip::skipped(test, format!("needs 2 GPUs, found {n}"));
             false
         }
         Err(e) => {
-            println!("skipped {test}: {e}");
+            skip::skipped(test, e);
             false
         }
     }

@@ -8,6 +8,7 @@
 
 mod common;
 mod cuda_spin;
+mod skip;
 
 use std::sync::Arc;
 
@@ -24,8 +25,8 @@ use cuda_spin::{tensor_with_address, Spin};
 /// True when this machine has a GPU; prints why not.
 fn can_run(test: &str) -> bool {
     match runtime::device_count() {
-        Ok(0) => println!("skipped {test}: no GPU"),
-        Err(e) => println!("skipped {test}: {e}"),
+        Ok(0) => skip::skipped(test, "no GPU"),
+        Err(e) => skip::skipped(test, e),
         Ok(_) => return true,
     }
     false
@@ -409,7 +410,7 @@ fn tensors_on_two_gpus_in_one_call_are_refused() {
         return;
     }
     if runtime::device_count().unwrap() < 2 {
-        println!("skipped tensors_on_two_gpus_in_one_call_are_refused: one GPU");
+        skip::skipped("tensors_on_two_gpus_in_one_call_are_refused", "one GPU");
         return;
     }
     let pgs = two_ranks("two-gpus");

@@ -6,6 +6,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_spin;
+mod skip;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,11 +24,11 @@ use cuda_spin::{tensor_with_address, Spin};
 /// True when this machine can run NCCL on a GPU; prints why not.
 fn can_run(test: &str) -> bool {
     match runtime::device_count() {
-        Ok(0) => println!("skipped {test}: no GPU"),
-        Err(e) => println!("skipped {test}: {e}"),
+        Ok(0) => skip::skipped(test, "no GPU"),
+        Err(e) => skip::skipped(test, e),
         Ok(_) => match nccl::version() {
             Ok(_) => return true,
-            Err(e) => println!("skipped {test}: {e}"),
+            Err(e) => skip::skipped(test, e),
         },
     }
     false

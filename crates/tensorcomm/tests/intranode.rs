@@ -8,6 +8,8 @@
 //! CUDA_DEVICE_MAX_CONNECTIONS=32 (scripts/gpu-run.sh sets it).
 #![cfg(feature = "cuda")]
 
+mod skip;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +29,8 @@ const GPU: Device = Device::Cuda(0);
 /// True when this machine has a GPU; prints why not.
 fn can_run(test: &str) -> bool {
     match runtime::device_count() {
-        Ok(0) => println!("skipped {test}: no GPU"),
-        Err(e) => println!("skipped {test}: {e}"),
+        Ok(0) => skip::skipped(test, "no GPU"),
+        Err(e) => skip::skipped(test, e),
         Ok(_) => return true,
     }
     false

@@ -123,7 +123,7 @@ mod tests {
     fn the_source_compiles_where_nvrtc_is_present() {
         match PROGRAM.compile("sm_90") {
             Ok(bin) => assert!(bin.starts_with(b"\x7fELF"), "a CUBIN is an ELF image"),
-            Err(Error::NoCuda { reason }) => println!("skipped: {reason}"),
+            Err(Error::NoCuda { reason }) => crate::test_skipped(reason),
             Err(e) => panic!("{e}"),
         }
     }

@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn sources_compile_and_errors_carry_the_log_where_nvrtc_is_present() {
         if ensure_nvrtc().is_err() {
-            println!("skipped: NVRTC is not installed on this machine");
+            crate::test_skipped("NVRTC is not installed on this machine");
             return;
         }
         let bin = compile(

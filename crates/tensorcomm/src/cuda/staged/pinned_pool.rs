@@ -165,7 +165,7 @@ mod tests {
         let lease = match pool.lend(100) {
             Ok(l) => l,
             Err(crate::Error::NoCuda { reason }) => {
-                println!("skipped: pinned memory needs a CUDA driver ({reason})");
+                crate::test_skipped(format!("pinned memory needs a CUDA driver ({reason})"));
                 return;
             }
             Err(e) => panic!("{e}"),
