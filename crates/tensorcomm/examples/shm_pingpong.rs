@@ -18,7 +18,7 @@ const PING_BATCH: usize = 1_000;
 const BIG: usize = 16 << 20;
 const BIG_ROUNDS: usize = 40;
 
-fn main() -> tensorcomm::Result<()> {
+fn main() -> Result<(), tensorcomm::Report> {
     let capacity = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

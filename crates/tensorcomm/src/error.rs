@@ -5,6 +5,9 @@
 //! read as "expected X, found Y".
 
 mod clone;
+mod report;
+
+pub use report::Report;
 
 use std::time::Duration;
 

@@ -59,7 +59,7 @@ pub mod store;
 pub mod tensor;
 pub mod tuning;
 
-pub use error::{Error, Result};
+pub use error::{Error, Report, Result};
 pub use group::{Backend, ProcessGroup, ReduceOp, Work};
 pub use init::{init_process_group, init_process_group_with, InitOptions};
 pub use tensor::Tensor;
