@@ -23,6 +23,9 @@ use super::spawn::{self, RankProcess};
 
 /// How often the supervisor looks at ranks and signals.
 const POLL: Duration = Duration::from_millis(20);
+/// How long a rank's failure waits, before it is blamed, for a peer that a
+/// signal is still taking down.
+const SETTLE: Duration = Duration::from_millis(100);
 /// The shortest time to wait for output still arriving after the last rank
 /// exited.
 const MIN_DRAIN_STALL: Duration = Duration::from_secs(1);
@@ -90,20 +93,39 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
                 cause.get_or_insert(StopCause::Signal { signal, ranks });
             }
         }
-        for index in job.reap() {
-            let rank = &job.ranks[index];
-            let exit = rank.exit.clone().unwrap_or(RankExit::Code(0));
-            if exit.success() || job.stopping() {
-                continue;
+        let reaped = job.reap();
+        if !job.stopping() {
+            let exits: Vec<(usize, RankExit)> = reaped
+                .iter()
+                .map(|&i| (i, job.ranks[i].exit.clone().unwrap_or(RankExit::Code(0))))
+                .collect();
+            if let Some(mut index) = first_failure(&exits) {
+                if !matches!(job.ranks[index].exit, Some(RankExit::Signal(_))) {
+                    // A rank killed from outside may still be ending while
+                    // a peer it failed has already exited: look once more.
+                    thread::sleep(SETTLE);
+                    let later: Vec<(usize, RankExit)> = job
+                        .reap()
+                        .iter()
+                        .map(|&i| (i, job.ranks[i].exit.clone().unwrap_or(RankExit::Code(0))))
+                        .collect();
+                    if let Some((i, _)) =
+                        later.iter().find(|(_, e)| matches!(e, RankExit::Signal(_)))
+                    {
+                        index = *i;
+                    }
+                }
+                let rank = &job.ranks[index];
+                let (rank, pid) = (rank.process.rank, rank.process.pid);
+                let exit = job.ranks[index].exit.clone().unwrap_or(RankExit::Code(0));
+                let others = job.stop(libc::SIGTERM);
+                cause = Some(StopCause::RankFailed {
+                    rank,
+                    pid,
+                    exit,
+                    others,
+                });
             }
-            let (rank, pid) = (rank.process.rank, rank.process.pid);
-            let others = job.stop(libc::SIGTERM);
-            cause = Some(StopCause::RankFailed {
-                rank,
-                pid,
-                exit,
-                others,
-            });
         }
         if job.all_exited() {
             break;
@@ -228,6 +250,19 @@ impl Supervisor {
     }
 }
 
+/// The rank to blame among those that ended in one look at the ranks
+/// (`(index, exit)` in rank order): one that a signal killed (the launcher
+/// had sent none yet), else the first that failed. A rank killed from
+/// outside makes its peers fail within milliseconds; when both have ended
+/// by the same look, the killed one is the cause, not the lowest rank.
+fn first_failure(exits: &[(usize, RankExit)]) -> Option<usize> {
+    exits
+        .iter()
+        .find(|(_, e)| matches!(e, RankExit::Signal(_)))
+        .or_else(|| exits.iter().find(|(_, e)| !e.success()))
+        .map(|(i, _)| *i)
+}
+
 /// Wait for the forwarder threads to copy what the ranks wrote. A pipe that
 /// stays open with no output for `stall` after its rank exited is held by a
 /// process the rank left behind; stop waiting for it rather than hang.
@@ -257,5 +292,29 @@ fn drain(forwarders: Vec<Forwarder>, progress: &AtomicU64, stall: Duration) {
         if f.thread.join().is_err() {
             tracing::warn!(rank = f.rank, "output thread panicked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_killed_by_a_signal_is_blamed_before_peers_that_failed_because_of_it() {
+        // Rank 0 failed because rank 2 was killed; both ended by one look.
+        let exits = [
+            (0, RankExit::Code(1)),
+            (1, RankExit::Code(0)),
+            (2, RankExit::Signal(libc::SIGKILL)),
+            (3, RankExit::Code(1)),
+        ];
+        assert_eq!(first_failure(&exits), Some(2));
+        // Without a signal, the first failure in rank order.
+        assert_eq!(
+            first_failure(&[(0, RankExit::Code(0)), (1, RankExit::Code(3))]),
+            Some(1)
+        );
+        assert_eq!(first_failure(&[(0, RankExit::Code(0))]), None);
+        assert_eq!(first_failure(&[]), None);
     }
 }
