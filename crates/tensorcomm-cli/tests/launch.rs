@@ -693,3 +693,30 @@ fn a_helper_left_holding_the_output_does_not_hang_the_launcher() {
         out.stderr
     );
 }
+
+/// A rank killed while a group is being set up can leave a shared-memory
+/// name behind; once every rank has ended, the launcher removes the names
+/// its ranks made (here a rank makes one the way tensorcomm names them,
+/// then is killed).
+#[test]
+fn shared_memory_names_left_by_killed_ranks_are_removed_when_the_job_ends() {
+    let out = run(&[
+        "--",
+        "sh",
+        "-c",
+        r#"name="tcshm.$$.0.00000000.0-1"; : > "/dev/shm/$name"; echo "$name"; kill -9 $$"#,
+    ]);
+    assert_eq!(out.code, Some(137), "{out:?}");
+    let text = out.stdout_text();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once("]: ").map(|(_, n)| n.trim()))
+        .collect();
+    assert_eq!(names.len(), 1, "{text}");
+    for name in names {
+        assert!(
+            !std::path::Path::new(&format!("/dev/shm/{name}")).exists(),
+            "{name} is still in /dev/shm"
+        );
+    }
+}

@@ -141,6 +141,13 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
     }
 
     drain(forwarders, &progress, plan.kill_grace.max(MIN_DRAIN_STALL));
+    // Every rank has ended: shared-memory names one of them left behind
+    // (killed during a group's set-up) have no one left to remove them.
+    let pids: Vec<u32> = job.ranks.iter().map(|r| r.process.pid).collect();
+    let removed = tensorcomm::cpu::transport::shm::remove_segments_of(&pids);
+    if !removed.is_empty() {
+        tracing::info!(names = ?removed, "removed shared-memory names the ranks left");
+    }
     Outcome {
         cause,
         killed: job.killed,

@@ -136,6 +136,11 @@ fn peer_memory(
     }
 }
 
+/// How old a shared-memory name of an ended process must be before a new
+/// group removes it (a set-up in progress keeps its names far shorter).
+#[cfg(target_os = "linux")]
+const ORPHAN_AGE: Duration = Duration::from_secs(60);
+
 /// Ring capacity per direction of a point-to-point shared-memory link: a
 /// quarter of a collective link's (larger messages stream through it), as
 /// every group keeps a second mesh of links for point-to-point messages.
@@ -203,6 +208,9 @@ impl ProcessGroupCpu {
         global_ranks: Vec<usize>,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
+        // Names a crashed set-up left in /dev/shm (older than a set-up takes).
+        #[cfg(target_os = "linux")]
+        crate::cpu::transport::shm::reclaim_orphans(ORPHAN_AGE);
         let (select, choice) = Selection::agreed_from_env(
             &*store,
             key_prefix,

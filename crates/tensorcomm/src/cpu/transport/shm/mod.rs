@@ -20,7 +20,9 @@
 //! trait over one link per peer.
 //!
 //! The segment's name is unlinked as soon as both ranks have mapped it, so
-//! a crash never leaves anything behind in `/dev/shm`.
+//! only a process that dies during set-up can leave a name behind in
+//! `/dev/shm`; `reclaim.rs` removes such names when a later group is
+//! created, and the launcher removes its ended ranks' names.
 //!
 //! [`ShmArena`] (`arena.rs`) is one segment shared by a whole group on
 //! one host, for algorithms that reduce straight out of each other's
@@ -35,6 +37,7 @@ mod group_segment;
 mod layout;
 mod link;
 mod mesh;
+mod reclaim;
 mod ring;
 mod segment;
 mod signal;
@@ -44,6 +47,7 @@ mod wait;
 pub use arena::{arena_chunk, Milestone, Progress, ShmArena, ARENA_MAX_LANES, DEFAULT_ARENA_CHUNK};
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
+pub use reclaim::{reclaim_orphans, remove_segments_of};
 pub use symmetric::{SymmetricMemory, SymmetricRegistry};
 pub(crate) use wait::Backoff;
 
