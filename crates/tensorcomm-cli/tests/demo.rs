@@ -89,3 +89,36 @@ fn a_payload_that_cannot_fit_is_refused_up_front() {
         );
     }
 }
+
+/// A rank that cannot reach the store is not silent: after 5 s, and every
+/// 5 s after, it says what it is trying to reach and why it cannot.
+#[test]
+fn a_rank_that_cannot_reach_the_store_says_so_every_few_seconds() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensorcomm"))
+        .arg("demo")
+        .env("MASTER_ADDR", "no-such-host.invalid")
+        .env("MASTER_PORT", "29511")
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env_remove("TENSORCOMM_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(6500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("still trying to reach the store")
+            && stderr.contains("no-such-host.invalid:29511"),
+        "{stderr}"
+    );
+}

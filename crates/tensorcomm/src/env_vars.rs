@@ -47,7 +47,7 @@ impl EnvVar {
 /// `TENSORCOMM_LOG`.
 pub const LOG: EnvVar = EnvVar {
     name: "TENSORCOMM_LOG",
-    default: "off",
+    default: "warn",
     doc: "log filter of the `tensorcomm` command (`debug` shows connections, algorithm choices and timings)",
     agreed: false,
 };

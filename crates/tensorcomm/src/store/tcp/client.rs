@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::protocol::{
     encode_hello, Request, Response, ACCEPTED, BUSY_REASON_PREFIX, FLAG_JOIN, FRAME_HEADER, MAGIC,
@@ -25,6 +25,8 @@ const MAX_SOCKET_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// First pause between connection attempts; doubles up to `MAX_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How often a client still trying to reach the store says so (at WARN).
+const STILL_TRYING_EVERY: Duration = Duration::from_secs(5);
 /// Longest a client waits for the server's handshake reply in one attempt.
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -447,8 +449,10 @@ impl Dial {
     /// Connects and completes the handshake, retrying with backoff until
     /// the timeout. `join` asks the server to count this client as joined.
     fn open(&self, join: bool) -> Result<Connection> {
-        let deadline = Instant::now().checked_add(self.timeout);
+        let started = Instant::now();
+        let deadline = started.checked_add(self.timeout);
         let mut backoff = FIRST_BACKOFF;
+        let mut said = started;
         loop {
             let reason = match self.attempt(join, deadline) {
                 Ok(connection) => return Ok(connection),
@@ -463,7 +467,19 @@ impl Dial {
                     reason,
                 });
             }
-            debug!(addr = %self.addr, "store not reachable yet ({reason}), retrying");
+            if said.elapsed() >= STILL_TRYING_EVERY {
+                // Waiting is silent at first (ranks start in any order),
+                // then says what it waits for every few seconds.
+                said = Instant::now();
+                warn!(
+                    addr = %self.addr,
+                    "still trying to reach the store after {:.0?} (of {:?}): {reason}",
+                    started.elapsed(),
+                    self.timeout
+                );
+            } else {
+                debug!(addr = %self.addr, "store not reachable yet ({reason}), retrying");
+            }
             thread::sleep(backoff.min(left));
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
