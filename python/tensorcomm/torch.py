@@ -528,9 +528,10 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         seconds = None
         if timeout is not None:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-            # A zero timeout times out at once, as Gloo's does (the native
-            # call reads zero as "the group's timeout").
-            seconds = max(seconds, 1e-6)
+            if seconds == 0:
+                # A zero timeout times out at once, as Gloo's does (the
+                # native call reads zero as "the group's timeout").
+                seconds = 1e-6
         try:
             native = self._group.monitored_barrier(seconds, bool(wait_all_ranks))
         except InvalidArgumentError:
