@@ -5,6 +5,7 @@
 # Rust toolchain needed there):
 #   bash scripts/py-gpu-bundle.sh .gpu-py
 # then, on that machine:  bash .gpu-py/py-gpu-check.sh
+# and, for PyTorch's own distributed suite:  bash .gpu-py/py-torch-upstream.sh OUT
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="${1:-.gpu-py}"
@@ -19,6 +20,11 @@ fi
 rm -f "$dest"/tensorcomm-*.whl
 "$venv/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out "$dest"
 cp python/tests_torch/torch_suite.py bench/python_backend.py scripts/py-gpu-check.sh "$dest/"
+# PyTorch's own distributed suite against the backend (py-torch-upstream.sh;
+# torch.testing imports expecttest, which torch does not install).
+cp python/tests_torch/upstream/run_distributed_test.py scripts/py-torch-upstream.sh "$dest/"
+"$venv/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$dest/wheels" expecttest \
+  || echo "py-gpu-bundle: could not download expecttest; py-torch-upstream.sh needs it installed there" >&2
 git rev-parse --short HEAD > "$dest/commit.txt" 2>/dev/null || true
 ls -l "$dest"
 du -sh "$dest"

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import _tensorcomm as _native
-from .errors import InvalidArgumentError, TensorcommError
+from .errors import CollectiveTimeoutError, InvalidArgumentError, TensorcommError
 
 _TRACE = os.environ.get("TENSORCOMM_TORCH_TRACE", "") not in ("", "0")
 
@@ -71,12 +71,30 @@ try:
 except TypeError:  # pragma: no cover - layouts that cannot combine
     DistBackendError = _DistBackendError
 
+try:
+
+    class DistTimeoutError(DistBackendError, CollectiveTimeoutError):
+        """A collective of the tensorcomm backend timed out: a
+        :class:`DistBackendError` that is also a ``TimeoutError`` (and a
+        :class:`tensorcomm.errors.CollectiveTimeoutError`)."""
+
+except TypeError:  # pragma: no cover - layouts that cannot combine
+    DistTimeoutError = DistBackendError
+
+# Gloo's timeout messages read "[file:line] Timed out waiting ...", and
+# PyTorch's own tests (distributed_test.py's barrier timeout tests) and
+# users match "Timed out"; the Rust message follows it.
+_TIMEOUT_PREFIX = "[tensorcomm] Timed out waiting for other ranks: "
+
 
 def _as_dist_error(error):
     """``error`` (a tensorcomm error) as the exception PyTorch users catch."""
     if isinstance(error, (InvalidArgumentError, DistBackendError)):
         return error
-    wrapped = DistBackendError(str(error))
+    if isinstance(error, CollectiveTimeoutError):
+        wrapped = DistTimeoutError(_TIMEOUT_PREFIX + str(error))
+    else:
+        wrapped = DistBackendError(str(error))
     wrapped.__cause__ = error
     return wrapped
 
@@ -321,6 +339,22 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND_NAME
 
+    def _set_group_name(self, name):
+        """Keeps the name ``torch.distributed`` gives the group. PyTorch's
+        ``ProcessGroup`` stores it in its registered backends, and a
+        Python group has none, so ``group_name`` (which
+        ``destroy_process_group(group)`` reads) would raise "ProcessGroup
+        name not set"."""
+        self._group_name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self):
+        try:
+            return self._group_name
+        except AttributeError:
+            return super().group_name
+
     def _get_backend(self, device):
         """The backend of ``device``'s type: this group for CPU, as
         PyTorch asks of a group (``batch_isend_irecv`` does) before it
@@ -488,10 +522,16 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         """Blocks until every rank arrives; past ``timeout`` raises on every
         rank that came, naming the ranks that did not (all of them with
         ``wait_all_ranks``). ``torch.distributed.monitored_barrier`` only
-        takes Gloo groups, so call it on the group."""
+        takes Gloo groups (2.15's: groups with a registered CPU backend,
+        which a Python group such as this one lacks), so call it on the
+        group."""
         seconds = None
         if timeout is not None:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            if seconds == 0:
+                # A zero timeout times out at once, as Gloo's does (the
+                # native call reads zero as "the group's timeout").
+                seconds = 1e-6
         try:
             native = self._group.monitored_barrier(seconds, bool(wait_all_ranks))
         except InvalidArgumentError:
@@ -597,4 +637,4 @@ def _register():
 
 _register()
 
-__all__ = ["BACKEND_NAME", "DistBackendError", "ProcessGroupTensorcomm", "Work"]
+__all__ = ["BACKEND_NAME", "DistBackendError", "DistTimeoutError", "ProcessGroupTensorcomm", "Work"]

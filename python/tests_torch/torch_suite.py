@@ -253,6 +253,47 @@ def subgroups(r, n):
 
 
 @check
+def destroy_subgroup(r, n):
+    """A subgroup has the name torch.distributed gave it and can be
+    destroyed alone (PyTorch's test_destroy_group); the default group
+    still works after."""
+    sub = dist.new_group(list(range(n)), backend="tensorcomm")
+    name = sub.group_name
+    assert isinstance(name, str) and name, name
+    assert name != dist.group.WORLD.group_name, name
+    dist.barrier(group=sub)
+    dist.destroy_process_group(sub)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    eq(t, torch.full((1,), float(n)), "default group after destroying a subgroup")
+
+
+@check
+def timeout_raises_timeout_error(r, n):
+    """A barrier that rank 0 waits on alone times out as a TimeoutError
+    saying "Timed out" (PyTorch's test_barrier_timeout_* match it), in
+    about the group's timeout."""
+    import datetime
+    import time
+
+    import tensorcomm.torch as tt
+
+    side = dist.new_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=1))
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            dist.barrier(group=side)
+        except TimeoutError as e:
+            assert isinstance(e, tt.DistTimeoutError) and isinstance(e, dist.DistBackendError), type(e)
+            assert " Timed out " in str(e), e
+            assert 0.9 <= time.monotonic() - t0 < 10, time.monotonic() - t0
+        else:
+            raise AssertionError("a barrier without the other ranks did not time out")
+    # The other ranks leave the side group alone; everyone meets again here.
+    dist.barrier()
+
+
+@check
 def bad_arguments_raise(r, n):
     try:
         dist.all_reduce(torch.zeros(3, dtype=torch.int16))
