@@ -22,15 +22,7 @@ use tensorcomm::Error;
 use common::{groups, on_every_rank};
 use cuda_spin::{tensor_with_address, Spin};
 
-/// True when this machine has a GPU; prints why not.
-fn can_run(test: &str) -> bool {
-    match runtime::device_count() {
-        Ok(0) => skip::skipped(test, "no GPU"),
-        Err(e) => skip::skipped(test, e),
-        Ok(_) => return true,
-    }
-    false
-}
+use skip::has_gpu as can_run;
 
 const GPU: Device = Device::Cuda(0);
 

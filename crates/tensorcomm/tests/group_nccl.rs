@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use tensorcomm::cuda::nccl::{self, NcclOptions, ProcessGroupNccl};
-use tensorcomm::cuda::runtime::{self, set_current_stream, Stream};
+use tensorcomm::cuda::runtime::{set_current_stream, Stream};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::{DType, Device, Tensor};
@@ -23,15 +23,16 @@ use cuda_spin::{tensor_with_address, Spin};
 
 /// True when this machine can run NCCL on a GPU; prints why not.
 fn can_run(test: &str) -> bool {
-    match runtime::device_count() {
-        Ok(0) => skip::skipped(test, "no GPU"),
-        Err(e) => skip::skipped(test, e),
-        Ok(_) => match nccl::version() {
-            Ok(_) => return true,
-            Err(e) => skip::skipped(test, e),
-        },
+    if !skip::has_gpu(test) {
+        return false;
     }
-    false
+    match nccl::version() {
+        Ok(_) => true,
+        Err(e) => {
+            skip::skipped(test, e);
+            false
+        }
+    }
 }
 
 fn group() -> ProcessGroupNccl {

@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use tensorcomm::cuda::intranode::{
     AlgoChoice, AllReduceAlgo, IntraNodeComm, IntraNodeOptions, PeerPolicy, ONE_SHOT_MAX,
 };
-use tensorcomm::cuda::runtime::{self, Stream};
+use tensorcomm::cuda::runtime::Stream;
 use tensorcomm::group::ReduceOp;
 use tensorcomm::store::{FileStore, HashStore, Store};
 use tensorcomm::tensor::{DType, Device, Tensor};
@@ -26,15 +26,7 @@ use tensorcomm::Error;
 
 const GPU: Device = Device::Cuda(0);
 
-/// True when this machine has a GPU; prints why not.
-fn can_run(test: &str) -> bool {
-    match runtime::device_count() {
-        Ok(0) => skip::skipped(test, "no GPU"),
-        Err(e) => skip::skipped(test, e),
-        Ok(_) => return true,
-    }
-    false
-}
+use skip::has_gpu as can_run;
 
 fn options(algo: AlgoChoice, region: usize) -> IntraNodeOptions {
     IntraNodeOptions {

@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use half::{bf16, f16};
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
 use tensorcomm::cuda::runtime::{self, Event, MappedWords, Stream};
@@ -28,7 +27,8 @@ use tensorcomm::store::{HashStore, Store};
 use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::{ProcessGroup, ReduceOp};
 
-use super::{progress, sizes, BenchArgs, BenchOp, Row};
+use super::nccl::median;
+use super::{data, progress, sizes, BenchArgs, BenchOp, Row};
 
 /// Calls per captured graph.
 const GRAPH_CALLS: usize = 20;
@@ -39,38 +39,13 @@ const GRAPH_CALLS: usize = 20;
 const BATCH_ALL_RANKS: usize = 48;
 
 /// A GPU tensor of `dtype` with every element `v`.
-fn filled(dtype: DType, n: usize, v: f32, device: usize) -> tensorcomm::Result<Tensor<'static>> {
-    let host = match dtype {
-        DType::F32 => Tensor::from_vec(vec![v; n], &[n]),
-        DType::F16 => Tensor::from_vec(vec![f16::from_f32(v); n], &[n]),
-        DType::BF16 => Tensor::from_vec(vec![bf16::from_f32(v); n], &[n]),
-        other => {
-            return Err(tensorcomm::Error::InvalidArgument(format!(
-                "--backend intranode: expected --dtype f32, f16 or bf16, found {other}"
-            )))
-        }
-    }?;
-    host.to_device(Device::Cuda(device))
+fn filled(dtype: DType, n: usize, v: f64, device: usize) -> tensorcomm::Result<Tensor<'static>> {
+    data::make(dtype, n, |_| v)?.to_device(Device::Cuda(device))
 }
 
 /// True when every element of `t` is `want`.
-fn all_equal(t: &Tensor<'_>, want: f32) -> tensorcomm::Result<bool> {
-    let got: Vec<f32> = match t.dtype() {
-        DType::F32 => t.to_vec::<f32>()?,
-        DType::F16 => t.to_vec::<f16>()?.iter().map(|v| v.to_f32()).collect(),
-        _ => t.to_vec::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
-    };
-    Ok(got.iter().all(|&g| g == want))
-}
-
-/// The median of `v` (mean of the middle two for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
+fn all_equal(t: &Tensor<'_>, want: f64) -> tensorcomm::Result<bool> {
+    Ok(data::decode(t)?.iter().all(|&g| g == want))
 }
 
 /// Runs every size on this rank; rank 0 prints. True when all rows were
@@ -182,11 +157,11 @@ fn rank_body(
     let sizes = sizes(args);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     let mut all_correct = true;
-    let want = (ranks * (ranks + 1) / 2) as f32;
+    let want = (ranks * (ranks + 1) / 2) as f64;
     for size in sizes {
         let n = (size / dtype.size()).max(1);
         progress.show(n * dtype.size());
-        let fresh = filled(dtype, n, rank as f32 + 1.0, device)?;
+        let fresh = filled(dtype, n, rank as f64 + 1.0, device)?;
         let data = filled(dtype, n, -7.0, device)?;
         // Check one call.
         data.copy_from_on(&fresh, &stream)?;

@@ -145,7 +145,7 @@ impl Buffers {
 
 /// The median (the mean of the two middle values for an even count, as
 /// Python's `statistics.median`, which bench/nccl_torch.py uses).
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => 0.0,

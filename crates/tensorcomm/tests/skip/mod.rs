@@ -1,6 +1,8 @@
 //! Saying that a test skipped, where a plain `cargo test` shows it: the
 //! test harness hides what tests print, so the line goes straight to the
 //! process's standard error (a skipped test still counts as passed).
+// Each test file uses what it needs.
+#![allow(dead_code)]
 
 use std::fmt::Display;
 use std::io::Write;
@@ -9,4 +11,14 @@ use std::io::Write;
 pub fn skipped(test: &str, why: impl Display) {
     let line = format!("skipped {test}: {why}\n");
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// True when this machine has a GPU; otherwise says why `test` skips.
+pub fn has_gpu(test: &str) -> bool {
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(0) => skipped(test, "no GPU"),
+        Err(e) => skipped(test, e),
+        Ok(_) => return true,
+    }
+    false
 }
