@@ -20,7 +20,7 @@ use crate::store::Store;
 use crate::{Error, Result};
 
 /// Bytes before the first region (the signal pad, rounded up).
-const PAD_AREA: usize = 4096;
+const PAD_AREA: usize = PEER_PAD_BYTES.div_ceil(4096) * 4096;
 
 /// Regions of the block: two that eager calls alternate between, and one
 /// for calls captured in CUDA graphs.

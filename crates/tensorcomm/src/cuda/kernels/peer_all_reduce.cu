@@ -18,7 +18,7 @@
 // Element types: OpF32, OpF16 and OpBF16 above (f32 accumulation).
 
 #define PEER_MAX 8
-#define PEER_BLOCKS 32
+#define PEER_BLOCKS 128
 #define PEER_FLAGS (PEER_BLOCKS * PEER_MAX)
 
 struct PeerArgs {

@@ -12,7 +12,7 @@ use crate::{Error, Result};
 pub(crate) const PEER_MAX: usize = 8;
 /// Blocks one launch uses at most (`PEER_BLOCKS`): the signal pads hold a
 /// word per block and rank.
-pub(crate) const PEER_BLOCKS: usize = 32;
+pub(crate) const PEER_BLOCKS: usize = 128;
 /// Threads per block.
 const THREADS: u32 = 512;
 /// Bytes of one rank's signal pad: a word per block and rank (the peers'
