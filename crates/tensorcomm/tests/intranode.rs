@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use tensorcomm::cuda::intranode::{
-    AlgoChoice, AllReduceAlgo, IntraNodeComm, IntraNodeOptions, PeerPolicy, ONE_SHOT_MAX,
+    one_shot_max, two_shot_max, AlgoChoice, AllReduceAlgo, IntraNodeComm, IntraNodeOptions,
+    PeerPolicy,
 };
 use tensorcomm::cuda::runtime::Stream;
 use tensorcomm::group::ReduceOp;
@@ -247,12 +248,16 @@ fn sizes_around_each_threshold_take_the_path_the_counter_shows() {
     if !can_run("sizes_around_each_threshold_take_the_path_the_counter_shows") {
         return;
     }
-    let region = 4 << 20; // below the two-shot limit, so `large` starts at the region
+    let one = one_shot_max(2);
+    // Between the one-shot and two-shot limits, so `large` starts at the
+    // region.
+    let region = one * 2;
+    assert!(region < two_shot_max(2));
     let ranks = comms(2, "thresholds", &options(AlgoChoice::Auto, region));
     let cases = [
-        (ONE_SHOT_MAX - 4, AllReduceAlgo::OneShot),
-        (ONE_SHOT_MAX, AllReduceAlgo::OneShot),
-        (ONE_SHOT_MAX + 4, AllReduceAlgo::TwoShot),
+        (one - 4, AllReduceAlgo::OneShot),
+        (one, AllReduceAlgo::OneShot),
+        (one + 4, AllReduceAlgo::TwoShot),
         (region, AllReduceAlgo::TwoShot),
         (region + 4, AllReduceAlgo::Large),
     ];

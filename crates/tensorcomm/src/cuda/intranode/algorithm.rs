@@ -3,9 +3,11 @@
 //! buffer (two barriers, each rank reads 1/n of every input twice), and
 //! beyond that the large path (two-shot over buffer-sized chunks).
 //!
-//! The size limits are PyTorch IntraNodeComm's (one-shot up to 256 KiB,
-//! two-shot up to 10 MiB) until they are measured per world size over
-//! NVLink; `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
+//! The size limits depend on the world size ([`one_shot_max`],
+//! [`two_shot_max`]): measured for 2 ranks on two NVLink-connected H100s;
+//! PyTorch IntraNodeComm's (one-shot up to 256 KiB, two-shot up to 10 MiB)
+//! for 3 to 8 ranks until they are measured there.
+//! `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,16 +46,46 @@ impl AllReduceAlgo {
     }
 }
 
-/// Largest message (bytes) one-shot takes by default.
-pub const ONE_SHOT_MAX: usize = 256 << 10;
-/// Largest message (bytes) two-shot takes by default (when the buffer
-/// holds it).
-pub const TWO_SHOT_MAX: usize = 10 << 20;
+/// Largest message (bytes) one-shot takes by default in a group of
+/// `world` ranks.
+///
+/// At 2 ranks (two H100s over NVLink, `bench/results/multi-gpu-h100x2`)
+/// one-shot was faster than two-shot at every size up to 16 MiB; beyond
+/// 2 ranks each rank reads (world - 1) times the message, so its range is
+/// PyTorch's 256 KiB until measured.
+///
+/// ```
+/// use tensorcomm::cuda::intranode::one_shot_max;
+/// assert!(one_shot_max(2) > one_shot_max(8));
+/// ```
+pub const fn one_shot_max(world: usize) -> usize {
+    if world <= 2 {
+        16 << 20
+    } else {
+        256 << 10
+    }
+}
+
+/// Largest message (bytes) two-shot takes by default in a group of
+/// `world` ranks (when the buffer region holds it; larger ones take the
+/// large path).
+///
+/// ```
+/// use tensorcomm::cuda::intranode::{one_shot_max, two_shot_max};
+/// assert!(two_shot_max(4) > one_shot_max(4));
+/// ```
+pub const fn two_shot_max(world: usize) -> usize {
+    if world <= 2 {
+        64 << 20
+    } else {
+        10 << 20
+    }
+}
 
 /// How algorithms are chosen: by size, or one forced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AlgoChoice {
-    /// By size ([`ONE_SHOT_MAX`], [`TWO_SHOT_MAX`], the buffer).
+    /// By size ([`one_shot_max`], [`two_shot_max`], the buffer).
     Auto,
     /// Always this algorithm where the message fits the buffer (large
     /// messages still take [`AllReduceAlgo::Large`]).
@@ -90,16 +122,16 @@ impl AlgoChoice {
         AlgoChoice::parse(&env_vars::INTRANODE_ALGO.get().unwrap_or_default())
     }
 
-    /// The algorithm for a message of `bytes` when the buffer region holds
-    /// `region` bytes.
-    pub fn pick(self, bytes: usize, region: usize) -> AllReduceAlgo {
+    /// The algorithm for a message of `bytes` in a group of `world` ranks
+    /// when the buffer region holds `region` bytes.
+    pub fn pick(self, bytes: usize, region: usize, world: usize) -> AllReduceAlgo {
         if bytes > region {
             return AllReduceAlgo::Large;
         }
         match self {
             AlgoChoice::Force(algo) => algo,
-            AlgoChoice::Auto if bytes <= ONE_SHOT_MAX => AllReduceAlgo::OneShot,
-            AlgoChoice::Auto if bytes <= TWO_SHOT_MAX => AllReduceAlgo::TwoShot,
+            AlgoChoice::Auto if bytes <= one_shot_max(world) => AllReduceAlgo::OneShot,
+            AlgoChoice::Auto if bytes <= two_shot_max(world) => AllReduceAlgo::TwoShot,
             AlgoChoice::Auto => AllReduceAlgo::Large,
         }
     }
@@ -145,18 +177,26 @@ mod tests {
 
     #[test]
     fn auto_picks_by_size_and_the_buffer_bounds_every_choice() {
-        let region = 16 << 20;
+        let region = 128 << 20;
         let auto = AlgoChoice::Auto;
-        assert_eq!(auto.pick(8, region), AllReduceAlgo::OneShot);
-        assert_eq!(auto.pick(ONE_SHOT_MAX, region), AllReduceAlgo::OneShot);
-        assert_eq!(auto.pick(ONE_SHOT_MAX + 4, region), AllReduceAlgo::TwoShot);
-        assert_eq!(auto.pick(TWO_SHOT_MAX, region), AllReduceAlgo::TwoShot);
-        assert_eq!(auto.pick(TWO_SHOT_MAX + 4, region), AllReduceAlgo::Large);
-        // A small buffer sends what does not fit to the large path.
-        assert_eq!(auto.pick(ONE_SHOT_MAX, 1 << 10), AllReduceAlgo::Large);
+        for world in [2, 3, 4, 8] {
+            let (one, two) = (one_shot_max(world), two_shot_max(world));
+            assert!(one < two && two < region, "{world} ranks");
+            assert_eq!(auto.pick(8, region, world), AllReduceAlgo::OneShot);
+            assert_eq!(auto.pick(one, region, world), AllReduceAlgo::OneShot);
+            assert_eq!(auto.pick(one + 4, region, world), AllReduceAlgo::TwoShot);
+            assert_eq!(auto.pick(two, region, world), AllReduceAlgo::TwoShot);
+            assert_eq!(auto.pick(two + 4, region, world), AllReduceAlgo::Large);
+            // A small buffer sends what does not fit to the large path.
+            assert_eq!(auto.pick(one, 1 << 10, world), AllReduceAlgo::Large);
+        }
+        // One-shot's range shrinks as the ranks grow (it reads world - 1
+        // copies of the message).
+        assert_eq!(one_shot_max(2), 16 << 20);
+        assert_eq!(one_shot_max(4), 256 << 10);
         let forced = AlgoChoice::Force(AllReduceAlgo::OneShot);
-        assert_eq!(forced.pick(4 << 20, region), AllReduceAlgo::OneShot);
-        assert_eq!(forced.pick(region + 4, region), AllReduceAlgo::Large);
+        assert_eq!(forced.pick(4 << 20, region, 8), AllReduceAlgo::OneShot);
+        assert_eq!(forced.pick(region + 4, region, 2), AllReduceAlgo::Large);
     }
 
     #[test]

@@ -242,7 +242,8 @@ impl IntraNodeComm {
         if self.why_not(tensor, op).is_some() {
             return AllReduceAlgo::None;
         }
-        self.algo.pick(tensor.nbytes(), self.memory.region_bytes())
+        self.algo
+            .pick(tensor.nbytes(), self.memory.region_bytes(), self.world)
     }
 
     /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
@@ -325,7 +326,9 @@ impl IntraNodeComm {
             });
         }
         // Eligible (checked just above): the size alone picks.
-        let algo = self.algo.pick(tensor.nbytes(), self.memory.region_bytes());
+        let algo = self
+            .algo
+            .pick(tensor.nbytes(), self.memory.region_bytes(), self.world);
         if tensor.numel() == 0 {
             return Ok(algo);
         }
