@@ -188,6 +188,14 @@ pub const NCCL_LIBRARY: EnvVar = EnvVar {
     agreed: false,
 };
 
+/// `TENSORCOMM_NCCL_LAUNCH`.
+pub const NCCL_LAUNCH: EnvVar = EnvVar {
+    name: "TENSORCOMM_NCCL_LAUNCH",
+    default: "blocking",
+    doc: "how NCCL collectives are queued: `blocking` (the caller's thread queues them; the communicator is still created non-blocking, so a rank that never joins ends in a timeout) or `nonblocking` (NCCL queues each on a thread of its own: tens of µs more per call); rank 0's value applies to the group",
+    agreed: false,
+};
+
 /// `TENSORCOMM_INTRANODE`.
 pub const INTRANODE: EnvVar = EnvVar {
     name: "TENSORCOMM_INTRANODE",
@@ -232,6 +240,7 @@ pub const VARIABLES: &[EnvVar] = &[
     CUDA_CE_STREAMS,
     CUDA_ONE_LAUNCH_MAX,
     NCCL_LIBRARY,
+    NCCL_LAUNCH,
     INTRANODE,
     INTRANODE_ALGO,
     LAUNCHED,

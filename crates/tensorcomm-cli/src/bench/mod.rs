@@ -304,7 +304,7 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// The one process-group collective of a cpu run.
+    /// The one process-group collective of a cpu, nccl or intranode run.
     fn cpu_op(&self) -> Result<BenchOp, String> {
         use clap::ValueEnum;
         match self.op.as_slice() {
@@ -317,7 +317,7 @@ impl BenchArgs {
                 )
             }),
             many => Err(format!(
-                "the cpu backend times one op per run, found {}",
+                "the cpu, nccl and intranode backends time one op per run, found {}",
                 many.join(",")
             )),
         }

@@ -1,7 +1,13 @@
 //! One NCCL communicator: created non-blocking from a unique id that rank 0
 //! posts to the store (so joining needs nothing but the store), ready or
-//! aborted within the group's timeout, split for sub-groups, aborted on
-//! failure and finalized when dropped.
+//! aborted within the group's timeout, then (by default) split once into a
+//! blocking communicator for the collectives; split for sub-groups, aborted
+//! on failure and finalized when dropped.
+//!
+//! Why the second communicator: NCCL queues every call on a non-blocking
+//! communicator from a thread it starts for that call, which costs tens of
+//! microseconds a call; a blocking one queues on the caller's thread.
+//! `TENSORCOMM_NCCL_LAUNCH=nonblocking` keeps the first communicator.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
@@ -11,8 +17,26 @@ use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS
 use std::sync::Arc;
 
 use crate::cuda::runtime::{self, Context};
+use crate::env_vars;
 use crate::store::Store;
 use crate::{Error, Result};
+
+/// Bytes rank 0 posts: the unique id, then 1 if the group's collectives
+/// run on a blocking communicator.
+const POSTED_LEN: usize = 129;
+
+/// `TENSORCOMM_NCCL_LAUNCH`: true for `blocking` (the default).
+fn blocking_launch() -> Result<bool> {
+    match env_vars::NCCL_LAUNCH.get().as_deref().map(str::trim) {
+        None | Some("") | Some("blocking") => Ok(true),
+        Some("nonblocking") => Ok(false),
+        Some(other) => Err(Error::BadValue {
+            name: env_vars::NCCL_LAUNCH.name.into(),
+            expected: "blocking or nonblocking".into(),
+            found: other.into(),
+        }),
+    }
+}
 
 /// How long a non-blocking communicator's state is polled without
 /// sleeping, then how long to sleep between polls.
@@ -36,6 +60,8 @@ pub(crate) struct Communicator {
     pub(crate) device: usize,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// True if calls on it block until queued (no `ncclInProgress`).
+    blocking: bool,
     aborted: AtomicBool,
 }
 
@@ -48,7 +74,8 @@ unsafe impl Sync for Communicator {}
 impl Communicator {
     /// Creates rank `rank` of `size` on GPU `device`, meeting the others
     /// under `key` in `store`; fails with [`Error::NcclInitTimeout`] when
-    /// not every rank joins within `timeout`.
+    /// not every rank joins within `timeout`. Every rank follows rank 0's
+    /// `TENSORCOMM_NCCL_LAUNCH`.
     pub(crate) fn init(
         store: &dyn Store,
         key: &str,
@@ -61,7 +88,8 @@ impl Communicator {
         let ctx = runtime::context(device)?;
         ctx.bind()?;
         let id_key = format!("{key}/unique_id");
-        let id = if rank == 0 {
+        let (id, blocking) = if rank == 0 {
+            let blocking = blocking_launch()?;
             let mut id = UniqueId { bytes: [0; 128] };
             // SAFETY: one ncclUniqueId out-parameter.
             nccl.check(
@@ -69,20 +97,27 @@ impl Communicator {
                 unsafe { (nccl.get_unique_id)(&mut id) },
                 None,
             )?;
-            store.set(&id_key, &id.bytes)?;
-            id
+            let mut posted = id.bytes.to_vec();
+            posted.push(u8::from(blocking));
+            store.set(&id_key, &posted)?;
+            (id, blocking)
         } else {
-            let bytes = store.get_timeout(&id_key, timeout)?;
-            let bytes: [u8; 128] =
-                bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| Error::PeerProtocol {
+            let posted = store.get_timeout(&id_key, timeout)?;
+            let (bytes, blocking) = match posted.as_slice() {
+                [id @ .., mode @ (0 | 1)] if posted.len() == POSTED_LEN => (id, *mode == 1),
+                _ => {
+                    return Err(Error::PeerProtocol {
                         peer: 0,
-                        expected: "a 128-byte NCCL unique id in the store".into(),
-                        found: format!("{} bytes under {id_key}", bytes.len()),
-                    })?;
-            UniqueId { bytes }
+                        expected: format!(
+                            "a 128-byte NCCL unique id and a launch mode (0 or 1) under {id_key}"
+                        ),
+                        found: format!("{} bytes", posted.len()),
+                    })
+                }
+            };
+            let mut id = UniqueId { bytes: [0; 128] };
+            id.bytes.copy_from_slice(bytes);
+            (id, blocking)
         };
         let joined_key = format!("{key}/joined");
         store.add(&joined_key, 1)?;
@@ -108,10 +143,23 @@ impl Communicator {
             device,
             rank,
             size,
+            blocking: false,
             aborted: AtomicBool::new(false),
         };
         let remaining = timeout.saturating_sub(started.elapsed());
         match comm.wait_ready("ncclCommInitRankConfig", remaining) {
+            Ok(()) if blocking => {
+                // Every rank is in, so the split does not wait for a rank
+                // that never came; the first communicator is finalized
+                // when it drops here.
+                let remaining = timeout.saturating_sub(started.elapsed());
+                let child = comm.split_into(Some(0), rank, remaining, true)?;
+                child.ok_or_else(|| Error::Nccl {
+                    call: "ncclCommSplit".into(),
+                    code: "no communicator".into(),
+                    message: "a split with one color for every rank gave this rank none".into(),
+                })
+            }
             Ok(()) => Ok(comm),
             Err(None) => {
                 comm.abort();
@@ -145,9 +193,20 @@ impl Communicator {
         key: usize,
         timeout: Duration,
     ) -> Result<Option<Communicator>> {
+        self.split_into(color, key, timeout, self.blocking)
+    }
+
+    /// [`Communicator::split`], the child blocking or not.
+    fn split_into(
+        &self,
+        color: Option<usize>,
+        key: usize,
+        timeout: Duration,
+        blocking: bool,
+    ) -> Result<Option<Communicator>> {
         /// `NCCL_SPLIT_NOCOLOR`.
         const NO_COLOR: i32 = -1;
-        let mut config = Config::new(false);
+        let mut config = Config::new(blocking);
         let mut raw: RawComm = std::ptr::null_mut();
         let color_code = color.map_or(NO_COLOR, |c| c as i32);
         {
@@ -186,6 +245,7 @@ impl Communicator {
             device: self.device,
             rank: 0,
             size: 0,
+            blocking,
             aborted: AtomicBool::new(false),
         };
         if let Err(e) = child.wait_ready("ncclCommSplit", timeout) {
