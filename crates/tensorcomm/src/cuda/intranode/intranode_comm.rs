@@ -186,6 +186,11 @@ impl IntraNodeComm {
         self.device
     }
 
+    /// How the algorithm is chosen (by size, or forced).
+    pub fn algo_choice(&self) -> AlgoChoice {
+        self.algo
+    }
+
     /// How many calls each algorithm ran.
     pub fn usage(&self) -> AlgoUsage {
         self.usage.snapshot()
