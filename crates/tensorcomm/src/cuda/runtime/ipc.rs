@@ -69,8 +69,12 @@ impl SharedAllocation {
         // SAFETY: a context is current (bound above).
         let ptr = check("cuMemAlloc", unsafe { result::malloc_sync(len) })?;
         let alloc = SharedAllocation { ctx, ptr, len };
-        // SAFETY: `ptr .. ptr + len` is the block just allocated.
-        check_raw("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, len) })?;
+        // Zeroed before anyone sees the handle: on the context's stream,
+        // waited for (a memset on the legacy stream is not ordered with
+        // work on non-blocking streams, which every other stream here is).
+        let stream = alloc.ctx.stream()?;
+        super::memory::memset_zero(&alloc.ctx, alloc.ptr(), len, stream)?;
+        stream.synchronize()?;
         Ok(alloc)
     }
 
