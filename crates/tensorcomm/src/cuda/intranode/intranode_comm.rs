@@ -164,7 +164,7 @@ impl IntraNodeComm {
             ctx,
             algo,
             kernel_timeout: options.kernel_timeout,
-            words: MappedWords::new(2)?,
+            words: MappedWords::new(device, 2)?,
             last: Mutex::default(),
             usage: UsageCounters::default(),
             memory,
