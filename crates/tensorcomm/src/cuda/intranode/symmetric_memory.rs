@@ -166,7 +166,7 @@ impl Rendezvous<'_> {
             let mut words = text.split(' ').skip(1);
             let handle = words.next().and_then(unhex::<64>).ok_or_else(bad)?;
             let addr: u64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
-            if infos[r].pid == me.pid && infos[r].host == me.host {
+            if infos[r].process == me.process {
                 // Another rank of this process: reach its GPU directly.
                 for d in 0..crate::cuda::runtime::device_count()? {
                     if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid {
