@@ -120,7 +120,10 @@ impl IntraNodeComm {
     /// Sets up rank `rank` of `world` on GPU `device`, meeting the others
     /// through `store` under `key_prefix`. Fails on every rank with
     /// [`Error::IntraNodeUnavailable`] naming the reason when the group
-    /// cannot use peer memory (see [`PeerPolicy`]).
+    /// cannot use peer memory (see [`PeerPolicy`]). A rank that fails
+    /// before meeting the others (bad options, no GPU, kernels that do not
+    /// load) posts its failure, so that the others fail at once naming it
+    /// instead of waiting for it.
     pub fn new(
         store: &dyn Store,
         key_prefix: &str,
@@ -129,25 +132,23 @@ impl IntraNodeComm {
         device: usize,
         options: &IntraNodeOptions,
     ) -> Result<IntraNodeComm> {
-        let policy = match options.policy {
-            Some(p) => p,
-            None => PeerPolicy::from_env()?,
+        let prefix = format!("{key_prefix}/intranode");
+        let Prepared {
+            policy,
+            algo,
+            region,
+            ctx,
+            words,
+        } = match prepare(device, options) {
+            Ok(p) => p,
+            Err(e) => {
+                Rendezvous::post_failure(store, &prefix, rank, &e);
+                return Err(e);
+            }
         };
-        let algo = match options.algo {
-            Some(a) => a,
-            None => AlgoChoice::from_env()?,
-        };
-        if options.region_bytes < 4096 {
-            return Err(Error::InvalidArgument(format!(
-                "IntraNodeOptions::region_bytes: expected at least 4096, found {}",
-                options.region_bytes
-            )));
-        }
-        let region = options.region_bytes.div_ceil(4096) * 4096;
-        let ctx = runtime::context(device)?;
         let memory = Rendezvous {
             store,
-            prefix: &format!("{key_prefix}/intranode"),
+            prefix: &prefix,
             rank,
             world,
             device,
@@ -164,7 +165,7 @@ impl IntraNodeComm {
             ctx,
             algo,
             kernel_timeout: options.kernel_timeout,
-            words: MappedWords::new(device, 2)?,
+            words,
             last: Mutex::default(),
             usage: UsageCounters::default(),
             memory,
@@ -434,6 +435,59 @@ impl Drop for IntraNodeComm {
             }
         }
     }
+}
+
+/// What [`IntraNodeComm::new`] settles on this rank alone, before meeting
+/// the others.
+struct Prepared {
+    policy: PeerPolicy,
+    algo: AlgoChoice,
+    /// Bytes of one region, a multiple of 4096.
+    region: usize,
+    ctx: std::sync::Arc<Context>,
+    words: MappedWords,
+}
+
+/// Everything of [`IntraNodeComm::new`] that can fail on this rank alone:
+/// the policy, the algorithm choice, the region size, the GPU's context,
+/// the kernels (loaded now, so that neither a first call nor a capture
+/// compiles them) and the host words.
+fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
+    let policy = match options.policy {
+        Some(p) => p,
+        None => PeerPolicy::from_env()?,
+    };
+    let algo = match options.algo {
+        Some(AlgoChoice::Force(AllReduceAlgo::None)) => {
+            return Err(Error::InvalidArgument(
+                "IntraNodeOptions::algo: expected Auto or Force(OneShot, TwoShot or Large), found Force(None)"
+                    .into(),
+            ))
+        }
+        Some(a) => a,
+        None => AlgoChoice::from_env()?,
+    };
+    if !(4096..=1 << 40).contains(&options.region_bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "IntraNodeOptions::region_bytes: expected 4096 to 2^40, found {}",
+            options.region_bytes
+        )));
+    }
+    let region = options.region_bytes.div_ceil(4096) * 4096;
+    let ctx = runtime::context(device)?;
+    if policy != PeerPolicy::Off {
+        // Off: set-up fails on every rank (see `topology::why_not`) and no
+        // kernel ever runs.
+        crate::cuda::kernels::load(device)?;
+    }
+    let words = MappedWords::new(device, 2)?;
+    Ok(Prepared {
+        policy,
+        algo,
+        region,
+        ctx,
+        words,
+    })
 }
 
 /// The kernels' op for `op`, if they have it.

@@ -126,7 +126,17 @@ impl RankInfo {
         .into_bytes()
     }
 
+    /// Rank `rank`'s info from what it posted; a rank that failed before
+    /// it could describe itself posted `error: <why>` instead, which comes
+    /// back as an error naming it and its reason.
     pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+        if let Some(why) = bytes.strip_prefix(b"error: ") {
+            return Err(Error::PeerProtocol {
+                peer: rank,
+                expected: "its intra-node set-up info; it failed to set up".into(),
+                found: String::from_utf8_lossy(why).into_owned(),
+            });
+        }
         let bad = || Error::PeerProtocol {
             peer: rank,
             expected:
@@ -282,6 +292,11 @@ mod tests {
         assert_eq!(RankInfo::decode(1, &i.encode()).unwrap(), i);
         let e = RankInfo::decode(3, b"nonsense").unwrap_err().to_string();
         assert!(e.contains("rank 3") && e.contains("intra-node"), "{e}");
+        // A rank that failed before set-up posted its error instead.
+        let e = RankInfo::decode(2, b"error: no GPU cuda:9")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 2") && e.contains("no GPU cuda:9"), "{e}");
         // The older form, a pid without the process number, is refused.
         let text = String::from_utf8(i.encode()).unwrap();
         let old = text.replace("\n7 0000000000001234\n", "\n7\n");
