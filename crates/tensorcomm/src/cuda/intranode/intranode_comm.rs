@@ -17,8 +17,13 @@ use crate::{Error, Result};
 
 /// Host word the kernels poll: nonzero stops them.
 const ABORT: usize = 0;
-/// Host word a stopped kernel leaves: `code << 16 | peer`.
+/// Host word a stopped kernel leaves: `code << 16 | peer` (1 the peer
+/// did not arrive in time, 2 aborted); the host leaves [`PARTLY_QUEUED`].
 const STATUS: usize = 1;
+/// [`STATUS`] of a communicator whose call queued part of its kernels
+/// before failing: this rank's barrier counts and regions no longer match
+/// the other ranks'.
+const PARTLY_QUEUED: u32 = 3 << 16;
 
 /// How an [`IntraNodeComm`] is set up.
 #[derive(Clone, Debug)]
@@ -248,7 +253,8 @@ impl IntraNodeComm {
     }
 
     /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
-    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)).
+    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)),
+    /// or a call failed after queueing part of its kernels.
     pub fn check(&self) -> Result<()> {
         let status = self.words.load(STATUS);
         if status != 0 {
@@ -258,6 +264,7 @@ impl IntraNodeComm {
                     "peer rank {peer} did not reach the barrier within {:?}",
                     self.kernel_timeout.unwrap_or_default()
                 ),
+                3 => "a call failed to queue part of its kernels".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -401,7 +408,20 @@ impl IntraNodeComm {
                 io_aligned: u32::from(at.is_multiple_of(16)),
                 reserved: 0,
             };
-            peer_all_reduce(&self.ctx, stream, shot, dtype, &args)?;
+            if let Err(e) = peer_all_reduce(&self.ctx, stream, shot, dtype, &args) {
+                if done > 0 {
+                    // Part of the call is queued: refuse every later call
+                    // (a kernel's own reason, when one stopped, is kept),
+                    // and let synchronize and drop wait for what is queued.
+                    if self.words.load(STATUS) == 0 {
+                        self.words.store(STATUS, PARTLY_QUEUED);
+                    }
+                    if !capturing {
+                        last.stream = Some(stream.clone());
+                    }
+                }
+                return Err(e);
+            }
             done += n;
         }
         if !capturing {
