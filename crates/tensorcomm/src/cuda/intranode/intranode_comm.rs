@@ -431,28 +431,56 @@ impl IntraNodeComm {
     }
 }
 
-impl Drop for IntraNodeComm {
-    fn drop(&mut self) {
-        // Let queued calls finish (a second at most), then stop whatever
-        // still waits for a peer, so that no kernel uses the memory freed
-        // next.
+impl IntraNodeComm {
+    /// Waits (at most `limit`) for the calls this rank queued outside
+    /// graphs, then raises the abort word if they are not done (their
+    /// kernels then stop waiting for peers), then waits for them to end.
+    /// True when they finished on their own.
+    fn drain(&mut self, limit: Duration) -> bool {
         let stream = self
             .last
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .stream
             .take();
-        if let Some(s) = stream {
-            if let Ok(event) = s.record() {
-                let deadline = Instant::now() + Duration::from_secs(1);
-                while !event.query().unwrap_or(true) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                if !event.query().unwrap_or(true) {
-                    self.abort();
-                }
-                let _ = event.synchronize();
-            }
+        let Some(s) = stream else {
+            return true;
+        };
+        let Ok(event) = s.record() else {
+            // Cannot tell when they end: stop them, then wait.
+            self.abort();
+            let _ = s.synchronize();
+            return false;
+        };
+        let deadline = Instant::now() + limit;
+        while !event.query().unwrap_or(true) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let on_time = event.query().unwrap_or(true);
+        if !on_time {
+            self.abort();
+        }
+        let _ = event.synchronize();
+        on_time
+    }
+}
+
+/// How long dropping a communicator waits for this rank's queued calls
+/// before it stops them.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+
+impl Drop for IntraNodeComm {
+    /// Lets this rank's queued calls finish ([`DRAIN_LIMIT`] at most), then
+    /// stops whatever still waits for a peer, so that no kernel of this
+    /// rank uses the memory freed next. The other ranks' kernels are not
+    /// waited for: every rank must be done with its calls before any
+    /// drops its communicator.
+    fn drop(&mut self) {
+        if !self.drain(DRAIN_LIMIT) {
+            tracing::debug!(
+                rank = self.rank,
+                "intra-node calls still queued when the communicator was dropped were aborted"
+            );
         }
     }
 }
