@@ -467,6 +467,57 @@ fn groups_that_cannot_use_peer_memory_are_refused_on_every_rank_with_the_reason(
     }
 }
 
+#[test]
+fn a_rank_that_fails_before_set_up_makes_the_others_fail_at_once_naming_it() {
+    if !can_run("a_rank_that_fails_before_set_up_makes_the_others_fail_at_once_naming_it") {
+        return;
+    }
+    for (name, bad) in [
+        ("region", options(AlgoChoice::Auto, 1)),
+        ("region_big", options(AlgoChoice::Auto, (1 << 40) + 1)),
+        (
+            "algo",
+            options(AlgoChoice::Force(AllReduceAlgo::None), 1 << 20),
+        ),
+    ] {
+        let store = Arc::new(HashStore::new());
+        // Rank 0 would wait its whole set-up timeout for a rank that
+        // never posts; it must stop at once.
+        let good = IntraNodeOptions {
+            timeout: Duration::from_secs(120),
+            ..options(AlgoChoice::Auto, 1 << 20)
+        };
+        let start = Instant::now();
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let hs: Vec<_> = [good, bad]
+                .into_iter()
+                .enumerate()
+                .map(|(rank, opts)| {
+                    let store = store.clone();
+                    s.spawn(move || {
+                        IntraNodeComm::new(&*store, name, rank, 2, 0, &opts).unwrap_err()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{name}: {:?}",
+            start.elapsed()
+        );
+        match &errors[1] {
+            Error::InvalidArgument(why) => assert!(why.contains("IntraNodeOptions"), "{why}"),
+            other => panic!("{name}: {other}"),
+        }
+        let e = errors[0].to_string();
+        assert!(
+            e.contains("rank 1") && e.contains("IntraNodeOptions"),
+            "{name}: {e}"
+        );
+    }
+}
+
 // ---- ranks as processes (CUDA IPC) ----------------------------------------
 
 const CHILD_STORE: &str = "TENSORCOMM_TEST_INTRANODE_STORE";

@@ -152,7 +152,7 @@ fn rank_body(
     // One gate for the whole run: freeing pinned memory waits for the
     // whole device, which a rank of this process may keep busy waiting for
     // this one (ranks as threads).
-    let gate = MappedWords::new(1)?;
+    let gate = MappedWords::new(device, 1)?;
     let mut released = 0;
     let sizes = sizes(args);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());

@@ -17,8 +17,13 @@ use crate::{Error, Result};
 
 /// Host word the kernels poll: nonzero stops them.
 const ABORT: usize = 0;
-/// Host word a stopped kernel leaves: `code << 16 | peer`.
+/// Host word a stopped kernel leaves: `code << 16 | peer` (1 the peer
+/// did not arrive in time, 2 aborted); the host leaves [`PARTLY_QUEUED`].
 const STATUS: usize = 1;
+/// [`STATUS`] of a communicator whose call queued part of its kernels
+/// before failing: this rank's barrier counts and regions no longer match
+/// the other ranks'.
+const PARTLY_QUEUED: u32 = 3 << 16;
 
 /// How an [`IntraNodeComm`] is set up.
 #[derive(Clone, Debug)]
@@ -120,7 +125,10 @@ impl IntraNodeComm {
     /// Sets up rank `rank` of `world` on GPU `device`, meeting the others
     /// through `store` under `key_prefix`. Fails on every rank with
     /// [`Error::IntraNodeUnavailable`] naming the reason when the group
-    /// cannot use peer memory (see [`PeerPolicy`]).
+    /// cannot use peer memory (see [`PeerPolicy`]). A rank that fails
+    /// before meeting the others (bad options, no GPU, kernels that do not
+    /// load) posts its failure, so that the others fail at once naming it
+    /// instead of waiting for it.
     pub fn new(
         store: &dyn Store,
         key_prefix: &str,
@@ -129,25 +137,23 @@ impl IntraNodeComm {
         device: usize,
         options: &IntraNodeOptions,
     ) -> Result<IntraNodeComm> {
-        let policy = match options.policy {
-            Some(p) => p,
-            None => PeerPolicy::from_env()?,
+        let prefix = format!("{key_prefix}/intranode");
+        let Prepared {
+            policy,
+            algo,
+            region,
+            ctx,
+            words,
+        } = match prepare(device, options) {
+            Ok(p) => p,
+            Err(e) => {
+                Rendezvous::post_failure(store, &prefix, rank, &e);
+                return Err(e);
+            }
         };
-        let algo = match options.algo {
-            Some(a) => a,
-            None => AlgoChoice::from_env()?,
-        };
-        if options.region_bytes < 4096 {
-            return Err(Error::InvalidArgument(format!(
-                "IntraNodeOptions::region_bytes: expected at least 4096, found {}",
-                options.region_bytes
-            )));
-        }
-        let region = options.region_bytes.div_ceil(4096) * 4096;
-        let ctx = runtime::context(device)?;
         let memory = Rendezvous {
             store,
-            prefix: &format!("{key_prefix}/intranode"),
+            prefix: &prefix,
             rank,
             world,
             device,
@@ -164,7 +170,7 @@ impl IntraNodeComm {
             ctx,
             algo,
             kernel_timeout: options.kernel_timeout,
-            words: MappedWords::new(2)?,
+            words,
             last: Mutex::default(),
             usage: UsageCounters::default(),
             memory,
@@ -252,7 +258,8 @@ impl IntraNodeComm {
     }
 
     /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
-    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)).
+    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)),
+    /// or a call failed after queueing part of its kernels.
     pub fn check(&self) -> Result<()> {
         let status = self.words.load(STATUS);
         if status != 0 {
@@ -262,6 +269,7 @@ impl IntraNodeComm {
                     "peer rank {peer} did not reach the barrier within {:?}",
                     self.kernel_timeout.unwrap_or_default()
                 ),
+                3 => "a call failed to queue part of its kernels".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -405,7 +413,20 @@ impl IntraNodeComm {
                 io_aligned: u32::from(at.is_multiple_of(16)),
                 reserved: 0,
             };
-            peer_all_reduce(&self.ctx, stream, shot, dtype, &args)?;
+            if let Err(e) = peer_all_reduce(&self.ctx, stream, shot, dtype, &args) {
+                if done > 0 {
+                    // Part of the call is queued: refuse every later call
+                    // (a kernel's own reason, when one stopped, is kept),
+                    // and let synchronize and drop wait for what is queued.
+                    if self.words.load(STATUS) == 0 {
+                        self.words.store(STATUS, PARTLY_QUEUED);
+                    }
+                    if !capturing {
+                        last.stream = Some(stream.clone());
+                    }
+                }
+                return Err(e);
+            }
             done += n;
         }
         if !capturing {
@@ -415,30 +436,111 @@ impl IntraNodeComm {
     }
 }
 
-impl Drop for IntraNodeComm {
-    fn drop(&mut self) {
-        // Let queued calls finish (a second at most), then stop whatever
-        // still waits for a peer, so that no kernel uses the memory freed
-        // next.
+impl IntraNodeComm {
+    /// Waits (at most `limit`) for the calls this rank queued outside
+    /// graphs, then raises the abort word if they are not done (their
+    /// kernels then stop waiting for peers), then waits for them to end.
+    /// True when they finished on their own.
+    fn drain(&mut self, limit: Duration) -> bool {
         let stream = self
             .last
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .stream
             .take();
-        if let Some(s) = stream {
-            if let Ok(event) = s.record() {
-                let deadline = Instant::now() + Duration::from_secs(1);
-                while !event.query().unwrap_or(true) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                if !event.query().unwrap_or(true) {
-                    self.abort();
-                }
-                let _ = event.synchronize();
-            }
+        let Some(s) = stream else {
+            return true;
+        };
+        let Ok(event) = s.record() else {
+            // Cannot tell when they end: stop them, then wait.
+            self.abort();
+            let _ = s.synchronize();
+            return false;
+        };
+        let deadline = Instant::now() + limit;
+        while !event.query().unwrap_or(true) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let on_time = event.query().unwrap_or(true);
+        if !on_time {
+            self.abort();
+        }
+        let _ = event.synchronize();
+        on_time
+    }
+}
+
+/// How long dropping a communicator waits for this rank's queued calls
+/// before it stops them.
+const DRAIN_LIMIT: Duration = Duration::from_secs(1);
+
+impl Drop for IntraNodeComm {
+    /// Lets this rank's queued calls finish ([`DRAIN_LIMIT`] at most), then
+    /// stops whatever still waits for a peer, so that no kernel of this
+    /// rank uses the memory freed next. The other ranks' kernels are not
+    /// waited for: every rank must be done with its calls before any
+    /// drops its communicator.
+    fn drop(&mut self) {
+        if !self.drain(DRAIN_LIMIT) {
+            tracing::debug!(
+                rank = self.rank,
+                "intra-node calls still queued when the communicator was dropped were aborted"
+            );
         }
     }
+}
+
+/// What [`IntraNodeComm::new`] settles on this rank alone, before meeting
+/// the others.
+struct Prepared {
+    policy: PeerPolicy,
+    algo: AlgoChoice,
+    /// Bytes of one region, a multiple of 4096.
+    region: usize,
+    ctx: std::sync::Arc<Context>,
+    words: MappedWords,
+}
+
+/// Everything of [`IntraNodeComm::new`] that can fail on this rank alone:
+/// the policy, the algorithm choice, the region size, the GPU's context,
+/// the kernels (loaded now, so that neither a first call nor a capture
+/// compiles them) and the host words.
+fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
+    let policy = match options.policy {
+        Some(p) => p,
+        None => PeerPolicy::from_env()?,
+    };
+    let algo = match options.algo {
+        Some(AlgoChoice::Force(AllReduceAlgo::None)) => {
+            return Err(Error::InvalidArgument(
+                "IntraNodeOptions::algo: expected Auto or Force(OneShot, TwoShot or Large), found Force(None)"
+                    .into(),
+            ))
+        }
+        Some(a) => a,
+        None => AlgoChoice::from_env()?,
+    };
+    if !(4096..=1 << 40).contains(&options.region_bytes) {
+        return Err(Error::InvalidArgument(format!(
+            "IntraNodeOptions::region_bytes: expected 4096 to 2^40, found {}",
+            options.region_bytes
+        )));
+    }
+    let region = options.region_bytes.div_ceil(4096) * 4096;
+    let ctx = runtime::context(device)?;
+    if policy != PeerPolicy::Off {
+        // Off: set-up fails on every rank (see `topology::why_not`) and no
+        // kernel ever runs.
+        crate::cuda::kernels::load(device)?;
+    }
+    let words = MappedWords::new(device, 2)?;
+    Ok(Prepared {
+        policy,
+        algo,
+        region,
+        ctx,
+        words,
+    })
 }
 
 /// The kernels' op for `op`, if they have it.

@@ -60,9 +60,24 @@ pub(crate) struct Rendezvous<'a> {
     pub(crate) timeout: Duration,
 }
 
+/// The store key of rank `rank`'s answer in `round`.
+fn round_key(prefix: &str, round: &str, rank: usize) -> String {
+    format!("{prefix}/{round}/{rank}")
+}
+
 impl Rendezvous<'_> {
     fn key(&self, round: &str, rank: usize) -> String {
-        format!("{}/{round}/{rank}", self.prefix)
+        round_key(self.prefix, round, rank)
+    }
+
+    /// Posts `error` as rank `rank`'s first-round answer under `prefix`,
+    /// for a rank that fails before it can take part: the others then
+    /// fail at once, naming it (see [`RankInfo::decode`]).
+    pub(crate) fn post_failure(store: &dyn Store, prefix: &str, rank: usize, error: &Error) {
+        let key = round_key(prefix, "info", rank);
+        if let Err(e) = store.set(&key, format!("error: {error}").as_bytes()) {
+            tracing::debug!(rank, %e, "could not post the intra-node set-up failure");
+        }
     }
 
     /// Posts this rank's value for `round` and returns every rank's.
@@ -166,7 +181,7 @@ impl Rendezvous<'_> {
             let mut words = text.split(' ').skip(1);
             let handle = words.next().and_then(unhex::<64>).ok_or_else(bad)?;
             let addr: u64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
-            if infos[r].pid == me.pid && infos[r].host == me.host {
+            if infos[r].process == me.process {
                 // Another rank of this process: reach its GPU directly.
                 for d in 0..crate::cuda::runtime::device_count()? {
                     if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid {
@@ -221,3 +236,22 @@ impl SymmetricMemory {
 }
 
 const _: () = assert!(PEER_PAD_BYTES <= PAD_AREA);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::HashStore;
+
+    #[test]
+    fn a_failure_posted_before_set_up_is_the_first_round_answer_naming_the_rank() {
+        let store = HashStore::new();
+        let e = Error::InvalidArgument("region_bytes: expected 4096 to 2^40, found 1".into());
+        Rendezvous::post_failure(&store, "tp/intranode", 1, &e);
+        let posted = store.get(&round_key("tp/intranode", "info", 1)).unwrap();
+        let got = RankInfo::decode(1, &posted).unwrap_err().to_string();
+        assert!(
+            got.contains("rank 1") && got.contains("expected 4096 to 2^40"),
+            "{got}"
+        );
+    }
+}

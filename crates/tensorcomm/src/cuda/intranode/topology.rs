@@ -7,7 +7,7 @@
 //!
 //! Each rank publishes a [`RankInfo`] and judges the group from its own
 //! process (only it can query its GPU's links); the ranks then agree on
-//! the verdicts (see `intranode_comm.rs`).
+//! the verdicts (see `symmetric_memory.rs`).
 
 use crate::cuda::kernels::PEER_MAX;
 use crate::cuda::runtime::{self, device_uuid, peer_link};
@@ -68,7 +68,11 @@ impl PeerPolicy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RankInfo {
     pub(crate) host: String,
+    /// For messages only: pids repeat across containers.
     pub(crate) pid: u32,
+    /// A random number drawn once per process: equal only for ranks of
+    /// one process.
+    pub(crate) process: u64,
     pub(crate) uuid: [u8; 16],
     pub(crate) capability: (i32, i32),
     /// Settings every rank must share, as `name=value` words.
@@ -101,6 +105,7 @@ impl RankInfo {
         Ok(RankInfo {
             host: crate::cpu::transport::host_identity(),
             pid: std::process::id(),
+            process: process_nonce(),
             uuid: device_uuid(device)?,
             capability: ctx.capability(),
             settings,
@@ -109,9 +114,10 @@ impl RankInfo {
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
-            "{}\n{}\n{}\n{}.{}\n{}",
+            "{}\n{} {:016x}\n{}\n{}.{}\n{}",
             self.host,
             self.pid,
+            self.process,
             hex(&self.uuid),
             self.capability.0,
             self.capability.1,
@@ -120,10 +126,22 @@ impl RankInfo {
         .into_bytes()
     }
 
+    /// Rank `rank`'s info from what it posted; a rank that failed before
+    /// it could describe itself posted `error: <why>` instead, which comes
+    /// back as an error naming it and its reason.
     pub(crate) fn decode(rank: usize, bytes: &[u8]) -> Result<RankInfo> {
+        if let Some(why) = bytes.strip_prefix(b"error: ") {
+            return Err(Error::PeerProtocol {
+                peer: rank,
+                expected: "its intra-node set-up info; it failed to set up".into(),
+                found: String::from_utf8_lossy(why).into_owned(),
+            });
+        }
         let bad = || Error::PeerProtocol {
             peer: rank,
-            expected: "intra-node set-up info (host, pid, GPU UUID, capability, settings)".into(),
+            expected:
+                "intra-node set-up info (host, pid and process, GPU UUID, capability, settings)"
+                    .into(),
             found: format!("{:?}", String::from_utf8_lossy(bytes)),
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
@@ -132,9 +150,11 @@ impl RankInfo {
             return Err(bad());
         };
         let (major, minor) = cap.split_once('.').ok_or_else(bad)?;
+        let (pid, process) = pid.split_once(' ').ok_or_else(bad)?;
         Ok(RankInfo {
             host: host.into(),
             pid: pid.parse().map_err(|_| bad())?,
+            process: u64::from_str_radix(process, 16).map_err(|_| bad())?,
             uuid: unhex(uuid).ok_or_else(bad)?,
             capability: (
                 major.parse().map_err(|_| bad())?,
@@ -143,6 +163,18 @@ impl RankInfo {
             settings: settings.into(),
         })
     }
+}
+
+/// This process's random number (see [`RankInfo::process`]): std's
+/// `RandomState` keys come from the OS's random source.
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    })
 }
 
 /// The settings every rank must share, as one line.
@@ -247,6 +279,7 @@ mod tests {
         RankInfo {
             host: host.into(),
             pid: 7,
+            process: 0x1234,
             uuid: [uuid; 16],
             capability: (9, 0),
             settings: settings_line(PeerPolicy::Auto, "auto", 1 << 20),
@@ -259,6 +292,29 @@ mod tests {
         assert_eq!(RankInfo::decode(1, &i.encode()).unwrap(), i);
         let e = RankInfo::decode(3, b"nonsense").unwrap_err().to_string();
         assert!(e.contains("rank 3") && e.contains("intra-node"), "{e}");
+        // A rank that failed before set-up posted its error instead.
+        let e = RankInfo::decode(2, b"error: no GPU cuda:9")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 2") && e.contains("no GPU cuda:9"), "{e}");
+        // The older form, a pid without the process number, is refused.
+        let text = String::from_utf8(i.encode()).unwrap();
+        let old = text.replace("\n7 0000000000001234\n", "\n7\n");
+        assert_ne!(old, text);
+        assert!(RankInfo::decode(1, old.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn the_process_number_is_one_per_process() {
+        assert_eq!(process_nonce(), process_nonce());
+        let other = std::thread::spawn(process_nonce).join().unwrap();
+        assert_eq!(other, process_nonce());
+        let i = info("a", 1);
+        let mut j = i.clone();
+        j.process = u64::MAX;
+        let back = RankInfo::decode(0, &j.encode()).unwrap();
+        assert_eq!(back.process, u64::MAX);
+        assert_ne!(back, i);
     }
 
     #[test]

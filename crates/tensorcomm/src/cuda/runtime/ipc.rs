@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 
 use super::context::{context, Context};
-use super::driver::{check, check_raw};
+use super::driver::{check, check_raw, ensure_driver};
 use super::memory::DevicePtr;
 use crate::{Error, Result};
 
@@ -69,8 +69,12 @@ impl SharedAllocation {
         // SAFETY: a context is current (bound above).
         let ptr = check("cuMemAlloc", unsafe { result::malloc_sync(len) })?;
         let alloc = SharedAllocation { ctx, ptr, len };
-        // SAFETY: `ptr .. ptr + len` is the block just allocated.
-        check_raw("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, len) })?;
+        // Zeroed before anyone sees the handle: on the context's stream,
+        // waited for (a memset on the legacy stream is not ordered with
+        // work on non-blocking streams, which every other stream here is).
+        let stream = alloc.ctx.stream()?;
+        super::memory::memset_zero(&alloc.ctx, alloc.ptr(), len, stream)?;
+        stream.synchronize()?;
         Ok(alloc)
     }
 
@@ -171,13 +175,28 @@ impl Drop for PeerMapping {
 /// The driver's UUID of GPU `device`: the same in every process, whatever
 /// `CUDA_VISIBLE_DEVICES` numbers it.
 pub fn device_uuid(device: usize) -> Result<[u8; 16]> {
-    let ctx = context(device)?;
+    let dev = device_handle(device)?;
     let mut uuid = sys::CUuuid_st { bytes: [0; 16] };
-    // SAFETY: `uuid` is a valid out-pointer and the device exists.
+    // SAFETY: `uuid` is a valid out-pointer and `dev` a valid device.
     check_raw("cuDeviceGetUuid", unsafe {
-        sys::cuDeviceGetUuid_v2(&mut uuid, ctx.inner.cu_device())
+        sys::cuDeviceGetUuid_v2(&mut uuid, dev)
     })?;
     Ok(uuid.bytes.map(|c| c as u8))
+}
+
+/// The driver's handle of GPU `device`, without creating its context
+/// (asking about a GPU must not cost it a context's memory).
+fn device_handle(device: usize) -> Result<sys::CUdevice> {
+    let count = ensure_driver()?;
+    if device >= count {
+        return Err(Error::NoCuda {
+            reason: format!("no GPU cuda:{device}: this machine has {count} GPUs"),
+        });
+    }
+    let ordinal = i32::try_from(device).map_err(|_| Error::NoCuda {
+        reason: format!("no GPU cuda:{device}"),
+    })?;
+    check("cuDeviceGet", result::device::get(ordinal))
 }
 
 /// What the driver reports about kernels on one GPU reaching another's
@@ -202,7 +221,7 @@ pub struct PeerLink {
 /// # Ok::<(), tensorcomm::Error>(())
 /// ```
 pub fn peer_link(from: usize, to: usize) -> Result<PeerLink> {
-    let a = context(from)?;
+    let a = device_handle(from)?;
     if from == to {
         return Ok(PeerLink {
             access: true,
@@ -210,12 +229,13 @@ pub fn peer_link(from: usize, to: usize) -> Result<PeerLink> {
             performance_rank: 0,
         });
     }
-    let b = context(to)?;
+    let b = device_handle(to)?;
     let attribute = |attr: sys::CUdevice_P2PAttribute| -> Result<i32> {
         let mut value = 0;
-        // SAFETY: `value` is a valid out-pointer; both devices exist.
+        // SAFETY: `value` is a valid out-pointer; `a` and `b` are valid
+        // devices.
         check_raw("cuDeviceGetP2PAttribute", unsafe {
-            sys::cuDeviceGetP2PAttribute(&mut value, attr, a.inner.cu_device(), b.inner.cu_device())
+            sys::cuDeviceGetP2PAttribute(&mut value, attr, a, b)
         })?;
         Ok(value)
     };

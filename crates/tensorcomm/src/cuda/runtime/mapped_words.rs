@@ -4,10 +4,11 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
-use super::context::context;
+use super::context::{context, Context};
 use super::driver::{check_raw, ensure_driver};
 use super::memory::DevicePtr;
 use crate::{Error, Result};
@@ -18,12 +19,14 @@ use crate::{Error, Result};
 ///
 /// ```no_run
 /// use tensorcomm::cuda::runtime::MappedWords;
-/// let w = MappedWords::new(2)?;
+/// let w = MappedWords::new(0, 2)?;
 /// w.store(0, 1); // a kernel polling word 0 sees 1
 /// assert_eq!(w.load(1), 0);
 /// # Ok::<(), tensorcomm::Error>(())
 /// ```
 pub struct MappedWords {
+    /// The context the words were allocated through, bound to free them.
+    ctx: Arc<Context>,
     host: *mut u32,
     device: u64,
     len: usize,
@@ -41,15 +44,17 @@ impl std::fmt::Debug for MappedWords {
 }
 
 impl MappedWords {
-    /// `len` (at least one) zeroed words.
-    pub fn new(len: usize) -> Result<MappedWords> {
+    /// `len` (at least one) zeroed words, allocated through GPU
+    /// `device`'s context (kernels of every GPU can use them).
+    pub fn new(device: usize, len: usize) -> Result<MappedWords> {
         ensure_driver()?;
         if len == 0 {
             return Err(Error::InvalidArgument(
                 "MappedWords: expected at least one word, found 0".into(),
             ));
         }
-        context(0)?.bind()?;
+        let ctx = context(device)?;
+        ctx.bind()?;
         let bytes = len * 4;
         let mut raw: *mut c_void = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; PORTABLE and DEVICEMAP make
@@ -75,7 +80,12 @@ impl MappedWords {
             let _ = unsafe { result::free_host(raw) };
             return Err(e);
         }
-        Ok(MappedWords { host, device, len })
+        Ok(MappedWords {
+            ctx,
+            host,
+            device,
+            len,
+        })
     }
 
     fn word(&self, i: usize) -> &AtomicU32 {
@@ -109,7 +119,7 @@ impl super::stream::Stream {
     ///
     /// ```no_run
     /// use tensorcomm::cuda::runtime::{MappedWords, Stream};
-    /// let (s, gate) = (Stream::new(0)?, MappedWords::new(1)?);
+    /// let (s, gate) = (Stream::new(0)?, MappedWords::new(0, 1)?);
     /// s.wait_word(&gate, 0, 1)?;
     /// // ... queue work on `s`: none of it runs yet ...
     /// gate.store(0, 1);
@@ -134,8 +144,12 @@ impl super::stream::Stream {
 
 impl Drop for MappedWords {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc and freed once; owners
-        // synchronise the kernels that use it before dropping.
-        let _ = unsafe { result::free_host(self.host.cast()) };
+        // Freed through the context it was allocated through (a thread
+        // that never bound one has no current context).
+        if self.ctx.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc and freed once; owners
+            // synchronise the kernels that use it before dropping.
+            let _ = unsafe { result::free_host(self.host.cast()) };
+        }
     }
 }
