@@ -531,10 +531,24 @@ fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
     // Processes sharing a GPU take turns on it, so each barrier waits for
     // every other rank's time slice: fewer calls for more ranks.
     let calls = if c.world() > 4 { 4 } else { 40 };
+    // The sizes pick one-shot, then (where the world size's limit is below
+    // 400 KB) two-shot; each call must run what the selection says.
+    let mut want = (0, 0);
     for call in 0..calls {
         let numel = if call % 2 == 0 { 1000 } else { 200_000 };
         let t = gpu_input(DType::BF16, c.rank(), numel, 0, call);
-        c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+        match c.select_all_reduce_algo(&t, ReduceOp::Sum) {
+            AllReduceAlgo::OneShot => want.0 += 1,
+            AllReduceAlgo::TwoShot => want.1 += 1,
+            other => panic!("{numel} bf16 elements: selected {other:?}"),
+        }
+        assert_eq!(c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap(), {
+            if numel * 2 <= one_shot_max(c.world()) {
+                AllReduceAlgo::OneShot
+            } else {
+                AllReduceAlgo::TwoShot
+            }
+        });
         s.synchronize().unwrap();
         assert_reference(
             &t,
@@ -545,8 +559,7 @@ fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
         );
     }
     let u = c.usage();
-    let half = calls as u64 / 2;
-    assert_eq!((u.one_shot, u.two_shot), (half, half), "{u:?}");
+    assert_eq!((u.one_shot, u.two_shot), want, "{u:?}");
 }
 
 /// Not a test of its own: the entry point of the child ranks below.
