@@ -184,8 +184,15 @@ impl Rendezvous<'_> {
             if infos[r].process == me.process {
                 // Another rank of this process: reach its GPU directly.
                 for d in 0..crate::cuda::runtime::device_count()? {
-                    if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid {
-                        enable_peer_access(self.device, d)?;
+                    if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid
+                        && !enable_peer_access(self.device, d)?
+                    {
+                        return Err(Error::IntraNodeUnavailable {
+                            reason: format!(
+                                "rank {} (cuda:{}) cannot reach the memory of rank {r} (cuda:{d}) in the same process: peer access could not be enabled",
+                                self.rank, self.device
+                            ),
+                        });
                     }
                 }
                 peers.push(Peer::SameProcess(addr));

@@ -1,13 +1,17 @@
 //! One NCCL communicator: created non-blocking from a unique id that rank 0
 //! posts to the store (so joining needs nothing but the store), ready or
-//! aborted within the group's timeout, then (by default) split once into a
-//! blocking communicator for the collectives; split for sub-groups, aborted
-//! on failure and finalized when dropped.
+//! aborted within the group's timeout, split for sub-groups, aborted on
+//! failure and finalized when dropped.
 //!
-//! Why the second communicator: NCCL queues every call on a non-blocking
-//! communicator from a thread it starts for that call, which costs tens of
-//! microseconds a call; a blocking one queues on the caller's thread.
-//! `TENSORCOMM_NCCL_LAUNCH=nonblocking` keeps the first communicator.
+//! `TENSORCOMM_NCCL_LAUNCH=blocking` splits it once more into a blocking
+//! communicator for the collectives: NCCL queues every call on a
+//! non-blocking communicator from a thread it starts for that call (tens
+//! of microseconds a call), a blocking one on the caller's thread. Not the
+//! default, because a blocking call can wait on the host (NCCL connects
+//! peers at the first use of an algorithm or of a pair), where neither
+//! the group's timeout nor its abort reaches it, so a peer that dies then
+//! leaves the call hanging; sub-group splits of a blocking communicator
+//! also wait for every rank without a timeout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
@@ -25,11 +29,18 @@ use crate::{Error, Result};
 /// run on a blocking communicator.
 const POSTED_LEN: usize = 129;
 
-/// `TENSORCOMM_NCCL_LAUNCH`: true for `blocking` (the default).
+/// The out-parameter and the config of one `ncclCommSplit`.
+struct SplitSlots {
+    raw: RawComm,
+    config: Config,
+}
+
+/// `TENSORCOMM_NCCL_LAUNCH`: true for `blocking`; `nonblocking` is the
+/// default.
 fn blocking_launch() -> Result<bool> {
     match env_vars::NCCL_LAUNCH.get().as_deref().map(str::trim) {
-        None | Some("") | Some("blocking") => Ok(true),
-        Some("nonblocking") => Ok(false),
+        Some("blocking") => Ok(true),
+        None | Some("") | Some("nonblocking") => Ok(false),
         Some(other) => Err(Error::BadValue {
             name: env_vars::NCCL_LAUNCH.name.into(),
             expected: "blocking or nonblocking".into(),
@@ -206,30 +217,53 @@ impl Communicator {
     ) -> Result<Option<Communicator>> {
         /// `NCCL_SPLIT_NOCOLOR`.
         const NO_COLOR: i32 = -1;
-        let mut config = Config::new(blocking);
-        let mut raw: RawComm = std::ptr::null_mut();
+        // NCCL finishes a split on a thread of its own and writes the new
+        // communicator through `raw` then, which may be after this
+        // function has given up on it: the out-parameter and the config
+        // live on the heap and are leaked (a few bytes) when the split
+        // does not end in time.
+        let slots = Box::into_raw(Box::new(SplitSlots {
+            raw: std::ptr::null_mut(),
+            config: Config::new(blocking),
+        }));
         let color_code = color.map_or(NO_COLOR, |c| c as i32);
         {
             let parent = self.enter()?;
-            // SAFETY: a live communicator, an out-parameter and a config.
+            // SAFETY: a live communicator; `slots` is valid until freed
+            // below, never while NCCL may still write to it.
             let code = unsafe {
-                (self.nccl.comm_split)(parent.raw(), color_code, key as i32, &mut raw, &mut config)
+                (self.nccl.comm_split)(
+                    parent.raw(),
+                    color_code,
+                    key as i32,
+                    &mut (*slots).raw,
+                    &mut (*slots).config,
+                )
             };
+            // On an error here NCCL may still have queued the job: the
+            // slots stay leaked.
             self.nccl.check("ncclCommSplit", code, Some(parent.raw()))?;
         }
         // The parent finishes the split for every rank.
-        match self.wait_ready("ncclCommSplit", timeout) {
-            Ok(()) => {}
-            Err(None) => {
-                return Err(Error::NcclInitTimeout {
-                    rank: self.rank,
-                    size: self.size,
-                    device: self.device,
-                    timeout,
-                    joined: 0,
-                })
+        let waited = self.wait_ready("ncclCommSplit", timeout);
+        if let Err(None) = waited {
+            return Err(Error::NcclInitTimeout {
+                rank: self.rank,
+                size: self.size,
+                device: self.device,
+                timeout,
+                joined: 0,
+            });
+        }
+        // SAFETY: the split's job has ended (the parent is no longer in
+        // progress), so NCCL writes no more; allocated above, freed once.
+        let raw = unsafe { Box::from_raw(slots) }.raw;
+        if let Err(Some(e)) = waited {
+            if !raw.is_null() {
+                // SAFETY: a communicator NCCL handed out and nobody uses.
+                unsafe { (self.nccl.comm_abort)(raw) };
             }
-            Err(Some(e)) => return Err(e),
+            return Err(e);
         }
         if raw.is_null() {
             return Ok(None);
