@@ -8,9 +8,13 @@
 //! reason, so no rank ever waits in a kernel for one that never comes.
 //!
 //! Ranks in one process use each other's addresses directly (a process
-//! cannot open its own IPC handles). Dropping unmaps the peers' blocks,
-//! then frees this rank's.
+//! cannot open its own IPC handles) and share ownership of each other's
+//! blocks, so a block is freed only once every rank of its process that
+//! reads it is done (freeing waits for its own GPU only, not for a peer's
+//! kernel reading it). Dropping unmaps the peers' blocks, then frees this
+//! rank's (if no other rank of this process holds it).
 
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::topology::{to_hex, unhex, why_not, PeerPolicy, RankInfo};
@@ -33,8 +37,8 @@ pub(crate) const GRAPH_REGION: usize = 2;
 enum Peer {
     /// This rank's own block.
     Own,
-    /// A rank of this process: its address as it is.
-    SameProcess(u64),
+    /// A rank of this process: its block, shared.
+    SameProcess(Arc<SharedAllocation>),
     /// A rank of another process, mapped through IPC.
     Mapped(PeerMapping),
 }
@@ -43,8 +47,27 @@ enum Peer {
 pub(crate) struct SymmetricMemory {
     /// Dropped first: the peers' blocks are unmapped before ours is freed.
     peers: Vec<Peer>,
-    mine: SharedAllocation,
+    mine: Arc<SharedAllocation>,
     region: usize,
+}
+
+/// The blocks of this process's ranks, for the other ranks of this process
+/// to find by address (unique within a process while allocated).
+static LIVE_BLOCKS: Mutex<Vec<Weak<SharedAllocation>>> = Mutex::new(Vec::new());
+
+/// Makes `block` findable by [`find_block`].
+fn register_block(block: &Arc<SharedAllocation>) {
+    let mut live = LIVE_BLOCKS.lock().unwrap_or_else(PoisonError::into_inner);
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(block));
+}
+
+/// The live block of this process that starts at `addr`.
+fn find_block(addr: u64) -> Option<Arc<SharedAllocation>> {
+    let live = LIVE_BLOCKS.lock().unwrap_or_else(PoisonError::into_inner);
+    live.iter()
+        .filter_map(Weak::upgrade)
+        .find(|b| b.ptr().addr() == addr)
 }
 
 /// What set-up needs to know.
@@ -132,7 +155,8 @@ impl Rendezvous<'_> {
         let block = match &judged {
             Ok(None) => Some(
                 SharedAllocation::zeroed(self.device, PAD_AREA + REGIONS * self.region)
-                    .and_then(|a| a.ipc_handle().map(|h| (a, h))),
+                    .and_then(|a| a.ipc_handle().map(|h| (Arc::new(a), h)))
+                    .inspect(|(a, _)| register_block(a)),
             ),
             _ => None,
         };
@@ -195,7 +219,12 @@ impl Rendezvous<'_> {
                         });
                     }
                 }
-                peers.push(Peer::SameProcess(addr));
+                let block = find_block(addr).ok_or_else(|| Error::PeerProtocol {
+                    peer: r,
+                    expected: format!("a live buffer of this process at {addr:#x}"),
+                    found: "none (the rank posted an address no rank of this process holds)".into(),
+                })?;
+                peers.push(Peer::SameProcess(block));
             } else {
                 peers.push(Peer::Mapped(PeerMapping::open(
                     self.device,
@@ -212,7 +241,7 @@ impl SymmetricMemory {
     fn base(&self, rank: usize) -> u64 {
         match &self.peers[rank] {
             Peer::Own => self.mine.ptr().addr(),
-            Peer::SameProcess(addr) => *addr,
+            Peer::SameProcess(block) => block.ptr().addr(),
             Peer::Mapped(m) => m.ptr().addr(),
         }
     }
