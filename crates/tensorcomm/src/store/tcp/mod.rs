@@ -17,6 +17,8 @@
 //! - `protocol.rs`: the bytes on the wire.
 //! - `server.rs`: [`TcpStoreServer`], binding and accepting.
 //! - `connection.rs`: one connection on the server, handshake and requests.
+//! - `handshakes.rs`: connections not yet past their handshake, which make
+//!   room for others when the server is at its connection cap.
 //! - `server_state.rs`: the keys and the per-key waiters.
 //! - `client.rs`: [`TcpStore`], the client.
 //! - `options.rs`: [`TcpStoreOptions`].
@@ -37,6 +39,7 @@
 
 mod client;
 mod connection;
+mod handshakes;
 mod options;
 mod protocol;
 mod server;
