@@ -12,6 +12,7 @@ use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
 use super::connection::{self, ServerConfig};
+use super::connection_limit::ConnectionLimit;
 use super::handshakes::Handshakes;
 use super::protocol::BUSY_REASON_PREFIX;
 use super::server_state::{OpenConnection, ServerState};
@@ -88,12 +89,14 @@ impl TcpStoreServer {
             .local_addr()
             .map_err(|e| Error::io("reading the store server's address", e))?;
         let state = Arc::new(ServerState::default());
+        let limit = ConnectionLimit::new(options.max_connections);
+        debug!(max = limit.max, origin = %limit.origin, "store server connection cap");
         let config = Arc::new(ServerConfig {
             token: options.token.clone(),
             max_message_size: options.max_message_size,
             idle_timeout: options.idle_timeout,
-            max_connections: options.max_connections,
-            max_connections_origin: "TcpStoreOptions::max_connections".into(),
+            max_connections: limit.max,
+            max_connections_origin: limit.origin,
             warnings: Default::default(),
         });
         runtime.spawn(accept_loop(listener, state.clone(), config));
