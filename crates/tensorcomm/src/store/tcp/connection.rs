@@ -24,11 +24,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::handshakes::HandshakeTicket;
 use super::options::TOKEN_ENV;
 use super::protocol::{
     encode_welcome, Request, Response, FLAG_JOIN, FRAME_HEADER, MAGIC, MAX_TOKEN_LEN, VERSION,
 };
-use super::handshakes::HandshakeTicket;
 use super::server_state::ServerState;
 use super::warn_limit::{self, WarnLimit};
 use crate::Error;

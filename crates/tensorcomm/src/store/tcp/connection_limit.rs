@@ -42,7 +42,9 @@ impl ConnectionLimit {
             return asked();
         };
         let reserve = (files / 8).max(MIN_RESERVE).min(files / 2);
-        let budget = usize::try_from(files - reserve).unwrap_or(usize::MAX).max(1);
+        let budget = usize::try_from(files - reserve)
+            .unwrap_or(usize::MAX)
+            .max(1);
         if budget >= requested {
             return asked();
         }
@@ -105,7 +107,8 @@ mod tests {
                     Max processes             unlimited            unlimited            processes \n\
                     Max open files            1024                 1048576              files     \n";
         assert_eq!(parse_open_file_limit(text), Some(1024));
-        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
         assert_eq!(parse_open_file_limit(unlimited), None);
         assert_eq!(parse_open_file_limit(""), None);
     }
