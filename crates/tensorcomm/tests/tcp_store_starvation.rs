@@ -165,3 +165,42 @@ fn connections_past_the_cap_are_refused_clearly() {
     }
     good_client_works(addr);
 }
+
+/// With a token set, connections that never send a hello cannot keep a
+/// client holding the token out: at the cap, the connection longest in its
+/// handshake is closed to make room (it used to be the newcomer that was
+/// refused, for as long as the silent ones were held, 30 s each).
+#[test]
+fn connections_silent_in_their_handshake_cannot_crowd_out_a_client_with_the_token() {
+    let with_token = TcpStoreOptions {
+        token: Some("s3cret".into()),
+        max_connections: 16,
+        ..options()
+    };
+    let server = TcpStoreServer::bind("127.0.0.1:0", &with_token).unwrap();
+    let addr = server.local_addr();
+    let early = TcpStore::connect(&addr.to_string(), &with_token).unwrap();
+    early.set("early", b"1").unwrap();
+    let mut silent: Vec<TcpStream> = (0..40)
+        .map(|_| {
+            let stream = TcpStream::connect(addr).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            stream
+        })
+        .collect();
+    let late = TcpStore::connect(&addr.to_string(), &with_token).unwrap();
+    late.set("late", b"2").unwrap();
+    assert_eq!(late.get("early").unwrap(), b"1");
+    // The oldest silent connection was closed long before its 30 s
+    // handshake timeout.
+    let mut buf = [0u8; 64];
+    match silent[0].read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("expected the oldest silent connection closed, got {other:?}"),
+    }
+    // The client that authenticated before the flood was never evicted.
+    assert_eq!(early.get("late").unwrap(), b"2");
+}

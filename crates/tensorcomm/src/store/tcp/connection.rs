@@ -24,6 +24,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use super::handshakes::HandshakeTicket;
 use super::options::TOKEN_ENV;
 use super::protocol::{
     encode_welcome, Request, Response, FLAG_JOIN, FRAME_HEADER, MAGIC, MAX_TOKEN_LEN, VERSION,
@@ -54,6 +55,8 @@ pub(crate) struct ServerConfig {
     pub(crate) idle_timeout: Duration,
     /// Connections open at once, at most.
     pub(crate) max_connections: usize,
+    /// Where `max_connections` comes from, for the refusal's reason.
+    pub(crate) max_connections_origin: String,
     /// The rate limit on per-connection warnings.
     pub(crate) warnings: WarnLimit,
 }
@@ -77,6 +80,7 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     state: Arc<ServerState>,
     config: Arc<ServerConfig>,
+    mut ticket: HandshakeTicket,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not disable Nagle's algorithm: {e}");
@@ -84,7 +88,21 @@ pub(crate) async fn serve(
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
     let handshake = handshake(&mut rd, &mut wr, &state, &config);
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => outcome,
+        () = ticket.evicted() => {
+            let text = format_args!(
+                "store connection closed during the handshake: the server is at its \
+                 connection limit ({}) and this connection had waited longest without \
+                 a valid hello",
+                config.max_connections
+            );
+            warn_peer(&config, peer, text);
+            return;
+        }
+    };
+    drop(ticket);
+    match outcome {
         Ok(Ok(Some(joined))) => debug!(%peer, joined, "store client joined"),
         Ok(Ok(None)) => debug!(%peer, "store client connected again"),
         Ok(Err(reason)) => {

@@ -17,6 +17,10 @@
 //! - `protocol.rs`: the bytes on the wire.
 //! - `server.rs`: [`TcpStoreServer`], binding and accepting.
 //! - `connection.rs`: one connection on the server, handshake and requests.
+//! - `handshakes.rs`: connections not yet past their handshake, which make
+//!   room for others when the server is at its connection cap.
+//! - `connection_limit.rs`: the connection cap, fitted to the process's
+//!   file descriptor limit.
 //! - `server_state.rs`: the keys and the per-key waiters.
 //! - `client.rs`: [`TcpStore`], the client.
 //! - `options.rs`: [`TcpStoreOptions`].
@@ -37,6 +41,8 @@
 
 mod client;
 mod connection;
+mod connection_limit;
+mod handshakes;
 mod options;
 mod protocol;
 mod server;

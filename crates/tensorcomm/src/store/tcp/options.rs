@@ -50,9 +50,15 @@ pub struct TcpStoreOptions {
     /// frame is disconnected. A client idle between requests is not.
     pub idle_timeout: Duration,
     /// The most connections a server keeps open at once (65536 by
-    /// default); one more is refused saying so, and its client tries again
-    /// until its timeout (then fails with [`crate::Error::StoreConnect`]
-    /// naming the cap), since a connection may free up.
+    /// default), lowered where the process's open-file limit (`ulimit -n`)
+    /// leaves less room: an eighth of that limit (at least 128 files) is
+    /// kept for the rest of the process. At the cap, a connection still in
+    /// its handshake (no valid hello yet) is closed to make room, so
+    /// unauthenticated connections never crowd out authenticated ones;
+    /// when every open connection has authenticated, one more is refused
+    /// saying so, and its client tries again until its timeout (then fails
+    /// with [`crate::Error::StoreConnect`] naming the cap), since a
+    /// connection may free up.
     pub max_connections: usize,
 }
 

@@ -3,14 +3,17 @@
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Runtime;
 use tracing::{debug, warn};
 
 use super::connection::{self, ServerConfig};
+use super::connection_limit::ConnectionLimit;
+use super::handshakes::Handshakes;
 use super::protocol::BUSY_REASON_PREFIX;
 use super::server_state::{OpenConnection, ServerState};
 use super::TcpStoreOptions;
@@ -22,6 +25,10 @@ const LISTEN_BACKLOG: u32 = 4096;
 
 /// Worker threads of a server's runtime, at most.
 const MAX_WORKERS: usize = 4;
+
+/// Connections over the cap that may wait for their hello (to be answered
+/// with a refusal) at once.
+const MAX_REFUSING: usize = 64;
 
 /// A TCP store server, running on its own background threads.
 ///
@@ -82,11 +89,14 @@ impl TcpStoreServer {
             .local_addr()
             .map_err(|e| Error::io("reading the store server's address", e))?;
         let state = Arc::new(ServerState::default());
+        let limit = ConnectionLimit::new(options.max_connections);
+        debug!(max = limit.max, origin = %limit.origin, "store server connection cap");
         let config = Arc::new(ServerConfig {
             token: options.token.clone(),
             max_message_size: options.max_message_size,
             idle_timeout: options.idle_timeout,
-            max_connections: options.max_connections,
+            max_connections: limit.max,
+            max_connections_origin: limit.origin,
             warnings: Default::default(),
         });
         runtime.spawn(accept_loop(listener, state.clone(), config));
@@ -232,23 +242,22 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc<ServerConfig>) {
+    let handshakes = Arc::new(Handshakes::default());
+    let refusing = Arc::new(AtomicUsize::new(0));
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
                 let open_now = state.open_connections();
-                if open_now >= config.max_connections {
-                    // Refused with a reason the client shows; not counted,
-                    // and gone within a few seconds whatever the peer does.
-                    let reason = format!(
-                        "{BUSY_REASON_PREFIX}the store server has {open_now} connections open, \
-                         its limit (TcpStoreOptions::max_connections); try again later"
-                    );
-                    tokio::spawn(connection::refuse(stream, peer, reason, config.clone()));
+                // At the cap, a connection still in its handshake makes room
+                // (see `handshakes.rs`); one that authenticated never does.
+                if open_now >= config.max_connections && !handshakes.evict_oldest() {
+                    refuse(stream, peer, open_now, &config, &refusing);
                     continue;
                 }
                 debug!(%peer, "store connection accepted");
                 let open = OpenConnection::new(&state);
-                let serve = connection::serve(stream, peer, state.clone(), config.clone());
+                let ticket = handshakes.enter();
+                let serve = connection::serve(stream, peer, state.clone(), config.clone(), ticket);
                 tokio::spawn(async move {
                     serve.await;
                     drop(open);
@@ -262,4 +271,34 @@ async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc
             }
         }
     }
+}
+
+/// Refuses a connection over the cap with a reason the client shows (not
+/// counted, and gone within a few seconds whatever the peer does). At most
+/// [`MAX_REFUSING`] refusals wait for their hello at once; past that, a
+/// connection is closed at once (its client sees the connection close and
+/// tries again), so a flood over the cap cannot hold descriptors either.
+fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    open_now: usize,
+    config: &Arc<ServerConfig>,
+    refusing: &Arc<AtomicUsize>,
+) {
+    if refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Ordering::Relaxed);
+        drop(stream);
+        return;
+    }
+    let reason = format!(
+        "{BUSY_REASON_PREFIX}the store server has {open_now} connections open, its limit \
+         ({}); try again later",
+        config.max_connections_origin
+    );
+    let refusal = connection::refuse(stream, peer, reason, config.clone());
+    let refusing = refusing.clone();
+    tokio::spawn(async move {
+        refusal.await;
+        refusing.fetch_sub(1, Ordering::Relaxed);
+    });
 }
