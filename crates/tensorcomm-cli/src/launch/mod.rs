@@ -3,7 +3,8 @@
 //! - [`args`]: the command line and its validation into a [`plan::JobPlan`];
 //! - [`plan`]: the job and the torchrun environment of each rank;
 //! - [`spawn`]: starting one rank (process group, pipes, death signal);
-//! - [`output`]: `[rankN]: ` line prefixing;
+//! - [`output`]: `[rankN]: ` line prefixing, whole lines under one lock;
+//! - [`pump`]: the one thread copying every rank's pipes;
 //! - [`signals`]: catching, forwarding and naming signals;
 //! - [`supervise`]: waiting, stopping the job when a rank fails, draining output;
 //! - [`outcome`]: the exit code and the message about how the job ended.
@@ -16,6 +17,7 @@ mod guard;
 mod outcome;
 mod output;
 mod plan;
+mod pump;
 mod signals;
 mod spawn;
 mod supervise;
@@ -109,7 +111,7 @@ pub fn launch_local_with(
 fn launch(plan: &JobPlan) -> ExitCode {
     let outcome = supervise::run_job(plan);
     if let Some(report) = outcome.report() {
-        eprintln!("tensorcomm run: {report}");
+        output::launcher_line(&report);
     }
     ExitCode::from(outcome.exit_code())
 }
