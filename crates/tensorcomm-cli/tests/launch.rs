@@ -838,3 +838,53 @@ fn a_rank_failing_during_start_up_stops_the_start_up() {
         "all {started} other ranks were started before rank 0's failure was seen"
     );
 }
+
+/// A rank that exits 0 while another keeps running is named on stderr, and
+/// nothing is stopped for it: the other rank ends by itself, here once the
+/// test has seen the message (it gives up after 20 s, and the test fails).
+#[test]
+fn a_rank_exiting_early_while_others_run_is_named_once() {
+    let dir = tempdir();
+    let go = dir.path().join("go");
+    let script = format!(
+        r#"if [ "$RANK" = 0 ]; then exit 0; fi; i=0; while [ ! -e '{}' ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo still here"#,
+        go.display()
+    );
+    let mut child = Command::new(BIN)
+        .args(["run", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tensorcomm");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stdout = thread::spawn(move || {
+        let mut all = String::new();
+        let _ = BufReader::new(stdout).read_to_string(&mut all);
+        all
+    });
+    let mut stderr = Vec::new();
+    for line in BufReader::new(child.stderr.take().expect("piped stderr")).lines() {
+        let line = line.expect("read stderr");
+        let seen = line.contains("rank 0 exited with status 0");
+        stderr.push(line);
+        if seen {
+            std::fs::write(&go, b"").expect("create go");
+        }
+    }
+    let status = child.wait().expect("wait for tensorcomm");
+    let stdout = stdout.join().expect("stdout reader");
+    assert_eq!(status.code(), Some(0), "{stderr:?}");
+    assert!(stdout.contains("[rank1]: still here\n"), "{stdout:?}");
+    let notices: Vec<&String> = stderr
+        .iter()
+        .filter(|l| l.contains("exited with status 0"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{stderr:?}");
+    assert!(
+        notices[0].starts_with("tensorcomm run: rank 0 exited with status 0 ")
+            && notices[0].contains("1 other rank still runs")
+            && notices[0].contains("nothing is stopped"),
+        "{stderr:?}"
+    );
+}

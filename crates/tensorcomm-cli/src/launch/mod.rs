@@ -7,12 +7,14 @@
 //! - [`pump`]: the one thread copying every rank's pipes;
 //! - [`signals`]: catching, forwarding and naming signals;
 //! - [`supervise`]: waiting, stopping the job when a rank fails, draining output;
+//! - [`early_exit`]: saying so when a rank exits 0 while the others run on;
 //! - [`outcome`]: the exit code and the message about how the job ended.
 //!
 //! [`launch_local`] gives other subcommands the same machinery to start N
 //! copies of a program (usually `std::env::current_exe()`) on this machine.
 
 mod args;
+mod early_exit;
 mod guard;
 mod outcome;
 mod output;

@@ -1,5 +1,7 @@
 //! Running a job: start the ranks, wait for them, stop them all when one
-//! fails or when the launcher gets a signal, and drain their output.
+//! fails or when the launcher gets a signal, say so when one exits 0 while
+//! the others keep running (see [`super::early_exit`]), and drain their
+//! output.
 //!
 //! The loop polls every [`POLL`] (`try_wait` on each rank, then a look at the
 //! caught signals) instead of blocking in `waitpid(-1)`, which could reap
@@ -16,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use libc::c_int;
 
+use super::early_exit::EarlyExitNotice;
 use super::guard::TreeGuard;
 use super::outcome::{Outcome, RankExit, StopCause};
+use super::output;
 use super::plan::JobPlan;
 use super::pump::OutputPump;
 use super::signals::{self, SignalWatch};
@@ -77,6 +81,7 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
     // The next local rank to start.
     let mut next = 0;
     let mut last_look = Instant::now();
+    let mut early_exit = EarlyExitNotice::new();
     let mut killed_on = None;
     loop {
         let starting = next < plan.nproc_per_node && !job.stopping();
@@ -147,6 +152,17 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
                     exit,
                     others,
                 });
+            }
+        }
+        if !job.stopping() {
+            let exited_ok: Vec<usize> = reaped
+                .iter()
+                .filter(|&&i| job.ranks[i].exit.as_ref().is_some_and(RankExit::success))
+                .map(|&i| job.ranks[i].process.rank)
+                .collect();
+            let running = job.running().count();
+            if let Some(line) = early_exit.look(Instant::now(), &exited_ok, running) {
+                output::launcher_line(&line);
             }
         }
         let started_all = next == plan.nproc_per_node || job.stopping();
