@@ -888,3 +888,34 @@ fn a_rank_exiting_early_while_others_run_is_named_once() {
         "{stderr:?}"
     );
 }
+
+/// A job the open-file limit has no room for (two pipes per rank) is
+/// refused before any rank starts, naming the limit.
+#[test]
+fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
+    let dir = tempdir();
+    let marker = dir.path().join("started");
+    let script = format!("touch '{}'", marker.display());
+    let out = Launcher::start_with(Command::new("sh").args([
+        "-c",
+        r#"ulimit -n 256 && exec "$0" "$@""#,
+        BIN,
+        "run",
+        "--nproc-per-node",
+        "300",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .finish();
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("300 ranks with prefixed output need about 632 open files")
+            && out.stderr.contains("its limit is 256 (ulimit -n"),
+        "{}",
+        out.stderr
+    );
+    assert!(!marker.exists(), "a rank started");
+}

@@ -2,6 +2,7 @@
 //!
 //! - [`args`]: the command line and its validation into a [`plan::JobPlan`];
 //! - [`plan`]: the job and the torchrun environment of each rank;
+//! - [`limits`]: refusing a job the process limits have no room for;
 //! - [`spawn`]: starting one rank (process group, pipes, death signal);
 //! - [`output`]: `[rankN]: ` line prefixing, whole lines under one lock;
 //! - [`pump`]: the one thread copying every rank's pipes;
@@ -16,6 +17,7 @@
 mod args;
 mod early_exit;
 mod guard;
+mod limits;
 mod outcome;
 mod output;
 mod plan;
@@ -111,6 +113,15 @@ pub fn launch_local_with(
 }
 
 fn launch(plan: &JobPlan) -> ExitCode {
+    match limits::Limits::current() {
+        Ok(limits) => {
+            if let Err(message) = limits.check(plan.nproc_per_node, plan.prefix_output) {
+                output::launcher_line(&format!("error: {message}"));
+                return ExitCode::from(2);
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the process limits, not checking them: {e}"),
+    }
     let outcome = supervise::run_job(plan);
     if let Some(report) = outcome.report() {
         output::launcher_line(&report);
