@@ -720,3 +720,202 @@ fn shared_memory_names_left_by_killed_ranks_are_removed_when_the_job_ends() {
         );
     }
 }
+
+/// Ranks writing long lines to both streams at once, with the launcher's
+/// stdout and stderr on one pipe: every line that comes out is one whole
+/// line one rank wrote, behind that rank's prefix (lines are longer than a
+/// pipe holds, so each takes several writes).
+#[test]
+fn long_lines_of_concurrent_ranks_come_out_whole() {
+    const RANKS: usize = 4;
+    const LINES: usize = 6;
+    const LEN: usize = 100_000;
+    let script = format!(
+        r#"x=$(head -c {LEN} /dev/zero | tr '\0' x); i=0; while [ $i -lt {LINES} ]; do echo "$RANK out $i $x"; echo "$RANK err $i $x" >&2; i=$((i+1)); done; printf "$RANK last $x""#
+    );
+    let nproc = RANKS.to_string();
+    let out = Launcher::start_with(Command::new("sh").args([
+        "-c",
+        r#"exec "$0" "$@" 2>&1"#,
+        BIN,
+        "run",
+        "--nproc-per-node",
+        &nproc,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .finish();
+    assert_eq!(out.code, Some(0), "{:?}", out.stderr);
+    let text = out.stdout_text();
+    let mut seen = BTreeMap::new();
+    for line in text.lines() {
+        let short: String = line.chars().take(80).collect();
+        let (prefix, body) = line
+            .split_once("]: ")
+            .unwrap_or_else(|| panic!("line without a rank prefix: {short:?}"));
+        let rank: usize = prefix
+            .strip_prefix("[rank")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("line without a rank prefix: {short:?}"));
+        let mut words = body.split(' ');
+        let (writer, what) = (words.next(), words.next());
+        let (index, xs) = match what {
+            Some("last") => (Some("-"), words.next()),
+            _ => (words.next(), words.next()),
+        };
+        assert_eq!(writer, Some(rank.to_string().as_str()), "{short:?}");
+        assert!(
+            xs.is_some_and(|xs| xs.len() == LEN && xs.bytes().all(|b| b == b'x'))
+                && words.next().is_none(),
+            "line of rank {rank} is not one whole line it wrote: {short:?}... ({} bytes)",
+            line.len()
+        );
+        *seen
+            .entry((rank, what.map(str::to_owned), index.map(str::to_owned)))
+            .or_insert(0) += 1;
+    }
+    // Every line, the last one without a newline included, exactly once.
+    assert_eq!(seen.len(), RANKS * (2 * LINES + 1), "{seen:?}");
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+}
+
+/// Threads of process `pid`, from /proc.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Threads line in {status}"))
+}
+
+/// The launcher's threads do not grow with the ranks (a thread per pipe
+/// made every later fork copy all their stacks: start-up was quadratic).
+#[test]
+fn the_launcher_copies_all_output_with_a_fixed_number_of_threads() {
+    let dir = tempdir();
+    let go = dir.path().join("go");
+    let script = format!(
+        r#"echo up; while [ ! -e '{}' ]; do sleep 0.05; done; echo bye"#,
+        go.display()
+    );
+    let mut launcher = Launcher::start(&["--nproc-per-node", "64", "--", "sh", "-c", &script]);
+    launcher.wait_for_lines("]: up", 64);
+    let threads = threads_of(launcher.pid());
+    std::fs::write(&go, b"").expect("create go");
+    let out = launcher.finish();
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout_text().matches("]: bye\n").count(), 64, "{out:?}");
+    assert!(
+        threads <= 4,
+        "the launcher of 64 ranks has {threads} threads"
+    );
+}
+
+/// A rank that fails while the others are still being started stops the
+/// start-up: the launcher looks at its ranks while starting them rather
+/// than only once all are up. (Starting 1000 ranks takes over a second;
+/// rank 0's failure is seen within tens of milliseconds.)
+#[test]
+fn a_rank_failing_during_start_up_stops_the_start_up() {
+    const RANKS: usize = 1000;
+    let nproc = RANKS.to_string();
+    let out = run(&[
+        "--nproc-per-node",
+        &nproc,
+        "--",
+        "sh",
+        "-c",
+        r#"if [ "$RANK" = 0 ]; then exit 3; fi; echo started; exec sleep 60"#,
+    ]);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(out.stderr.contains("rank 0 (pid"), "{}", out.stderr);
+    let started = out.stdout_text().matches("]: started\n").count();
+    assert!(
+        started < RANKS - 1,
+        "all {started} other ranks were started before rank 0's failure was seen"
+    );
+}
+
+/// A rank that exits 0 while another keeps running is named on stderr, and
+/// nothing is stopped for it: the other rank ends by itself, here once the
+/// test has seen the message (it gives up after 20 s, and the test fails).
+#[test]
+fn a_rank_exiting_early_while_others_run_is_named_once() {
+    let dir = tempdir();
+    let go = dir.path().join("go");
+    let script = format!(
+        r#"if [ "$RANK" = 0 ]; then exit 0; fi; i=0; while [ ! -e '{}' ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo still here"#,
+        go.display()
+    );
+    let mut child = Command::new(BIN)
+        .args(["run", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tensorcomm");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stdout = thread::spawn(move || {
+        let mut all = String::new();
+        let _ = BufReader::new(stdout).read_to_string(&mut all);
+        all
+    });
+    let mut stderr = Vec::new();
+    for line in BufReader::new(child.stderr.take().expect("piped stderr")).lines() {
+        let line = line.expect("read stderr");
+        let seen = line.contains("rank 0 exited with status 0");
+        stderr.push(line);
+        if seen {
+            std::fs::write(&go, b"").expect("create go");
+        }
+    }
+    let status = child.wait().expect("wait for tensorcomm");
+    let stdout = stdout.join().expect("stdout reader");
+    assert_eq!(status.code(), Some(0), "{stderr:?}");
+    assert!(stdout.contains("[rank1]: still here\n"), "{stdout:?}");
+    let notices: Vec<&String> = stderr
+        .iter()
+        .filter(|l| l.contains("exited with status 0"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{stderr:?}");
+    assert!(
+        notices[0].starts_with("tensorcomm run: rank 0 exited with status 0 ")
+            && notices[0].contains("1 other rank still runs")
+            && notices[0].contains("nothing is stopped"),
+        "{stderr:?}"
+    );
+}
+
+/// A job the open-file limit has no room for (two pipes per rank) is
+/// refused before any rank starts, naming the limit.
+#[test]
+fn a_job_beyond_the_open_file_limit_is_refused_up_front() {
+    let dir = tempdir();
+    let marker = dir.path().join("started");
+    let script = format!("touch '{}'", marker.display());
+    let out = Launcher::start_with(Command::new("sh").args([
+        "-c",
+        r#"ulimit -n 256 && exec "$0" "$@""#,
+        BIN,
+        "run",
+        "--nproc-per-node",
+        "300",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .finish();
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("300 ranks with prefixed output need about 632 open files")
+            && out.stderr.contains("its limit is 256 (ulimit -n"),
+        "{}",
+        out.stderr
+    );
+    assert!(!marker.exists(), "a rank started");
+}

@@ -60,8 +60,10 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// The most ranks one launcher starts: each takes two pipes and two
-/// output-forwarding threads here, and a host cannot usefully run more.
+/// The most ranks one launcher starts: each is a process with two pipes
+/// open here (two descriptors of the launcher per rank), the guardian that
+/// ends the ranks' trees when the launcher is killed tracks this many, and a
+/// host cannot usefully run more.
 pub const MAX_NPROC_PER_NODE: usize = 4096;
 
 impl RunArgs {
@@ -73,7 +75,7 @@ impl RunArgs {
         }
         if self.nproc_per_node > MAX_NPROC_PER_NODE {
             return Err(format!(
-                "--nproc-per-node must be at most {MAX_NPROC_PER_NODE} (each rank takes two pipes and two forwarding threads of the launcher), found {}",
+                "--nproc-per-node must be at most {MAX_NPROC_PER_NODE} (each rank is a process with two pipes open in the launcher), found {}",
                 self.nproc_per_node
             ));
         }

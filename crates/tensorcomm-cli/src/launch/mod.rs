@@ -2,20 +2,26 @@
 //!
 //! - [`args`]: the command line and its validation into a [`plan::JobPlan`];
 //! - [`plan`]: the job and the torchrun environment of each rank;
+//! - [`limits`]: refusing a job the process limits have no room for;
 //! - [`spawn`]: starting one rank (process group, pipes, death signal);
-//! - [`output`]: `[rankN]: ` line prefixing;
+//! - [`output`]: `[rankN]: ` line prefixing, whole lines under one lock;
+//! - [`pump`]: the one thread copying every rank's pipes;
 //! - [`signals`]: catching, forwarding and naming signals;
 //! - [`supervise`]: waiting, stopping the job when a rank fails, draining output;
+//! - [`early_exit`]: saying so when a rank exits 0 while the others run on;
 //! - [`outcome`]: the exit code and the message about how the job ended.
 //!
 //! [`launch_local`] gives other subcommands the same machinery to start N
 //! copies of a program (usually `std::env::current_exe()`) on this machine.
 
 mod args;
+mod early_exit;
 mod guard;
+mod limits;
 mod outcome;
 mod output;
 mod plan;
+mod pump;
 mod signals;
 mod spawn;
 mod supervise;
@@ -107,9 +113,18 @@ pub fn launch_local_with(
 }
 
 fn launch(plan: &JobPlan) -> ExitCode {
+    match limits::Limits::current() {
+        Ok(limits) => {
+            if let Err(message) = limits.check(plan.nproc_per_node, plan.prefix_output) {
+                output::launcher_line(&format!("error: {message}"));
+                return ExitCode::from(2);
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the process limits, not checking them: {e}"),
+    }
     let outcome = supervise::run_job(plan);
     if let Some(report) = outcome.report() {
-        eprintln!("tensorcomm run: {report}");
+        output::launcher_line(&report);
     }
     ExitCode::from(outcome.exit_code())
 }

@@ -1,20 +1,25 @@
-//! Rank output with a `[rankN]: ` prefix on every line.
+//! Rank output with a `[rankN]: ` prefix on every line, and the one lock
+//! under which everything the launcher prints goes out.
 //!
-//! One thread per rank and stream reads the child's pipe and writes whole
-//! lines, prefix included, to our stdout or stderr under its lock, so lines
-//! of different ranks never interleave. Bytes are passed through as they are
-//! (no UTF-8 decoding). A carriage return also ends a line, so progress bars
-//! that redraw with `\r` show up as they are drawn; a `\n` right after it is
-//! written without a second prefix. A last line without a newline is written
-//! with one added.
+//! A [`LineSplitter`] turns the bytes one rank writes to one stream into
+//! whole lines, prefix included. Bytes are passed through as they are (no
+//! UTF-8 decoding). A carriage return also ends a line, so progress bars
+//! that redraw with `\r` show up as they are drawn; a `\r\n` is one line. A
+//! last line without a newline is written with one added.
+//!
+//! Every write, of a rank's line or of a launcher message, takes
+//! [`OUTPUT`] and writes the whole line before releasing it: with stdout
+//! and stderr on one pipe or file (`2>&1`), a line longer than the pipe
+//! holds takes several writes, and no other line may come between them.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::io::{self, Write};
+use std::sync::Mutex;
+
+/// Held while one whole line goes out on our stdout or stderr.
+static OUTPUT: Mutex<()> = Mutex::new(());
 
 /// Which of our streams a child's pipe is copied to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stream {
     Stdout,
     Stderr,
@@ -29,8 +34,12 @@ impl Stream {
         }
     }
 
-    /// Write one whole line under the stream's lock.
-    fn write_line(self, line: &[u8]) -> io::Result<()> {
+    /// Write one whole line, with nothing else printed by this process
+    /// coming between its bytes.
+    pub fn write_line(self, line: &[u8]) -> io::Result<()> {
+        let _whole = OUTPUT
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         match self {
             Stream::Stdout => {
                 let mut out = io::stdout().lock();
@@ -42,141 +51,118 @@ impl Stream {
     }
 }
 
-/// A thread copying one pipe of one rank.
-pub struct Forwarder {
-    /// The global rank whose output it copies.
-    pub rank: usize,
-    /// Which stream.
-    pub stream: Stream,
-    /// The thread; it ends when the pipe reaches end of file or our stream
-    /// cannot be written any more.
-    pub thread: JoinHandle<()>,
+/// Print `tensorcomm run: {message}` on stderr as one whole line.
+pub fn launcher_line(message: &str) {
+    let line = format!("tensorcomm run: {message}\n");
+    // Nothing more to do if our own stderr is gone.
+    let _ = Stream::Stderr.write_line(line.as_bytes());
 }
 
-/// Start copying `pipe` to `stream` with the prefix of `rank`. `progress`
-/// counts the bytes written, so the launcher can tell a pipe that is still
-/// draining from one held open by a process the rank left behind.
-pub fn spawn_forwarder(
-    rank: usize,
-    stream: Stream,
-    pipe: impl Read + Send + 'static,
-    progress: Arc<AtomicU64>,
-) -> io::Result<Forwarder> {
-    let thread = thread::Builder::new()
-        .name(format!("rank{rank}-{}", stream.name()))
-        .spawn(move || {
-            let prefix = format!("[rank{rank}]: ");
-            let reader = BufReader::with_capacity(64 * 1024, pipe);
-            let result = forward_lines(reader, prefix.as_bytes(), |line| {
-                stream.write_line(line)?;
-                progress.fetch_add(line.len() as u64, Ordering::Relaxed);
-                Ok(())
-            });
-            // Returning drops the pipe: if our own stream is closed (say
-            // `tensorcomm run ... | head`), the rank then gets EPIPE/SIGPIPE,
-            // as it would have writing to the stream itself.
-            if let Err(e) = result {
-                tracing::debug!(rank, stream = stream.name(), "stopped copying output: {e}");
-            }
-        })?;
-    Ok(Forwarder {
-        rank,
-        stream,
-        thread,
-    })
+/// Splits what one rank writes to one stream into prefixed whole lines.
+#[derive(Debug)]
+pub struct LineSplitter {
+    prefix: Vec<u8>,
+    /// The line being read, prefix included once it has any byte.
+    pending: Vec<u8>,
+    /// `pending` is a whole line ending in `\r`, held back until the next
+    /// byte says whether a `\n` belongs to it.
+    held_cr: bool,
 }
 
-/// Read `reader` to its end and hand each line, with `prefix` in front, to
-/// `emit` in one call. See the module docs for what counts as a line.
-pub fn forward_lines<R: BufRead>(
-    mut reader: R,
-    prefix: &[u8],
-    mut emit: impl FnMut(&[u8]) -> io::Result<()>,
-) -> io::Result<()> {
-    // Bytes of the line being read that came in earlier chunks.
-    let mut pending: Vec<u8> = Vec::new();
-    // The last line written ended with '\r'.
-    let mut after_cr = false;
-    loop {
-        let chunk = match reader.fill_buf() {
-            Ok(chunk) => chunk,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let mut used = 0;
-        if after_cr && chunk[0] == b'\n' {
-            // The "\n" of a "\r\n" whose "\r" came at the end of the last read.
-            emit(b"\n")?;
-            used = 1;
-        }
-        after_cr = false;
-        let rest = &chunk[used..];
-        match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
-            Some(end) => {
-                let mut take = end + 1;
-                if rest[end] == b'\r' {
-                    if rest.get(take) == Some(&b'\n') {
-                        take += 1;
-                    } else {
-                        after_cr = take == rest.len();
-                    }
-                }
-                let mut line = Vec::with_capacity(prefix.len() + pending.len() + take);
-                line.extend_from_slice(prefix);
-                line.append(&mut pending);
-                line.extend_from_slice(&rest[..take]);
-                used += take;
-                reader.consume(used);
-                emit(&line)?;
-            }
-            None => {
-                pending.extend_from_slice(rest);
-                used += rest.len();
-                reader.consume(used);
-            }
+impl LineSplitter {
+    /// A splitter putting `prefix` in front of every line.
+    pub fn new(prefix: impl Into<Vec<u8>>) -> Self {
+        LineSplitter {
+            prefix: prefix.into(),
+            pending: Vec::new(),
+            held_cr: false,
         }
     }
-    if !pending.is_empty() {
-        let mut line = Vec::with_capacity(prefix.len() + pending.len() + 1);
-        line.extend_from_slice(prefix);
-        line.append(&mut pending);
-        line.push(b'\n');
-        emit(&line)?;
+
+    /// Take the next bytes the rank wrote; hand each line they complete,
+    /// prefixed, to `emit` in one call.
+    pub fn feed(
+        &mut self,
+        mut chunk: &[u8],
+        emit: &mut impl FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if self.held_cr && !chunk.is_empty() {
+            self.held_cr = false;
+            if chunk[0] == b'\n' {
+                self.pending.push(b'\n');
+                chunk = &chunk[1..];
+            }
+            self.emit_pending(emit)?;
+        }
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+            let mut take = end + 1;
+            if chunk[end] == b'\r' && chunk.get(take) == Some(&b'\n') {
+                take += 1;
+            }
+            self.start_line();
+            self.pending.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if take == end + 1 && chunk.is_empty() && self.pending.last() == Some(&b'\r') {
+                // A `\r` at the end of a read: its `\n` may come in the next.
+                self.held_cr = true;
+                return Ok(());
+            }
+            self.emit_pending(emit)?;
+        }
+        if !chunk.is_empty() {
+            self.start_line();
+            self.pending.extend_from_slice(chunk);
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// The rank's stream ended: hand out what is left, a last line without
+    /// a newline getting one.
+    pub fn finish(&mut self, emit: &mut impl FnMut(&[u8]) -> io::Result<()>) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if !self.held_cr {
+            self.pending.push(b'\n');
+        }
+        self.held_cr = false;
+        self.emit_pending(emit)
+    }
+
+    fn start_line(&mut self) {
+        if self.pending.is_empty() {
+            self.pending.extend_from_slice(&self.prefix);
+        }
+    }
+
+    fn emit_pending(&mut self, emit: &mut impl FnMut(&[u8]) -> io::Result<()>) -> io::Result<()> {
+        let result = emit(&self.pending);
+        self.pending.clear();
+        result
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Feed `input` through a reader that returns at most `chunk` bytes per
-    /// read, to exercise lines split across reads.
+    /// Feed `input` in pieces of at most `chunk` bytes.
     fn lines(input: &[u8], chunk: usize) -> Vec<Vec<u8>> {
-        struct Chunked<'a>(&'a [u8], usize);
-        impl Read for Chunked<'_> {
-            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-                let n = self.0.len().min(self.1).min(buf.len());
-                buf[..n].copy_from_slice(&self.0[..n]);
-                self.0 = &self.0[n..];
-                Ok(n)
-            }
-        }
         let mut out = Vec::new();
-        let reader = BufReader::with_capacity(chunk, Chunked(input, chunk));
-        forward_lines(reader, b"[r]: ", |line| {
+        let mut emit = |line: &[u8]| {
             out.push(line.to_vec());
             Ok(())
-        })
-        .expect("in-memory reads do not fail");
+        };
+        let mut splitter = LineSplitter::new(*b"[r]: ");
+        for piece in input.chunks(chunk) {
+            splitter.feed(piece, &mut emit).expect("in-memory");
+        }
+        splitter.finish(&mut emit).expect("in-memory");
         out
     }
 
     #[test]
-    fn each_line_gets_one_prefix_whatever_the_read_size() {
+    fn each_line_gets_one_prefix_and_comes_whole_whatever_the_read_size() {
         let input = b"one\ntwo\r\nbar 1\rbar 2\r\xff\xfe raw\nlast";
         let expected: Vec<&[u8]> = vec![
             b"[r]: one\n",
@@ -186,15 +172,14 @@ mod tests {
             b"[r]: \xff\xfe raw\n",
             b"[r]: last\n",
         ];
-        for chunk in [1, 2, 3, 5, 64] {
-            let got = lines(input, chunk);
-            // With reads that split "\r\n", the "\n" comes as its own piece.
-            let joined: Vec<u8> = got.concat();
-            assert_eq!(joined, expected.concat(), "chunk size {chunk}");
-            if chunk >= 64 {
-                assert_eq!(got, expected, "chunk size {chunk}");
-            }
+        for chunk in [1, 2, 3, 4, 5, 64] {
+            assert_eq!(lines(input, chunk), expected, "chunk size {chunk}");
         }
+    }
+
+    #[test]
+    fn a_last_carriage_return_line_is_written_as_it_is() {
+        assert_eq!(lines(b"50%\r", 2), vec![b"[r]: 50%\r".to_vec()]);
     }
 
     #[test]
@@ -204,13 +189,14 @@ mod tests {
 
     #[test]
     fn a_failing_writer_stops_the_copy() {
-        let reader = BufReader::new(&b"a\nb\n"[..]);
         let mut calls = 0;
-        let err = forward_lines(reader, b"", |_| {
-            calls += 1;
-            Err(io::Error::from(io::ErrorKind::BrokenPipe))
-        })
-        .unwrap_err();
+        let mut splitter = LineSplitter::new(Vec::new());
+        let err = splitter
+            .feed(b"a\nb\n", &mut |_| {
+                calls += 1;
+                Err(io::Error::from(io::ErrorKind::BrokenPipe))
+            })
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
         assert_eq!(calls, 1);
     }

@@ -15,11 +15,10 @@ use std::fmt;
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
-use super::output::{self, Forwarder, Stream};
+use super::output::Stream;
 use super::plan::JobPlan;
+use super::pump::OutputPump;
 
 /// A started rank.
 pub struct RankProcess {
@@ -73,12 +72,12 @@ impl fmt::Display for SpawnError {
 }
 
 /// Start local rank `local_rank` of `plan`. With prefixed output, its stdout
-/// and stderr are copied by forwarder threads, which are returned.
+/// and stderr are handed to `pump` to be copied.
 pub fn spawn_rank(
     plan: &JobPlan,
     local_rank: usize,
-    progress: &Arc<AtomicU64>,
-) -> Result<(RankProcess, Vec<Forwarder>), SpawnError> {
+    pump: Option<&mut OutputPump>,
+) -> Result<RankProcess, SpawnError> {
     let rank = plan.global_rank(local_rank);
     let error = |source| SpawnError {
         rank,
@@ -93,7 +92,7 @@ pub fn spawn_rank(
         .envs(plan.rank_env(local_rank))
         .stdin(Stdio::null())
         .process_group(0);
-    if plan.prefix_output {
+    if pump.is_some() {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
     die_with_launcher(&mut command);
@@ -102,41 +101,32 @@ pub fn spawn_rank(
     let pid = child.id();
     tracing::debug!(rank, pid, "started rank");
 
-    let mut forwarders = Vec::new();
     let pipes = (child.stdout.take(), child.stderr.take());
-    let started = (|| {
-        if let Some(stdout) = pipes.0 {
-            forwarders.push(output::spawn_forwarder(
-                rank,
-                Stream::Stdout,
-                stdout,
-                progress.clone(),
-            )?);
-        }
-        if let Some(stderr) = pipes.1 {
-            forwarders.push(output::spawn_forwarder(
-                rank,
-                Stream::Stderr,
-                stderr,
-                progress.clone(),
-            )?);
-        }
-        Ok::<(), io::Error>(())
-    })();
-    let process = RankProcess { rank, pid, child };
-    match started {
-        Ok(()) => Ok((process, forwarders)),
+    let copied = match pump {
+        None => Ok(()),
+        Some(pump) => (|| {
+            if let Some(stdout) = pipes.0 {
+                pump.add(rank, Stream::Stdout, stdout)?;
+            }
+            if let Some(stderr) = pipes.1 {
+                pump.add(rank, Stream::Stderr, stderr)?;
+            }
+            Ok::<(), io::Error>(())
+        })(),
+    };
+    let mut process = RankProcess { rank, pid, child };
+    match copied {
+        Ok(()) => Ok(process),
         Err(source) => {
-            // No thread to read its output: end the rank rather than let it
-            // block on a full pipe. The supervisor reaps it.
-            let mut process = process;
+            // Nothing reads its output: end the rank rather than let it
+            // block on a full pipe.
             if let Err(e) = process.child.kill() {
                 tracing::debug!(rank, pid, "could not kill rank: {e}");
             }
             let _ = process.child.wait();
             Err(error(io::Error::new(
                 source.kind(),
-                format!("could not start a thread to copy its output: {source}"),
+                format!("could not have its output copied: {source}"),
             )))
         }
     }

@@ -1,25 +1,31 @@
 //! Running a job: start the ranks, wait for them, stop them all when one
-//! fails or when the launcher gets a signal, and drain their output.
+//! fails or when the launcher gets a signal, say so when one exits 0 while
+//! the others keep running (see [`super::early_exit`]), and drain their
+//! output.
 //!
 //! The loop polls every [`POLL`] (`try_wait` on each rank, then a look at the
 //! caught signals) instead of blocking in `waitpid(-1)`, which could reap
 //! children that are not ranks when the launcher runs inside a larger
 //! program. Ranks are reaped only here, so a pid that is signalled always
-//! still belongs to its rank.
+//! still belongs to its rank. The same loop starts the ranks, one per turn,
+//! looking at signals and ranks every [`POLL`] meanwhile: a rank that exits
+//! while others are still starting is reaped (and a failure stops the
+//! start-up) without waiting for the last one to start.
 
-use super::guard::TreeGuard;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::io;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use libc::c_int;
 
+use super::early_exit::EarlyExitNotice;
+use super::guard::TreeGuard;
 use super::outcome::{Outcome, RankExit, StopCause};
-use super::output::Forwarder;
+use super::output;
 use super::plan::JobPlan;
+use super::pump::OutputPump;
 use super::signals::{self, SignalWatch};
-use super::spawn::{self, RankProcess};
+use super::spawn::{self, RankProcess, SpawnError};
 
 /// How often the supervisor looks at ranks and signals.
 const POLL: Duration = Duration::from_millis(20);
@@ -30,9 +36,29 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// exited.
 const MIN_DRAIN_STALL: Duration = Duration::from_secs(1);
 
-/// Run `plan` to its end and say how it ended. Prints nothing of its own;
-/// see [`Outcome::report`].
+/// Run `plan` to its end and say how it ended. Prints nothing of its own
+/// but what [`OutputPump::drain`] says of pipes left open; see
+/// [`Outcome::report`].
 pub fn run_job(plan: &JobPlan) -> Outcome {
+    let mut pump = match plan.prefix_output.then(OutputPump::start).transpose() {
+        Ok(pump) => pump,
+        Err(source) => {
+            let error = SpawnError {
+                rank: plan.global_rank(0),
+                program: plan.program.clone(),
+                source: io::Error::new(
+                    source.kind(),
+                    format!("could not start the thread that copies the ranks' output: {source}"),
+                ),
+            };
+            return Outcome {
+                cause: Some(StopCause::SpawnFailed { error, started: 0 }),
+                killed: Vec::new(),
+                killed_on: None,
+                grace: plan.kill_grace,
+            };
+        }
+    };
     let watch = match SignalWatch::install() {
         Ok(watch) => Some(watch),
         Err(e) => {
@@ -50,39 +76,40 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
             None
         }
     };
-    let progress = Arc::new(AtomicU64::new(0));
     let mut job = Supervisor::new(plan.kill_grace);
-    let mut forwarders = Vec::new();
     let mut cause = None;
-    for local_rank in 0..plan.nproc_per_node {
-        if let Some(signal) = take_signal() {
-            cause = Some(StopCause::Signal {
-                signal,
-                ranks: job.stop(signal),
-            });
-            break;
-        }
-        match spawn::spawn_rank(plan, local_rank, &progress) {
-            Ok((rank, rank_forwarders)) => {
-                if let Some(guard) = guard.as_mut() {
-                    guard.watch(rank.pid);
-                }
-                job.ranks.push(Rank {
-                    process: rank,
-                    exit: None,
-                });
-                forwarders.extend(rank_forwarders);
-            }
-            Err(error) => {
-                let started = job.stop(libc::SIGTERM);
-                cause = Some(StopCause::SpawnFailed { error, started });
-                break;
-            }
-        }
-    }
-
+    // The next local rank to start.
+    let mut next = 0;
+    let mut last_look = Instant::now();
+    let mut early_exit = EarlyExitNotice::new();
     let mut killed_on = None;
     loop {
+        let starting = next < plan.nproc_per_node && !job.stopping();
+        if starting {
+            match spawn::spawn_rank(plan, next, pump.as_mut()) {
+                Ok(rank) => {
+                    if let Some(guard) = guard.as_mut() {
+                        guard.watch(rank.pid);
+                    }
+                    job.ranks.push(Rank {
+                        process: rank,
+                        exit: None,
+                        killed: false,
+                    });
+                    next += 1;
+                }
+                Err(error) => {
+                    let started = job.stop(libc::SIGTERM);
+                    cause = Some(StopCause::SpawnFailed { error, started });
+                }
+            }
+            // While starting, look at signals and ranks every POLL too, so
+            // that a failure stops the start-up and exited ranks are reaped.
+            if last_look.elapsed() < POLL {
+                continue;
+            }
+        }
+        last_look = Instant::now();
         if let Some(signal) = take_signal() {
             if job.stopping() {
                 // A second signal: the user does not want to wait.
@@ -127,20 +154,36 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
                 });
             }
         }
-        if job.all_exited() {
+        if !job.stopping() {
+            let exited_ok: Vec<usize> = reaped
+                .iter()
+                .filter(|&&i| job.ranks[i].exit.as_ref().is_some_and(RankExit::success))
+                .map(|&i| job.ranks[i].process.rank)
+                .collect();
+            let running = job.running().count();
+            if let Some(line) = early_exit.look(Instant::now(), &exited_ok, running) {
+                output::launcher_line(&line);
+            }
+        }
+        let started_all = next == plan.nproc_per_node || job.stopping();
+        if started_all && job.all_exited() {
             break;
         }
         if job.grace_expired() {
             job.kill_running();
         }
-        thread::sleep(POLL);
+        if started_all {
+            thread::sleep(POLL);
+        }
     }
     drop(watch);
     if let Some(guard) = guard {
         guard.done();
     }
 
-    drain(forwarders, &progress, plan.kill_grace.max(MIN_DRAIN_STALL));
+    if let Some(pump) = pump {
+        pump.drain(plan.kill_grace.max(MIN_DRAIN_STALL));
+    }
     // Every rank has ended: shared-memory names one of them left behind
     // (killed during a group's set-up) have no one left to remove them.
     let pids: Vec<u32> = job.ranks.iter().map(|r| r.process.pid).collect();
@@ -160,6 +203,8 @@ struct Rank {
     process: RankProcess,
     /// Set once reaped.
     exit: Option<RankExit>,
+    /// Sent SIGKILL.
+    killed: bool,
 }
 
 /// The started ranks and where stopping them stands.
@@ -218,18 +263,17 @@ impl Supervisor {
 
     /// SIGKILL every running rank (once each).
     fn kill_running(&mut self) {
-        let mut killed = Vec::new();
-        for rank in self.running() {
-            let (r, pid) = (rank.process.rank, rank.process.pid);
-            if self.killed.contains(&r) {
+        for rank in self.ranks.iter_mut() {
+            if rank.exit.is_some() || rank.killed {
                 continue;
             }
+            let (r, pid) = (rank.process.rank, rank.process.pid);
             if let Err(e) = signals::send_to_rank(pid, libc::SIGKILL) {
                 tracing::warn!(rank = r, pid, "could not send SIGKILL: {e}");
             }
-            killed.push(r);
+            rank.killed = true;
+            self.killed.push(r);
         }
-        self.killed.extend(killed);
     }
 
     /// Reap ranks that have exited; returns their indices in rank order.
@@ -268,38 +312,6 @@ fn first_failure(exits: &[(usize, RankExit)]) -> Option<usize> {
         .find(|(_, e)| matches!(e, RankExit::Signal(_)))
         .or_else(|| exits.iter().find(|(_, e)| !e.success()))
         .map(|(i, _)| *i)
-}
-
-/// Wait for the forwarder threads to copy what the ranks wrote. A pipe that
-/// stays open with no output for `stall` after its rank exited is held by a
-/// process the rank left behind; stop waiting for it rather than hang.
-fn drain(forwarders: Vec<Forwarder>, progress: &AtomicU64, stall: Duration) {
-    let mut last = progress.load(Ordering::Relaxed);
-    let mut last_change = Instant::now();
-    while !forwarders.iter().all(|f| f.thread.is_finished()) {
-        if last_change.elapsed() >= stall {
-            for f in forwarders.iter().filter(|f| !f.thread.is_finished()) {
-                eprintln!(
-                    "tensorcomm run: rank {}'s {} is still open {:?} after it exited (a process it started holds it); not waiting for it",
-                    f.rank,
-                    f.stream.name(),
-                    stall
-                );
-            }
-            return;
-        }
-        thread::sleep(POLL);
-        let now = progress.load(Ordering::Relaxed);
-        if now != last {
-            last = now;
-            last_change = Instant::now();
-        }
-    }
-    for f in forwarders {
-        if f.thread.join().is_err() {
-            tracing::warn!(rank = f.rank, "output thread panicked");
-        }
-    }
 }
 
 #[cfg(test)]
