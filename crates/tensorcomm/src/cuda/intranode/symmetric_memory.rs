@@ -47,27 +47,52 @@ enum Peer {
 pub(crate) struct SymmetricMemory {
     /// Dropped first: the peers' blocks are unmapped before ours is freed.
     peers: Vec<Peer>,
-    mine: Arc<SharedAllocation>,
+    mine: Option<Arc<SharedAllocation>>,
     region: usize,
+}
+
+impl Drop for SymmetricMemory {
+    /// With ranks of this process among the peers, this rank may hold the
+    /// last reference to another GPU's block, and freeing it waits for
+    /// that GPU: for a kernel of that rank's next call, which may wait for
+    /// this very thread. Such blocks are let go on a thread of their own.
+    fn drop(&mut self) {
+        let shared = self.peers.iter().any(|p| matches!(p, Peer::SameProcess(_)));
+        if shared {
+            let peers = std::mem::take(&mut self.peers);
+            let mine = self.mine.take();
+            let spawned = std::thread::Builder::new()
+                .name("tensorcomm-free".into())
+                .spawn(move || drop((peers, mine)));
+            if let Err(e) = spawned {
+                tracing::debug!(%e, "no thread to free peer-memory blocks on: freed here");
+            }
+        }
+    }
 }
 
 /// The blocks of this process's ranks, for the other ranks of this process
 /// to find by address (unique within a process while allocated).
-static LIVE_BLOCKS: Mutex<Vec<Weak<SharedAllocation>>> = Mutex::new(Vec::new());
+/// (Addresses are compared before upgrading, so that no block is ever
+/// freed while the list is locked.)
+static LIVE_BLOCKS: Mutex<Vec<(u64, Weak<SharedAllocation>)>> = Mutex::new(Vec::new());
 
 /// Makes `block` findable by [`find_block`].
 fn register_block(block: &Arc<SharedAllocation>) {
     let mut live = LIVE_BLOCKS.lock().unwrap_or_else(PoisonError::into_inner);
-    live.retain(|w| w.strong_count() > 0);
-    live.push(Arc::downgrade(block));
+    live.retain(|(_, w)| w.strong_count() > 0);
+    live.push((block.ptr().addr(), Arc::downgrade(block)));
 }
 
-/// The live block of this process that starts at `addr`.
-fn find_block(addr: u64) -> Option<Arc<SharedAllocation>> {
+/// The live block of this process that starts at `addr` on `device`.
+fn find_block(addr: u64, device: usize) -> Option<Arc<SharedAllocation>> {
     let live = LIVE_BLOCKS.lock().unwrap_or_else(PoisonError::into_inner);
-    live.iter()
-        .filter_map(Weak::upgrade)
-        .find(|b| b.ptr().addr() == addr)
+    let found = live
+        .iter()
+        .filter(|(a, _)| *a == addr)
+        .find_map(|(_, w)| w.upgrade());
+    drop(live);
+    found.filter(|b| b.device() == device)
 }
 
 /// What set-up needs to know.
@@ -183,7 +208,7 @@ impl Rendezvous<'_> {
         Self::agreed(&answers)?;
         Ok(SymmetricMemory {
             peers,
-            mine,
+            mine: Some(mine),
             region: self.region,
         })
     }
@@ -207,21 +232,28 @@ impl Rendezvous<'_> {
             let addr: u64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?;
             if infos[r].process == me.process {
                 // Another rank of this process: reach its GPU directly.
+                let mut peer_device = None;
                 for d in 0..crate::cuda::runtime::device_count()? {
-                    if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid
-                        && !enable_peer_access(self.device, d)?
-                    {
-                        return Err(Error::IntraNodeUnavailable {
-                            reason: format!(
-                                "rank {} (cuda:{}) cannot reach the memory of rank {r} (cuda:{d}) in the same process: peer access could not be enabled",
-                                self.rank, self.device
-                            ),
-                        });
+                    if crate::cuda::runtime::device_uuid(d)? == infos[r].uuid {
+                        peer_device = Some(d);
                     }
                 }
-                let block = find_block(addr).ok_or_else(|| Error::PeerProtocol {
+                let d = peer_device.ok_or_else(|| Error::PeerProtocol {
                     peer: r,
-                    expected: format!("a live buffer of this process at {addr:#x}"),
+                    expected: "the UUID of a GPU this process sees".into(),
+                    found: to_hex(&infos[r].uuid),
+                })?;
+                if !enable_peer_access(self.device, d)? {
+                    return Err(Error::IntraNodeUnavailable {
+                        reason: format!(
+                            "rank {} (cuda:{}) cannot reach the memory of rank {r} (cuda:{d}) in the same process: peer access could not be enabled",
+                            self.rank, self.device
+                        ),
+                    });
+                }
+                let block = find_block(addr, d).ok_or_else(|| Error::PeerProtocol {
+                    peer: r,
+                    expected: format!("a live buffer of this process at {addr:#x} on cuda:{d}"),
                     found: "none (the rank posted an address no rank of this process holds)".into(),
                 })?;
                 peers.push(Peer::SameProcess(block));
@@ -240,7 +272,12 @@ impl SymmetricMemory {
     /// The start of rank `rank`'s block in this process.
     fn base(&self, rank: usize) -> u64 {
         match &self.peers[rank] {
-            Peer::Own => self.mine.ptr().addr(),
+            Peer::Own => self
+                .mine
+                .as_ref()
+                .expect("present until dropped")
+                .ptr()
+                .addr(),
             Peer::SameProcess(block) => block.ptr().addr(),
             Peer::Mapped(m) => m.ptr().addr(),
         }

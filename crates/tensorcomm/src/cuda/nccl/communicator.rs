@@ -197,7 +197,8 @@ impl Communicator {
 
     /// Splits off the communicator of the ranks that pass the same `color`
     /// (ordered by `key`); `None` on a rank that passes no color.
-    /// Every rank of this communicator calls it.
+    /// Every rank of this communicator calls it. A split that fails or
+    /// does not end within `timeout` aborts this communicator too.
     pub(crate) fn split(
         &self,
         color: Option<usize>,
@@ -218,52 +219,59 @@ impl Communicator {
         /// `NCCL_SPLIT_NOCOLOR`.
         const NO_COLOR: i32 = -1;
         // NCCL finishes a split on a thread of its own and writes the new
-        // communicator through `raw` then, which may be after this
-        // function has given up on it: the out-parameter and the config
-        // live on the heap and are leaked (a few bytes) when the split
-        // does not end in time.
+        // communicator through `raw` when that job ends, which may be
+        // after this function has stopped waiting: the out-parameter lives
+        // on the heap, and is reclaimed only once no job can write to it
+        // (the job returned, or the parent's abort joined it).
+        let color_code = color.map_or(NO_COLOR, |c| c as i32);
+        let parent = self.enter()?;
         let slots = Box::into_raw(Box::new(SplitSlots {
             raw: std::ptr::null_mut(),
             config: Config::new(blocking),
         }));
-        let color_code = color.map_or(NO_COLOR, |c| c as i32);
-        {
-            let parent = self.enter()?;
-            // SAFETY: a live communicator; `slots` is valid until freed
-            // below, never while NCCL may still write to it.
-            let code = unsafe {
-                (self.nccl.comm_split)(
-                    parent.raw(),
-                    color_code,
-                    key as i32,
-                    &mut (*slots).raw,
-                    &mut (*slots).config,
-                )
-            };
-            // On an error here NCCL may still have queued the job: the
-            // slots stay leaked.
-            self.nccl.check("ncclCommSplit", code, Some(parent.raw()))?;
-        }
-        // The parent finishes the split for every rank.
-        let waited = self.wait_ready("ncclCommSplit", timeout);
-        if let Err(None) = waited {
-            return Err(Error::NcclInitTimeout {
+        // SAFETY: a live communicator; `slots` stays valid while NCCL may
+        // write to it (freed below only once no job can).
+        let code = unsafe {
+            (self.nccl.comm_split)(
+                parent.raw(),
+                color_code,
+                key as i32,
+                &raw mut (*slots).raw,
+                &raw mut (*slots).config,
+            )
+        };
+        drop(parent);
+        // The parent finishes the split for every rank; a call that did
+        // not return "in progress" has no job left running.
+        let waited = if code == IN_PROGRESS {
+            let waited = self.wait_ready("ncclCommSplit", timeout);
+            if waited.is_err() {
+                // Stop the job (aborting the parent joins it): the split
+                // failed or did not end in time, so the parent is broken
+                // or stuck in it anyway.
+                self.abort();
+            }
+            waited
+        } else {
+            self.nccl
+                .check("ncclCommSplit", code, Some(self.raw))
+                .map_err(Some)
+        };
+        // SAFETY: no job writes to `slots` any more (see above); allocated
+        // above, freed once.
+        let raw = unsafe { Box::from_raw(slots) }.raw;
+        if let Err(e) = waited {
+            if !raw.is_null() {
+                // SAFETY: a communicator NCCL handed out and nobody uses.
+                unsafe { (self.nccl.comm_abort)(raw) };
+            }
+            return Err(e.unwrap_or(Error::NcclInitTimeout {
                 rank: self.rank,
                 size: self.size,
                 device: self.device,
                 timeout,
                 joined: 0,
-            });
-        }
-        // SAFETY: the split's job has ended (the parent is no longer in
-        // progress), so NCCL writes no more; allocated above, freed once.
-        let raw = unsafe { Box::from_raw(slots) }.raw;
-        if let Err(Some(e)) = waited {
-            if !raw.is_null() {
-                // SAFETY: a communicator NCCL handed out and nobody uses.
-                unsafe { (self.nccl.comm_abort)(raw) };
-            }
-            return Err(e);
+            }));
         }
         if raw.is_null() {
             return Ok(None);
