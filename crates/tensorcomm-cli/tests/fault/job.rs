@@ -108,11 +108,18 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
             "--",
         ])
         .arg(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", "fault_rank_entry", "--nocapture", "--test-threads=1", "-q"])
+        .args([
+            "--exact",
+            "fault_rank_entry",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
         .env(rank::SEED_VAR, format!("{:x}", sc.seed))
         .env(rank::KIND_VAR, sc.kind.to_string())
         .env(rank::TIMEOUT_VAR, timing.timeout.as_millis().to_string())
         .env(rank::LINGER_VAR, timing.linger.as_millis().to_string())
+        .env(rank::VICTIM_0_VAR, if sc.victim_0 { "1" } else { "0" })
         .env_remove("TENSORCOMM_TRANSPORT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -120,8 +127,14 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
         .spawn()
         .expect("start tensorcomm run");
     let readers = [
-        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
     ]
     .map(|pipe| {
         thread::spawn(move || {
@@ -245,9 +258,9 @@ fn judge_survivor(
     let victim = sc.victim.to_string();
     let text = res.get("text");
     let names_victim = if res.get("phase") == "init" {
-        // The store's host died before the group existed: the error names
-        // the store (its address), which rank 0 serves.
-        sc.kind == FaultKind::StoreKill && text.contains("store")
+        // Rank 0, the store's host, failed before the group existed: the
+        // error names the store (its address), which rank 0 serves.
+        sc.victim == 0 && text.contains("store")
     } else {
         res.get("ranks") == format!("[{victim}]")
             && (res.get("peer") == victim || res.get("peer") == "-")

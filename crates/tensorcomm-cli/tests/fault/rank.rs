@@ -29,6 +29,8 @@ pub const RANK_BROKEN: i32 = 19;
 pub const SEED_VAR: &str = "TENSORCOMM_FAULT_RANK_SEED";
 pub const KIND_VAR: &str = "TENSORCOMM_FAULT_RANK_KIND";
 pub const TIMEOUT_VAR: &str = "TENSORCOMM_FAULT_RANK_TIMEOUT_MS";
+/// `1` when rank 0 may be the victim (see [`Scenario::new`]).
+pub const VICTIM_0_VAR: &str = "TENSORCOMM_FAULT_RANK_VICTIM_0";
 /// Milliseconds a rank that got its error waits before exiting. With 0, a
 /// survivor rank 0 that fails first takes the store down with it, and the
 /// others, which look there for the root cause, blame rank 0 instead, late
@@ -132,7 +134,11 @@ fn start(
 ) -> tensorcomm::Result<(tensorcomm::Work, Vec<Tensor<'static>>)> {
     let world = pg.size();
     let t = |n: usize| Tensor::zeros(&[n], step.dtype);
-    let many = |n: usize| (0..world).map(|_| t(n)).collect::<tensorcomm::Result<Vec<_>>>();
+    let many = |n: usize| {
+        (0..world)
+            .map(|_| t(n))
+            .collect::<tensorcomm::Result<Vec<_>>>()
+    };
     let chunk = step.numel.div_ceil(world).max(1);
     Ok(match step.op {
         Op::AllReduce => {
@@ -175,7 +181,11 @@ pub fn main() -> ! {
     });
     let timeout_ms: u64 = env_or_exit(TIMEOUT_VAR).parse().unwrap_or(3000);
     let rank: usize = env_or_exit("RANK").parse().unwrap_or(usize::MAX);
-    let sc = Scenario::new(seed, kind);
+    let sc = Scenario::new(
+        seed,
+        kind,
+        std::env::var(VICTIM_0_VAR).as_deref() == Ok("1"),
+    );
     say(&format!("FAULT-PID rank={rank} pid={}", std::process::id()));
     let victim = rank == sc.victim;
     // The victims that die or stop keep the default SIGTERM; every rank that
@@ -201,11 +211,16 @@ pub fn main() -> ! {
         ..InitOptions::default()
     };
     let began = Instant::now();
-    let pg: Arc<dyn ProcessGroup> = match init_process_group_with(Backend::Cpu, "env://", &options) {
+    let pg: Arc<dyn ProcessGroup> = match init_process_group_with(Backend::Cpu, "env://", &options)
+    {
         Ok(pg) => pg,
         Err(err) => report(rank, "init", began.elapsed(), &err, SURVIVOR_FAILED),
     };
-    let failed = if victim { VICTIM_FAILED } else { SURVIVOR_FAILED };
+    let failed = if victim {
+        VICTIM_FAILED
+    } else {
+        SURVIVOR_FAILED
+    };
     let barrier = Step {
         op: Op::Barrier,
         dtype: tensorcomm::tensor::DType::U8,
