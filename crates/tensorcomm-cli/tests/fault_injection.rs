@@ -35,6 +35,7 @@
 //!   on it time out and blame it (a survivor), past the timeout.
 //! - linger 0: a survivor rank 0 that exits at once after its error takes
 //!   the store with it, with the same effect on the others.
+//!
 //! Scenario `i` uses seed `base + i` and kind `KINDS[i % KINDS.len()]`;
 //! rerun one with `TENSORCOMM_FAULT_SEED=<its seed> TENSORCOMM_FAULT_SCENARIOS=1
 //! TENSORCOMM_FAULT_KINDS=<its kind>`.
