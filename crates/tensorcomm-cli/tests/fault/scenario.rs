@@ -1,0 +1,253 @@
+//! One fault-injection scenario, derived from a seed and a fault kind so
+//! that the harness and every rank compute the same one: the world size,
+//! the transport, the random sequence of collectives, the victim rank, the
+//! step it fails at and how.
+
+use std::fmt;
+use std::str::FromStr;
+
+use tensorcomm::tensor::DType;
+
+/// What the victim rank does at its chosen step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGKILLs itself, before the step's call or a moment inside it.
+    Kill,
+    /// Shuts down every socket it has (TCP transport), then carries on.
+    CloseSockets,
+    /// SIGSTOPs itself past the group's timeout.
+    Stop,
+    /// Exits 0 instead of calling the step's collective.
+    ExitEarly,
+    /// Calls another collective, or the same one with another shape or
+    /// dtype.
+    Mismatch,
+    /// Rank 0, which hosts the rendezvous store, SIGKILLs itself while the
+    /// others are still meeting through it.
+    StoreKill,
+}
+
+impl FaultKind {
+    /// The kinds whose every scenario holds today (the CI set); `Stop` and
+    /// `StoreKill` are not among them: see `fault_injection.rs`.
+    pub const RELIABLE: [FaultKind; 4] = [
+        FaultKind::Kill,
+        FaultKind::CloseSockets,
+        FaultKind::ExitEarly,
+        FaultKind::Mismatch,
+    ];
+
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::Kill,
+        FaultKind::CloseSockets,
+        FaultKind::Stop,
+        FaultKind::ExitEarly,
+        FaultKind::Mismatch,
+        FaultKind::StoreKill,
+    ];
+
+    /// A peer's connection drops: survivors must fail well before the
+    /// timeout.
+    pub fn drops_connection(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Kill | FaultKind::CloseSockets | FaultKind::ExitEarly | FaultKind::StoreKill
+        )
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultKind::Kill => "kill",
+            FaultKind::CloseSockets => "close-sockets",
+            FaultKind::Stop => "stop",
+            FaultKind::ExitEarly => "exit-early",
+            FaultKind::Mismatch => "mismatch",
+            FaultKind::StoreKill => "store-kill",
+        })
+    }
+}
+
+impl FromStr for FaultKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.to_string() == s)
+            .ok_or_else(|| format!("unknown fault kind {s:?}"))
+    }
+}
+
+/// A collective of the random sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    AllReduce,
+    Broadcast { root: usize },
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Barrier,
+}
+
+/// One step: the op, the dtype and the elements per rank's chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub op: Op,
+    pub dtype: DType,
+    pub numel: usize,
+}
+
+/// Everything a scenario is; equal on every rank and in the harness.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub seed: u64,
+    pub kind: FaultKind,
+    pub world: usize,
+    /// `tcp` or `auto` (shared memory between these local ranks).
+    pub transport: &'static str,
+    pub steps: Vec<Step>,
+    pub victim: usize,
+    /// Whether rank 0 could have been drawn as the victim.
+    pub victim_0: bool,
+    /// The step at which the victim fails.
+    pub fault_step: usize,
+    /// Kill/Stop: microseconds inside the step's call before the signal
+    /// (`None`: before the call). StoreKill: microseconds after start.
+    pub delay_us: Option<u64>,
+    /// Mismatch: the step the victim calls instead.
+    pub wrong: Step,
+}
+
+/// splitmix64: a tiny, good-enough generator with no dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::I32, DType::U8];
+
+fn random_step(rng: &mut Rng, world: usize) -> Step {
+    let op = match rng.below(6) {
+        0 => Op::AllReduce,
+        1 => Op::Broadcast {
+            root: rng.below(world),
+        },
+        2 => Op::AllGather,
+        3 => Op::ReduceScatter,
+        4 => Op::AllToAll,
+        _ => Op::Barrier,
+    };
+    let numel = match rng.below(4) {
+        0 => 1 + rng.below(8),
+        1 => 100 + rng.below(1000),
+        2 => 10_000 + rng.below(20_000),
+        _ => 100_000 + rng.below(150_000),
+    };
+    Step {
+        op,
+        dtype: DTYPES[rng.below(DTYPES.len())],
+        numel,
+    }
+}
+
+/// A step that differs from `step` in its op, its shape or its dtype.
+fn mismatched(rng: &mut Rng, step: Step, world: usize) -> Step {
+    loop {
+        let wrong = match rng.below(3) {
+            0 => Step {
+                numel: step.numel + 1 + rng.below(16),
+                ..step
+            },
+            1 => Step {
+                dtype: DTYPES[rng.below(DTYPES.len())],
+                ..step
+            },
+            _ => random_step(rng, world),
+        };
+        // A barrier carries no tensor, so only another op differs from it.
+        let differs = match (step.op, wrong.op) {
+            (Op::Barrier, Op::Barrier) => false,
+            _ => wrong != step,
+        };
+        if differs {
+            return wrong;
+        }
+    }
+}
+
+impl Scenario {
+    /// `victim_0`: whether rank 0 (the store's host) may be the victim of
+    /// a fault other than [`FaultKind::StoreKill`].
+    pub fn new(seed: u64, kind: FaultKind, victim_0: bool) -> Self {
+        let mut rng = Rng::new(seed);
+        let world = 2 + rng.below(7);
+        let transport = if kind == FaultKind::CloseSockets || rng.below(2) == 0 {
+            "tcp"
+        } else {
+            "auto"
+        };
+        let n = 2 + rng.below(6);
+        let steps: Vec<Step> = (0..n).map(|_| random_step(&mut rng, world)).collect();
+        let victim = if kind == FaultKind::StoreKill {
+            0
+        } else if victim_0 {
+            rng.below(world)
+        } else {
+            1 + rng.below(world - 1)
+        };
+        let fault_step = rng.below(n);
+        let delay_us = match kind {
+            FaultKind::Kill | FaultKind::Stop => match rng.below(2) {
+                0 => None,
+                _ => Some(rng.next() % 3_000),
+            },
+            FaultKind::StoreKill => Some(rng.next() % 300_000),
+            _ => None,
+        };
+        let wrong = mismatched(&mut rng, steps[fault_step], world);
+        Scenario {
+            seed,
+            kind,
+            world,
+            transport,
+            steps,
+            victim,
+            victim_0,
+            fault_step,
+            delay_us,
+            wrong,
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed={:#018x} kind={} world={} transport={} victim={} step={}/{} delay_us={:?}",
+            self.seed,
+            self.kind,
+            self.world,
+            self.transport,
+            self.victim,
+            self.fault_step,
+            self.steps.len(),
+            self.delay_us
+        )
+    }
+}
