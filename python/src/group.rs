@@ -18,8 +18,8 @@ use tensorcomm::tensor::SparseTensor;
 use tensorcomm::{ReduceOp, Work};
 
 use crate::errors::{py_err, raise};
-use crate::store::seconds;
 use crate::sparse_work::PySparseWork;
+use crate::store::seconds;
 use crate::tensor_arg::{view, views, Desc};
 use crate::work::PyWork;
 

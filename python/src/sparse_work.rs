@@ -80,7 +80,11 @@ fn parts(py: Python<'_>, sum: &SparseTensor) -> PyResult<(usize, PyObject, PyObj
         .values()
         .with_bytes(|b| PyByteArray::new(py, b))
         .map_err(|e| to_py(py, e))?;
-    Ok((sum.nnz(), indices.into_any().unbind(), values.into_any().unbind()))
+    Ok((
+        sum.nnz(),
+        indices.into_any().unbind(),
+        values.into_any().unbind(),
+    ))
 }
 
 #[pymethods]
