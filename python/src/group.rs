@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use tensorcomm::group::ProcessGroup;
+use tensorcomm::tensor::SparseTensor;
 use tensorcomm::{ReduceOp, Work};
 
 use crate::errors::{py_err, raise};
+use crate::sparse_work::PySparseWork;
 use crate::store::seconds;
 use crate::tensor_arg::{view, views, Desc};
 use crate::work::PyWork;
@@ -405,6 +407,54 @@ impl PyGroup {
         self.start(py, keep, false, blocking, |pg| {
             pg.all_reduce_coalesced(&tensors, op, timeout)
         })
+    }
+
+    /// Sums the sparse COO tensor of `indices` (`[sparse_dim, nnz]`,
+    /// int64), `values` (`[nnz, dense dims...]`) and `sizes` over all
+    /// ranks (`op` must be SUM). Both arrays are copied before this
+    /// returns, so nothing needs keeping; the work's `wait()` gives the
+    /// coalesced sum.
+    #[pyo3(signature = (indices, values, sizes, op, timeout, blocking=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_sparse(
+        &self,
+        py: Python<'_>,
+        indices: Desc,
+        values: Desc,
+        sizes: Vec<usize>,
+        op: u8,
+        timeout: Option<f64>,
+        blocking: bool,
+    ) -> PyResult<PySparseWork> {
+        let (op, timeout) = (reduce_op(op, 1.0)?, call_timeout(timeout)?);
+        let (indices, values) = (view(&indices)?, view(&values)?);
+        if indices.dtype() != tensorcomm::tensor::DType::I64 || indices.dim() != 2 {
+            return Err(raise(
+                "InvalidArgumentError",
+                format!(
+                    "all_reduce_sparse: expected int64 indices of shape [sparse_dim, nnz], found {} of shape {:?}",
+                    indices.dtype(),
+                    indices.shape()
+                ),
+            ));
+        }
+        // Owned copies: the collective outlives this call, the arrays need not.
+        let (indices, values) = (
+            indices.to_vec::<i64>().map_err(py_err)?,
+            values.contiguous().map_err(py_err)?,
+        );
+        let sparse = SparseTensor::new(indices, values, &sizes).map_err(py_err)?;
+        let pg = &**self.pg();
+        if blocking {
+            let outcome = py
+                .allow_threads(|| pg.all_reduce_sparse(&sparse, op, timeout).map(|w| w.wait()))
+                .map_err(py_err)?;
+            return Ok(PySparseWork::finished(outcome));
+        }
+        let work = py
+            .allow_threads(|| pg.all_reduce_sparse(&sparse, op, timeout))
+            .map_err(py_err)?;
+        Ok(PySparseWork::new(work))
     }
 
     #[pyo3(signature = (timeout, blocking=false))]

@@ -5,6 +5,7 @@
 
 mod errors;
 mod group;
+mod sparse_work;
 mod store;
 mod tensor_arg;
 mod work;
@@ -143,6 +144,7 @@ fn _tensorcomm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyPrefixStore>()?;
     m.add_class::<group::PyGroup>()?;
     m.add_class::<work::PyWork>()?;
+    m.add_class::<sparse_work::PySparseWork>()?;
     m.add_function(wrap_pyfunction!(init_process_group, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_group_from_store, m)?)?;
     m.add_function(wrap_pyfunction!(_mark_finalizing, m)?)?;

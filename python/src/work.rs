@@ -53,6 +53,19 @@ fn callbacks() -> &'static Mutex<Sender<Callback>> {
     })
 }
 
+/// Hands `callback` and `outcome` to the callback thread.
+pub(crate) fn send_callback(callback: Py<PyAny>, outcome: Result<(), Error>) -> PyResult<()> {
+    let sender = callbacks()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    sender.send((callback, outcome)).map_err(|_| {
+        py_err(Error::InvalidArgument(
+            "the tensorcomm callback thread has stopped".into(),
+        ))
+    })
+}
+
 /// The handle of a collective started from Python: `wait()`,
 /// `is_completed()`, `exception()`, `add_done_callback()`,
 /// `source_rank()`.

@@ -128,6 +128,52 @@ def get_future(work):
     return _work_future(work)
 
 
+# NumPy dtype of each native dtype code (bfloat16 has none).
+_NUMPY_DTYPES = {0: "<f4", 1: "<f8", 2: "<f2", 4: "|i1", 5: "|u1", 6: "<i4", 7: "<i8", 8: "|b1"}
+
+
+class SparseWork:
+    """The work of :meth:`ProcessGroup.all_reduce_sparse`: ``wait()``
+    blocks (without the GIL) and returns the coalesced sum as
+    ``(indices, values)`` NumPy arrays, or raises the collective's error."""
+
+    __slots__ = ("_native", "_sparse_dim", "_dtype", "_dense_shape")
+
+    def __init__(self, native, sparse_dim, dtype_code, dense_shape):
+        self._native = native
+        self._sparse_dim = sparse_dim
+        self._dtype = _NUMPY_DTYPES[dtype_code]
+        self._dense_shape = dense_shape
+
+    def wait(self, timeout=None):
+        import numpy as np
+
+        nnz, indices, values = self._native.wait(timeout)
+        return (
+            np.frombuffer(indices, np.int64).reshape(self._sparse_dim, nnz),
+            np.frombuffer(values, self._dtype).reshape((nnz,) + self._dense_shape),
+        )
+
+    def is_completed(self):
+        return self._native.is_completed()
+
+    def exception(self):
+        return self._native.exception()
+
+    def add_done_callback(self, callback):
+        """Calls ``callback(None)`` or ``callback(exception)`` once the
+        collective has finished, as :meth:`Work.add_done_callback`."""
+        self._native.add_done_callback(callback)
+
+    def get_future(self):
+        """A :class:`concurrent.futures.Future` of the outcome (``None``);
+        ``wait()`` gives the sum."""
+        return _work_future(self)
+
+    def __repr__(self):
+        return f"SparseWork(completed={self.is_completed()})"
+
+
 class ProcessGroup:
     """A group of ranks running collectives on NumPy arrays.
 
@@ -413,6 +459,29 @@ class ProcessGroup:
             (output, array),
         )
 
+    def all_reduce_sparse(self, indices, values, sizes, op=ReduceOp.SUM, timeout=None):
+        """Sums a sparse COO tensor over all ranks (``op`` must be SUM),
+        as Gloo's sparse all-reduce does: ``indices`` (int64, shape
+        ``[sparse_dim, nnz]``, duplicates allowed), ``values`` (shape
+        ``[nnz, dense dims...]``) and ``sizes`` (the full shape, the same
+        on every rank). The arrays are copied when the call returns; the
+        returned :class:`SparseWork`'s ``wait()`` gives the coalesced sum
+        as new ``(indices, values)`` arrays, the same on every rank.
+
+        >>> import numpy as np
+        >>> pg = init_process_group("cpu", "tcp://127.0.0.1:0?rank=0&world_size=1")
+        >>> idx = np.array([[2, 0, 2]])
+        >>> i, v = pg.all_reduce_sparse(idx, np.array([1.0, 2.0, 3.0]), (4,)).wait()
+        >>> i.tolist(), v.tolist()
+        ([[0, 2]], [2.0, 4.0])
+        """
+        code, _ = _op(op)
+        d_indices = _d(indices, "all_reduce_sparse: indices", writable=False)
+        d_values = _d(values, "all_reduce_sparse: values", writable=False)
+        sizes = tuple(int(s) for s in sizes)
+        native = self._g.all_reduce_sparse(d_indices, d_values, sizes, code, timeout)
+        return SparseWork(native, d_indices[2][0] if d_indices[2] else 0, d_values[1], tuple(d_values[2][1:]))
+
     def barrier(self, timeout=None):
         """Completes once every rank has called it.
 
@@ -519,6 +588,7 @@ __all__ = [
     "PrefixStore",
     "ProcessGroup",
     "ReduceOp",
+    "SparseWork",
     "Store",
     "TcpStore",
     "TensorcommError",

@@ -23,6 +23,7 @@ group (and the failures), to see what a PyTorch version expects.
 
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -100,6 +101,7 @@ def _as_dist_error(error):
 
 
 _STRIDED = torch.strided
+_SPARSE_COO = torch.sparse_coo
 
 
 def _desc(tensor, what):
@@ -124,6 +126,11 @@ def _refuse(tensor, what):
         raise InvalidArgumentError(
             f"{what}: expected dtype float32, float64, float16, bfloat16, int8, uint8, int32, "
             f"int64 or bool, found {tensor.dtype}"
+        )
+    if tensor.layout is _SPARSE_COO:
+        raise InvalidArgumentError(
+            f"{what}: expected a dense (strided) tensor, found a sparse COO one (only all_reduce "
+            "with ReduceOp.SUM takes sparse tensors, one per call)"
         )
     raise InvalidArgumentError(f"{what}: expected a dense (strided) tensor, found layout {tensor.layout}")
 
@@ -273,6 +280,70 @@ class Work(_WorkBase):
         return self._future
 
 
+class _SparseWork(Work):
+    """The work of a sparse all-reduce: once the collective is done, the
+    coalesced sum is copied into the caller's sparse tensor (as Gloo's
+    sparse all-reduce does), by ``wait()`` or before ``get_future()``'s
+    future completes."""
+
+    __slots__ = ("_tensor", "_lock", "_copied")
+
+    def __init__(self, native, tensors):
+        super().__init__(native, tensors)
+        self._tensor = tensors[0]
+        self._lock = threading.Lock()
+        self._copied = False
+
+    def _copy_result(self, seconds=None):
+        with self._lock:
+            if self._copied:
+                return
+            nnz, indices, values = self._native.wait(seconds)
+            t = self._tensor
+            sparse_dim = t.sparse_dim()
+            indices = torch.frombuffer(indices, dtype=torch.int64).view(sparse_dim, nnz) if nnz else \
+                torch.zeros((sparse_dim, 0), dtype=torch.int64)
+            dense = tuple(t.shape[sparse_dim:])
+            values = torch.frombuffer(values, dtype=t.dtype).view((nnz,) + dense) if nnz else \
+                torch.zeros((0,) + dense, dtype=t.dtype)
+            total = torch.sparse_coo_tensor(indices, values, t.shape, is_coalesced=True)
+            with torch.no_grad():
+                t.copy_(total)
+            self._copied = True
+
+    def wait(self, timeout=None):
+        seconds = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            if seconds <= 0:
+                seconds = None
+        try:
+            self._copy_result(seconds)
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+        return True
+
+    def get_future(self):
+        if self._future is None:
+            future = torch.futures.Future()
+            result = self._result
+
+            def settle(exc):
+                if exc is None:
+                    try:
+                        self._copy_result()
+                    except BaseException as e:  # noqa: BLE001 - handed to the future
+                        exc = e
+                if exc is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(_as_dist_error(exc) if isinstance(exc, TensorcommError) else exc)
+
+            self._native.add_done_callback(settle)
+            self._future = future
+        return self._future
+
+
 class _Works(_WorkBase):
     """Several works as one (what ``end_coalescing`` returns)."""
 
@@ -407,8 +478,45 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = tensors[0] if len(tensors) == 1 else _one(tensors, "allreduce")
         code, factor = _reduce_op(opts)
+        try:
+            desc = _desc(t, "allreduce")
+        except InvalidArgumentError:
+            if t.layout is _SPARSE_COO:
+                return self._allreduce_sparse(tensors, t, code, opts)
+            raise
         g = self._group
-        return self._go(g.all_reduce, opts, tensors, _desc(t, "allreduce"), code, factor, _timeout(opts), tensors)
+        return self._go(g.all_reduce, opts, tensors, desc, code, factor, _timeout(opts), tensors)
+
+    def _allreduce_sparse(self, tensors, t, code, opts):
+        """All-reduce of a sparse COO tensor, as Gloo's: SUM only; every
+        rank's ``t`` becomes the coalesced sum (new indices and values, so
+        its number of entries changes)."""
+        if code != 0:
+            raise InvalidArgumentError(
+                f"allreduce: unsupported reduction operation {_OP_NAMES[code]} for a sparse tensor "
+                "(all_reduce of sparse tensors only works with ReduceOp.SUM, as on Gloo)"
+            )
+        if not t.is_cpu or t.dtype not in _DTYPE_CODES:
+            _refuse(t._values(), "allreduce: the values of the sparse tensor")
+        indices = t._indices().contiguous()
+        values = t._values().detach().contiguous()
+        try:
+            blocking = opts.asyncOp is False and self._coalesced is None
+        except AttributeError:
+            blocking = False
+        try:
+            native = self._group.all_reduce_sparse(
+                _desc(indices, "allreduce: sparse indices"), _desc(values, "allreduce: sparse values"),
+                tuple(t.shape), 0, _timeout(opts), blocking,
+            )
+        except InvalidArgumentError:
+            raise
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
+        work = _SparseWork(native, tensors)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def allreduce_coalesced(self, tensors, opts=None):
         code, factor = _reduce_op(opts)

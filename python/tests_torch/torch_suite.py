@@ -329,6 +329,71 @@ def failed_collective_raises_dist_backend_error(r, n):
     eq(t, torch.full((1,), float(n)), "default group after a failure elsewhere")
 
 
+# ------------------------------------------------------------------ sparse
+def sparse_input(r, dtype, dense):
+    """Rank ``r``'s sparse COO tensor of sizes (3, 4, *dense): unsorted,
+    with a repeated coordinate, overlapping the other ranks'."""
+    i = torch.tensor([[r % 3, 2, r % 3, 0], [1, 0, 1, (r + 1) % 4]])
+    v = (torch.arange(4 * (dense[0] if dense else 1)).reshape(4, *dense) + 3 * r).to(dtype)
+    return torch.sparse_coo_tensor(i, v, (3, 4) + dense)
+
+
+@check
+def sparse_all_reduce_matches_gloo(r, n):
+    gloo = dist.new_group(backend="gloo")
+    for dtype, dense in [(torch.float32, ()), (torch.float64, (2,)), (torch.int64, ()), (torch.int32, (3,))]:
+        s = sparse_input(r, dtype, dense)
+        ours, theirs, late = s.clone(), s.clone(), s.clone()
+        dist.all_reduce(ours)
+        dist.all_reduce(theirs, group=gloo)
+        work = dist.all_reduce(late, async_op=True)
+        work.get_future().wait()
+        for got, how in ((ours, "sync"), (late, "async")):
+            what = f"sparse all_reduce {dtype} {how}"
+            assert got.is_sparse and got.is_coalesced() == theirs.is_coalesced(), what
+            eq(got._indices(), theirs._indices(), what + " indices")
+            eq(got._values(), theirs._values(), what + " values")
+    # Only rank 0 has entries.
+    s = sparse_input(r, torch.float32, ()) if r == 0 else torch.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (3, 4))
+    ours, theirs = s.clone(), s.clone()
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    eq(ours._indices(), theirs._indices(), "one rank's entries: indices")
+    eq(ours._values(), theirs._values(), "one rank's entries: values")
+
+
+@check
+def sparse_all_reduce_errors(r, n):
+    s = sparse_input(r, torch.float32, ())
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.AVG):
+        try:
+            dist.all_reduce(s.clone(), op=op)
+        except ValueError as e:
+            assert "ReduceOp.SUM" in str(e), str(e)
+        else:
+            raise AssertionError(f"sparse all_reduce with {op} did not raise")
+    try:
+        dist.all_reduce_coalesced([torch.ones(2), s.clone()])
+    except ValueError as e:
+        assert "sparse" in str(e), str(e)
+    else:
+        raise AssertionError("all_reduce_coalesced of a dense and a sparse tensor did not raise")
+    # Sparse on rank 0, dense elsewhere: a mismatch every rank reports.
+    short = dist.new_group(backend="tensorcomm", timeout=datetime.timedelta(seconds=30))
+    try:
+        dist.all_reduce(s.clone() if r == 0 else torch.ones(3), group=short)
+    except dist.DistBackendError as e:
+        assert "mismatch" in str(e) and "all_reduce_sparse" in str(e), str(e)
+    else:
+        raise AssertionError("a sparse all_reduce against a dense one did not raise")
+    dist.destroy_process_group(short)
+    # The default group still works.
+    t = s.clone()
+    dist.all_reduce(t)
+    assert t.is_coalesced()
+
+
 # ------------------------------------------------------------------- DDP
 def train(model, group, steps, r):
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -18,8 +18,11 @@ file as ``__mp_main__``), ``torch.distributed.init_process_group`` and
 ``"cpu:gloo,..."`` strings) into ``"tensorcomm"``. Nothing else of
 PyTorch or of the tests is changed. A test that asks the group for its
 backend name (``dist.get_backend()``) then sees ``"tensorcomm"``, not
-``"gloo"``; the report lists such failures as harness artifacts.
-``--backend gloo`` turns the substitution off, for a Gloo baseline of the
+``"gloo"``.
+The exception: the tests of ``_NAME_TESTS`` (``test_get_backend``), which
+only compare ``dist.get_backend()`` with ``BACKEND``, run with
+``BACKEND=tensorcomm``, the name of the backend under test, and no
+substitution. ``--backend gloo`` turns the substitution off, for a Gloo baseline of the
 same selection on the same machine.
 
 Usage (the environment needs torch, expecttest and the tensorcomm
@@ -69,10 +72,19 @@ if __name__ == "__main__":
     _early_args()
 _TARGET = os.environ.get("TENSORCOMM_UPSTREAM_BACKEND", "tensorcomm")
 
+# Tests that only compare the group's backend name with BACKEND
+# (``dist.get_backend() == BACKEND.lower()``) and take no Gloo branch: they
+# run with BACKEND naming the backend under test, so that they check what
+# they mean to (the name a group was made with; ValueError for a
+# non-member) instead of failing on the harness's BACKEND=gloo.
+_NAME_TESTS = {"test_get_backend"}
+
 
 def _setup_env():
     """The environment distributed_test.py reads at import."""
-    os.environ["BACKEND"] = "gloo"
+    # The parent sets this around each test of _NAME_TESTS; spawned ranks
+    # inherit it.
+    os.environ["BACKEND"] = os.environ.get("TENSORCOMM_UPSTREAM_SUITE_BACKEND", "gloo")
     os.environ.setdefault("WORLD_SIZE", "2")
     os.environ.setdefault("INIT_METHOD", "env://")
     if "TEMP_DIR" not in os.environ:
@@ -134,6 +146,8 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     """test_distributed_spawn.py's class."""
 
     def setUp(self):
+        named = _TARGET != "gloo" and self._testMethodName in _NAME_TESTS
+        os.environ["TENSORCOMM_UPSTREAM_SUITE_BACKEND"] = _TARGET if named else "gloo"
         super().setUp()
         self._spawn_processes()
 

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Work;
+use super::{Work, WorkFuture};
 use crate::tensor::SparseTensor;
 use crate::{Error, Result};
 
@@ -43,6 +43,26 @@ impl SparseWork {
     /// Waits at most `timeout` for the collective to finish; true if it has.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         self.work.wait_timeout(timeout)
+    }
+
+    /// A future of the collective's outcome (not of its result, which
+    /// [`wait`](SparseWork::wait) gives), for callbacks that run once it
+    /// has finished, as [`Work::get_future`].
+    ///
+    /// ```
+    /// use tensorcomm::{init_process_group, Backend, ReduceOp};
+    /// use tensorcomm::tensor::{SparseTensor, Tensor};
+    ///
+    /// let pg = init_process_group(Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let s = SparseTensor::new(vec![1], Tensor::from_vec(vec![5i64], &[1])?, &[2])?;
+    /// let work = pg.all_reduce_sparse(&s, ReduceOp::Sum, None)?;
+    /// work.get_future().then(|outcome| outcome).wait()?;
+    /// assert!(work.is_completed());
+    /// assert_eq!(work.wait()?.values().to_vec::<i64>()?, [5]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn get_future(&self) -> WorkFuture<()> {
+        self.work.get_future()
     }
 
     /// Waits for the collective and returns the coalesced sum.
