@@ -471,6 +471,51 @@ fn ranks_that_ignore_sigterm_get_sigkill_after_the_grace() {
     );
 }
 
+/// A rank stopped with SIGSTOP cannot act on SIGTERM until it runs again:
+/// the launcher continues it, so it ends at once rather than after the
+/// whole grace.
+#[test]
+fn a_stopped_rank_is_continued_so_that_it_ends_on_sigterm() {
+    let dir = tempdir();
+    let script = r#"
+        if [ "$RANK" = 1 ]; then
+            while [ ! -e "$SYNC/stopping" ]; do sleep 0.01; done
+            sleep 0.2
+            exit 4
+        fi
+        touch "$SYNC/stopping"
+        kill -STOP $$
+        sleep 60
+    "#;
+    let out = Launcher::start_with(
+        Command::new(BIN)
+            .args([
+                "run",
+                "--nproc-per-node",
+                "2",
+                "--kill-grace-secs",
+                "60",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .env("SYNC", dir.path()),
+    )
+    .finish();
+    assert_eq!(out.code, Some(4), "{out:?}");
+    assert!(
+        out.elapsed < PROMPT,
+        "took {:?}: the stopped rank waited for the 60 s grace",
+        out.elapsed
+    );
+    assert!(
+        !out.stderr.contains("was killed (SIGKILL)"),
+        "{:?}",
+        out.stderr
+    );
+}
+
 #[test]
 fn sigterm_to_the_launcher_is_forwarded_to_every_rank() {
     let mut launcher = Launcher::start(&[

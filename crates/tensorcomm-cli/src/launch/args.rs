@@ -11,7 +11,7 @@ use super::plan::{self, JobPlan};
     after_help = "Each rank gets the torchrun environment: MASTER_ADDR, MASTER_PORT, \
 RANK (= node-rank * nproc-per-node + LOCAL_RANK), WORLD_SIZE (= nnodes * nproc-per-node), \
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (= node-rank) and TENSORCOMM_LAUNCHED=1.\n\
-When a rank fails, the others get SIGTERM, then SIGKILL after --kill-grace-secs, and the \
+When a rank fails, the others get SIGTERM (and SIGCONT, so stopped ranks act on it), then SIGKILL after --kill-grace-secs, and the \
 launcher exits with the failing rank's status (128 + signal when killed by one).\n\n\
 Example: tensorcomm run --nproc-per-node 4 -- ./train --epochs 3"
 )]

@@ -243,8 +243,9 @@ impl Supervisor {
         self.kill_at.is_some_and(|at| Instant::now() >= at)
     }
 
-    /// Send `signal` to every running rank and start the grace period (if
-    /// not started yet). Returns how many ranks were signalled.
+    /// Send `signal` to every running rank, then SIGCONT (a stopped rank
+    /// acts on the signal only once it runs again), and start the grace
+    /// period (if not started yet). Returns how many ranks were signalled.
     fn stop(&mut self, signal: c_int) -> usize {
         self.kill_at.get_or_insert(Instant::now() + self.grace);
         let mut sent = 0;
@@ -254,6 +255,9 @@ impl Supervisor {
                 Ok(()) => {
                     tracing::debug!(rank = r, pid, signal, "sent stop signal");
                     sent += 1;
+                    if let Err(e) = signals::send_to_rank(pid, libc::SIGCONT) {
+                        tracing::debug!(rank = r, pid, "could not send SIGCONT: {e}");
+                    }
                 }
                 Err(e) => tracing::warn!(rank = r, pid, "could not send {signal}: {e}"),
             }
