@@ -31,6 +31,7 @@
 //! never set up twice under one prefix of one store (its transport setup
 //! keys would clash too), so a report never outlives its group's meaning.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -415,37 +416,56 @@ fn may_be_secondary(err: &Error) -> bool {
     )
 }
 
-/// `store.compare_set(key, "", value)` on a helper thread, waited on for at
-/// most [`STORE_PATIENCE`]; `None` when it failed or took longer.
-fn post_first(store: &Arc<dyn Store>, key: String, value: Vec<u8>) -> Option<Vec<u8>> {
+/// `f` (store calls) on a helper thread, waited on for at most
+/// [`STORE_PATIENCE`]; `None` when it failed or took longer. `what` names
+/// the calls in the debug log.
+fn bounded<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Option<T> {
     let (tx, rx) = mpsc::channel();
-    let store = store.clone();
     let spawned = std::thread::Builder::new()
         .name("tensorcomm-failure-report".into())
         .spawn(move || {
-            let _ = tx.send(store.compare_set(&key, b"", &value));
+            let _ = tx.send(f());
         });
     if spawned.is_err() {
         return None;
     }
     match rx.recv_timeout(STORE_PATIENCE) {
-        Ok(Ok(stored)) => Some(stored),
+        Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
-            tracing::debug!("could not post a failure report: {e}");
+            tracing::debug!("could not {what}: {e}");
             None
         }
         Err(_) => {
-            tracing::debug!("the store did not answer a failure report within {STORE_PATIENCE:?}");
+            tracing::debug!("the store did not answer ({what}) within {STORE_PATIENCE:?}");
             None
         }
     }
 }
 
+/// `store.compare_set(key, "", value)`, bounded (see [`bounded`]).
+fn post_first(store: &Arc<dyn Store>, key: String, value: Vec<u8>) -> Option<Vec<u8>> {
+    let store = store.clone();
+    bounded("post a failure report", move || {
+        store.compare_set(&key, b"", &value)
+    })
+}
+
 /// Where a group's failed collectives leave their reports: its store and
 /// key prefix.
+///
+/// Once a store call of the failure path fails or runs out of patience,
+/// the store counts as unreachable and the failure path does not call it
+/// again: a store that is gone (its host died, often the very rank whose
+/// death failed the collective) would have each later call dial it again
+/// until the store's timeout, while the rank's links stay open and its
+/// peers wait on it.
 pub(crate) struct FailureBoard {
     store: Arc<dyn Store>,
     key_prefix: String,
+    unreachable: AtomicBool,
 }
 
 impl FailureBoard {
@@ -453,6 +473,7 @@ impl FailureBoard {
         FailureBoard {
             store,
             key_prefix: key_prefix.into(),
+            unreachable: AtomicBool::new(false),
         }
     }
 
@@ -474,7 +495,7 @@ impl FailureBoard {
         };
         let encoded = report.encode();
         let key = failure_key(&self.key_prefix, fp.seq);
-        let Some(stored) = post_first(&self.store, key, encoded.clone()) else {
+        let Some(stored) = self.reachable(|store| post_first(store, key, encoded.clone())) else {
             return err;
         };
         // A report is there now: ranks that fail later because of it can
@@ -505,11 +526,21 @@ impl FailureBoard {
     /// Says, for ranks that fail later, that collective `seq` failed (the
     /// first such post counts).
     fn mark_failed(&self, seq: u64) {
-        let _ = post_first(
-            &self.store,
-            failed_seq_key(&self.key_prefix),
-            seq.to_string().into_bytes(),
-        );
+        let key = failed_seq_key(&self.key_prefix);
+        let _ = self.reachable(|store| post_first(store, key, seq.to_string().into_bytes()));
+    }
+
+    /// `call(store)` unless the store is unreachable (see the type's docs);
+    /// a `None` from it makes the store unreachable.
+    fn reachable<T>(&self, call: impl FnOnce(&Arc<dyn Store>) -> Option<T>) -> Option<T> {
+        if self.unreachable.load(Ordering::Relaxed) {
+            return None;
+        }
+        let got = call(&self.store);
+        if got.is_none() {
+            self.unreachable.store(true, Ordering::Relaxed);
+        }
+        got
     }
 
     /// The root cause of a failure of collective `seq` on this rank (`err`,
@@ -528,23 +559,36 @@ impl FailureBoard {
             return (err, None);
         }
         // Only keys that are there are read: a plain get would wait for
-        // a missing one until the store's timeout.
-        let read = |key: &str| -> Option<Vec<u8>> {
-            match self.store.check(&[key]) {
-                Ok(true) => self.store.get(key).ok(),
-                _ => None,
+        // a missing one until the store's timeout. `Some(None)`: the store
+        // answered, there is no earlier failure.
+        let reads = {
+            let prefix = self.key_prefix.clone();
+            move |store: &Arc<dyn Store>| {
+                let store = store.clone();
+                bounded("read an earlier failure", move || {
+                    let read = |key: &str| -> crate::Result<Option<Vec<u8>>> {
+                        Ok(if store.check(&[key])? {
+                            Some(store.get(key)?)
+                        } else {
+                            None
+                        })
+                    };
+                    let Some(failed) = read(&failed_seq_key(&prefix))? else {
+                        return Ok(None);
+                    };
+                    let failed: Option<u64> = String::from_utf8(failed)
+                        .ok()
+                        .and_then(|f| f.trim().parse().ok());
+                    let Some(failed) = failed.filter(|&f| f < seq) else {
+                        return Ok(None);
+                    };
+                    Ok(read(&failure_key(&prefix, failed))?.map(|report| (failed, report)))
+                })
             }
         };
         let first = || -> Option<(Error, u64)> {
-            let failed: u64 = String::from_utf8(read(&failed_seq_key(&self.key_prefix))?)
-                .ok()?
-                .trim()
-                .parse()
-                .ok()?;
-            if failed >= seq {
-                return None;
-            }
-            let report = FailureReport::decode(&read(&failure_key(&self.key_prefix, failed))?)?;
+            let (failed, report) = self.reachable(reads)??;
+            let report = FailureReport::decode(&report)?;
             Some((report.to_error(&mine(failed)?, rank), failed))
         };
         match first() {
@@ -559,6 +603,9 @@ impl FailureBoard {
         err: Error,
         mine: Option<&str>,
     ) -> Error {
+        if self.unreachable.load(Ordering::Relaxed) {
+            return err;
+        }
         super::mismatch_sides::with_both_sides(&self.store, &self.key_prefix, fp, err, mine)
     }
 }
@@ -788,5 +835,113 @@ mod tests {
             board.settle(&fp(8, 1), 0, own, None),
             Error::InvalidArgument(_)
         ));
+    }
+
+    /// A store whose host died: the call on the connection it had fails at
+    /// once (reset), every later call dials it again, which takes `redial`
+    /// (until the store's timeout) before it fails too.
+    struct GoneStore {
+        calls: std::sync::atomic::AtomicUsize,
+        redial: Duration,
+    }
+
+    impl GoneStore {
+        fn fail<T>(&self) -> crate::Result<T> {
+            let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+            if !first {
+                std::thread::sleep(self.redial);
+            }
+            Err(Error::StoreConnectionLost {
+                addr: "127.0.0.1:1".into(),
+                reason: "connection reset by peer".into(),
+            })
+        }
+    }
+
+    impl Store for GoneStore {
+        fn set(&self, _: &str, _: &[u8]) -> crate::Result<()> {
+            self.fail()
+        }
+        fn get_timeout(&self, _: &str, _: Duration) -> crate::Result<Vec<u8>> {
+            self.fail()
+        }
+        fn add(&self, _: &str, _: i64) -> crate::Result<i64> {
+            self.fail()
+        }
+        fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> crate::Result<Vec<u8>> {
+            self.fail()
+        }
+        fn wait_timeout(&self, _: &[&str], _: Duration) -> crate::Result<()> {
+            self.fail()
+        }
+        fn check(&self, _: &[&str]) -> crate::Result<bool> {
+            self.fail()
+        }
+        fn delete_key(&self, _: &str) -> crate::Result<bool> {
+            self.fail()
+        }
+        fn num_keys(&self) -> crate::Result<usize> {
+            self.fail()
+        }
+        fn append(&self, _: &str, _: &[u8]) -> crate::Result<()> {
+            self.fail()
+        }
+        fn multi_get_timeout(&self, _: &[&str], _: Duration) -> crate::Result<Vec<Vec<u8>>> {
+            self.fail()
+        }
+        fn multi_set(&self, _: &[&str], _: &[&[u8]]) -> crate::Result<()> {
+            self.fail()
+        }
+        fn list_keys(&self) -> crate::Result<Vec<String>> {
+            self.fail()
+        }
+        fn queue_push(&self, _: &str, _: &[u8]) -> crate::Result<()> {
+            self.fail()
+        }
+        fn queue_pop_timeout(&self, _: &str, _: Duration) -> crate::Result<Vec<u8>> {
+            self.fail()
+        }
+        fn queue_len(&self, _: &str) -> crate::Result<usize> {
+            self.fail()
+        }
+        fn timeout(&self) -> Duration {
+            self.redial
+        }
+        fn set_timeout(&self, _: Duration) {}
+    }
+
+    #[test]
+    fn a_dead_store_is_called_once_on_the_failure_path() {
+        // The failure path of a rank whose peer (and the store's host)
+        // died: settle, then look for an earlier failure, then (for a
+        // mismatch) exchange both sides. Once the store failed, none of
+        // them may dial it again (each dial would take the store's whole
+        // timeout while this rank's links stay open).
+        for err in [
+            closed(0),
+            Error::CollectiveMismatch {
+                rank: 1,
+                peer: 0,
+                mine: "mine".into(),
+                theirs: "theirs".into(),
+            },
+        ] {
+            let gone = Arc::new(GoneStore {
+                calls: Default::default(),
+                redial: Duration::from_secs(3),
+            });
+            let board = FailureBoard::new(gone.clone(), "g");
+            let started = std::time::Instant::now();
+            let err = board.settle(&fp(8, 5), 1, err.clone(), None);
+            let (err, earlier) = board.earlier_cause(5, 1, err, |seq| Some(fp(8, seq)));
+            let _ = board.with_both_sides(&fp(8, 5), err, Some("all_reduce (seq 5)"));
+            assert_eq!(earlier, None);
+            assert_eq!(gone.calls.load(Ordering::SeqCst), 1);
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "the failure path took {:?} on a dead store",
+                started.elapsed()
+            );
+        }
     }
 }
