@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
-use tensorcomm::group::{ProcessGroup, ReduceOp};
+use tensorcomm::group::{Backend, ReduceOp};
 use tensorcomm::rendezvous::{self, InitMethod};
 use tensorcomm::tensor::Tensor;
+use tensorcomm::{init_process_group_with, InitOptions};
 
 /// One test per transport for each function named.
 macro_rules! over_setup_transports {
@@ -48,19 +48,20 @@ fn setup_rank_entry() {
         .with_writer(std::io::stderr)
         .try_init();
     let timeout = Duration::from_millis(ms.parse().unwrap());
-    let method = InitMethod::parse("env://", |n| std::env::var(n).ok()).unwrap();
     let outcome = (|| -> tensorcomm::Result<()> {
-        let rdzv = rendezvous::connect(&method, timeout)?;
-        eprintln!("{RENDEZVOUS_DONE}");
         if std::env::var_os(CHILD_PAUSE).is_some() {
+            // Rendezvous only, then stop before the group's set-up.
+            let method = InitMethod::parse("env://", |n| std::env::var(n).ok())?;
+            let _rdzv = rendezvous::connect(&method, timeout)?;
+            eprintln!("{RENDEZVOUS_DONE}");
             std::thread::sleep(Duration::from_secs(3600));
         }
-        let options = CpuOptions {
+        let options = InitOptions {
             timeout,
-            advertise_host: "127.0.0.1".into(),
-            ..CpuOptions::default()
+            group_name: "pg".into(),
+            ..InitOptions::default()
         };
-        let pg = ProcessGroupCpu::new(rdzv.store, "pg", rdzv.rank, rdzv.world_size, &options)?;
+        let pg = init_process_group_with(Backend::Cpu, "env://", &options)?;
         eprintln!("{SETUP_DONE}");
         let t = Tensor::from_vec(vec![1.0f32; 4], &[4])?;
         pg.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
@@ -317,7 +318,12 @@ fn rank_1_killed_while_the_transport_connects_fails_rank_0_promptly_by_name(tran
 
 fn rank_0_killed_after_rendezvous_fails_rank_1_promptly(transport: &str) {
     // Rank 0 hosts the store: rank 1 loses its connection to it.
-    assert_fails_promptly_naming(0, When::AfterRendezvous, transport, &["store", "rank 0"]);
+    assert_fails_promptly_naming(
+        0,
+        When::AfterRendezvous,
+        transport,
+        &["peer rank 0 is gone"],
+    );
 }
 
 /// A peer that is alive but never sets up: the survivor says at WARN what
