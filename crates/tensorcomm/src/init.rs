@@ -89,7 +89,33 @@ pub fn init_process_group_with(
     options: &InitOptions,
 ) -> Result<Arc<dyn ProcessGroup>> {
     let method = InitMethod::parse(init_method, |name| std::env::var(name).ok())?;
-    let rdzv = rendezvous::connect(&method, options.timeout)?;
+    let rank0_hosts_store = matches!(method.address, StoreAddress::Tcp { .. });
+    set_up(backend, &method, options).map_err(|e| match e {
+        // With env:// and tcp:// rank 0 hosts the store: losing it during
+        // set-up means rank 0 is gone, so say so.
+        crate::Error::StoreConnectionLost { addr, reason } if rank0_hosts_store => {
+            crate::Error::PeerClosed {
+                peer: 0,
+                during: format!(
+                    "setting up group {:?} (rank {} of {})",
+                    options.group_name, method.rank, method.world_size
+                ),
+                reason: format!(
+                    "the connection to the TCP store rank 0 hosts at {addr} was lost ({reason})"
+                ),
+            }
+        }
+        other => other,
+    })
+}
+
+/// Rendezvous, then the default group of `backend`.
+fn set_up(
+    backend: Backend,
+    method: &InitMethod,
+    options: &InitOptions,
+) -> Result<Arc<dyn ProcessGroup>> {
+    let rdzv = rendezvous::connect(method, options.timeout)?;
     let advertise_host = match &method.address {
         StoreAddress::Tcp { host, port } => local_address_towards(host, *port),
         StoreAddress::File { .. } => "127.0.0.1".to_string(),
@@ -116,10 +142,20 @@ pub fn init_process_group_with(
         },
         ..CpuOptions::default()
     };
+    build(backend, rdzv, &key_prefix, &cpu, options)
+}
+
+/// The default group of `backend` over `rdzv`.
+fn build(
+    backend: Backend,
+    rdzv: rendezvous::Rendezvous,
+    key_prefix: &str,
+    cpu: &CpuOptions,
+    options: &InitOptions,
+) -> Result<Arc<dyn ProcessGroup>> {
     match backend {
         Backend::Cpu => {
-            let pg =
-                ProcessGroupCpu::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &cpu)?;
+            let pg = ProcessGroupCpu::new(rdzv.store, key_prefix, rdzv.rank, rdzv.world_size, cpu)?;
             Ok(Arc::new(pg))
         }
         Backend::Auto => {
@@ -127,10 +163,10 @@ pub fn init_process_group_with(
             let (rank, size) = (rdzv.rank, rdzv.world_size);
             let host: Arc<dyn ProcessGroup> = Arc::new(ProcessGroupCpu::new(
                 store.clone(),
-                &key_prefix,
+                key_prefix,
                 rank,
                 size,
-                &cpu,
+                cpu,
             )?);
             let cuda = cuda_half(&host, store, &format!("{key_prefix}/cuda"), options)?;
             Ok(Arc::new(AutoGroup::new(host, cuda)))
@@ -142,7 +178,7 @@ pub fn init_process_group_with(
                 device: options.device,
             };
             let pg =
-                ProcessGroupNccl::new(rdzv.store, &key_prefix, rdzv.rank, rdzv.world_size, &nccl)?;
+                ProcessGroupNccl::new(rdzv.store, key_prefix, rdzv.rank, rdzv.world_size, &nccl)?;
             Ok(Arc::new(pg))
         }
         #[cfg(not(feature = "cuda"))]

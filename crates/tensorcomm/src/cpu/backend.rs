@@ -39,6 +39,7 @@ use super::group_arena::GroupArena;
 use super::group_backend::CpuBackend;
 use super::p2p::{AfterRecv, BeforeSend, P2p};
 use super::select::Selection;
+use super::setup_watch;
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, TransportChoice,
 };
@@ -208,11 +209,15 @@ impl ProcessGroupCpu {
         global_ranks: Vec<usize>,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
+        // Set-up waits say what they wait for and fail at once when a
+        // peer's process is gone (see `setup_watch`).
+        let _watch = setup_watch::enter(store.clone(), key_prefix, rank, &global_ranks);
+        let setup_store = setup_watch::SetupStore(&*store);
         // Names a crashed set-up left in /dev/shm (older than a set-up takes).
         #[cfg(target_os = "linux")]
         crate::cpu::transport::shm::reclaim_orphans(ORPHAN_AGE);
         let (select, choice) = Selection::agreed_from_env(
-            &*store,
+            &setup_store,
             key_prefix,
             (rank, size),
             options.timeout,
@@ -229,7 +234,7 @@ impl ProcessGroupCpu {
             host_identity: None,
         };
         let transport = RoutedTransport::connect(
-            &*store,
+            &setup_store,
             key_prefix,
             rank,
             size,
@@ -238,7 +243,7 @@ impl ProcessGroupCpu {
         // A reader thread per peer waits on each point-to-point
         // connection: one lane.
         let p2p = P2p::connect(
-            &*store,
+            &setup_store,
             &format!("{key_prefix}/p2p"),
             rank,
             size,
@@ -248,7 +253,7 @@ impl ProcessGroupCpu {
         let arena = if size > 1 && (0..size).all(|p| p == rank || transport.route(p) == Route::Shm)
         {
             Some(Arc::new(GroupArena::connect(
-                &*store,
+                &setup_store,
                 key_prefix,
                 rank,
                 size,
@@ -259,7 +264,7 @@ impl ProcessGroupCpu {
             None
         };
         #[cfg(feature = "cuda")]
-        let (peer, peer_reason) = peer_memory(&*store, key_prefix, (rank, size), options)?;
+        let (peer, peer_reason) = peer_memory(&setup_store, key_prefix, (rank, size), options)?;
         let backend = Arc::new(CpuBackend {
             transport,
             p2p: Arc::new(p2p),

@@ -23,6 +23,7 @@ mod group_backend;
 mod helper_threads;
 pub mod reduce_kernels;
 pub(crate) mod select;
+pub(crate) mod setup_watch;
 pub mod transport;
 
 mod monitored_barrier;

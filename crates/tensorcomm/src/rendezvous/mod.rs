@@ -93,6 +93,8 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
         }
     };
     store.set_timeout(crate::store::DEFAULT_TIMEOUT);
+    // Lets the others' set-up waits tell when this process is gone.
+    store.set(&process_key(method.rank), this_process().as_bytes())?;
     Ok(Rendezvous {
         rank: method.rank,
         world_size: method.world_size,
@@ -117,4 +119,62 @@ pub fn host_port(host: &str, port: u16) -> String {
     } else {
         format!("{host}:{port}")
     }
+}
+
+/// The store key under which rank `rank` of a job posts its process at
+/// rendezvous (see [`process_gone`]).
+pub(crate) fn process_key(rank: usize) -> String {
+    format!("tensorcomm/rendezvous/process/{rank}")
+}
+
+/// This process: host identity, pid and start time (in clock ticks after
+/// boot, from `/proc/self/stat`; empty where unreadable).
+fn this_process() -> String {
+    let pid = std::process::id();
+    format!(
+        "{}\npid={pid}\nstart={}",
+        crate::cpu::transport::host_identity(),
+        start_time(pid).unwrap_or_default()
+    )
+}
+
+/// The start time of process `pid` and whether it is a zombie or dead
+/// (`/proc/PID/stat` fields 3 and 22); `None` if it does not exist.
+fn stat_of(pid: u32) -> Option<(char, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some((state, fields.get(19)?.to_string()))
+}
+
+fn start_time(pid: u32) -> Option<String> {
+    stat_of(pid).map(|(_, start)| start)
+}
+
+/// `Some(description)` when rank `rank` of the job posted its process (at
+/// rendezvous), runs on this host, and that process has exited: no such
+/// pid, a zombie, or a pid reused by a process started later. `None` when
+/// it is alive, on another host, or never posted (nothing known).
+pub(crate) fn process_gone(store: &dyn Store, rank: usize) -> Option<String> {
+    let key = process_key(rank);
+    if !store.check(&[key.as_str()]).ok()? {
+        return None;
+    }
+    let posted = String::from_utf8(store.get_timeout(&key, Duration::from_secs(1)).ok()?).ok()?;
+    let mut lines = posted.lines();
+    let host = lines.next()?;
+    let pid: u32 = lines.next()?.strip_prefix("pid=")?.parse().ok()?;
+    let start = lines.next()?.strip_prefix("start=")?;
+    if host != crate::cpu::transport::host_identity() || pid == std::process::id() {
+        return None;
+    }
+    let gone = match stat_of(pid) {
+        None => true,
+        Some((state, now_start)) => {
+            matches!(state, 'Z' | 'X' | 'x') || (!start.is_empty() && now_start != start)
+        }
+    };
+    gone.then(|| format!("pid {pid} on this host"))
 }

@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How often [`TcpStoreServer::wait_for_clients`] says at WARN how many
+/// clients joined.
+const CLIENTS_WARN_EVERY: Duration = Duration::from_secs(5);
+
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::runtime::Runtime;
 use tracing::{debug, warn};
@@ -134,7 +138,27 @@ impl TcpStoreServer {
     /// # Ok::<(), tensorcomm::Error>(())
     /// ```
     pub fn wait_for_clients(&self, expected: usize, timeout: Duration) -> Result<()> {
-        let joined = self.state.wait_for_clients(expected, timeout);
+        // Says at WARN every 5 s how many joined, so that a rank waiting
+        // for one that never comes (or died) is not silent.
+        let started = std::time::Instant::now();
+        let deadline = started + timeout;
+        let joined = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let joined = self
+                .state
+                .wait_for_clients(expected, left.min(CLIENTS_WARN_EVERY));
+            if joined >= expected || left <= CLIENTS_WARN_EVERY {
+                break joined;
+            }
+            tracing::warn!(
+                addr = %self.local_addr(),
+                joined,
+                expected,
+                waited = ?started.elapsed(),
+                ?timeout,
+                "store server still waiting for clients: {joined} of {expected} joined (every rank of the job connects once)"
+            );
+        };
         if joined < expected {
             return Err(Error::ClientsTimeout {
                 joined,

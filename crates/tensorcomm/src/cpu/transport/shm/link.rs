@@ -176,6 +176,9 @@ impl ShmLink {
                         timeout: now - start,
                     });
                 }
+                crate::cpu::setup_watch::check(|| {
+                    format!("rank {hi} to map shared-memory segment {name}")
+                })?;
                 backoff.snooze();
             }
             // The higher rank has unlinked the name already; the key would

@@ -219,6 +219,9 @@ fn connect_to(
                     ErrorKind::ConnectionRefused | ErrorKind::Interrupted
                 ) =>
             {
+                crate::cpu::setup_watch::check(|| {
+                    format!("rank {peer}'s transport at {addr} to accept connections")
+                })?;
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(e) if e.kind() == ErrorKind::TimedOut => {}
@@ -282,6 +285,9 @@ fn accept_higher(
                         timeout: deadline.saturating_duration_since(started),
                     });
                 }
+                crate::cpu::setup_watch::check(|| {
+                    format!("ranks {waiting:?} to connect to rank {rank}'s transport")
+                })?;
                 // Setup only: a listener has no accept-with-timeout in std.
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(5));

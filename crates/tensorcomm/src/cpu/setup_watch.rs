@@ -1,0 +1,225 @@
+//! Watching a CPU group's set-up: the waits of set-up (for a peer's store
+//! keys, for its transport connection, for it to map shared memory) say at
+//! WARN every [`WARN_EVERY`] what they still wait for, and fail at once,
+//! naming the rank, when a peer's process is known to be gone.
+//!
+//! A peer is known to be gone when it posted its process under
+//! [`crate::rendezvous::process_key`] (every rank does so at rendezvous),
+//! runs on this host, and that process has exited (or is a zombie, or its
+//! pid now belongs to a process started later). A peer on another host, or
+//! one that died before posting, is waited for until the group's timeout.
+//!
+//! The watch of the set-up running on a thread is kept in a thread-local,
+//! so the transports' wait loops reach it without threading it through
+//! every constructor; [`SetupStore`] wraps the store the set-up uses so
+//! that its blocking calls wait in slices and check between them.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::rendezvous::process_gone;
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// How often a set-up wait says at WARN what it still waits for.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(5);
+/// How often a wait checks whether its peers' processes are alive.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+/// The longest slice a [`SetupStore`] blocking call waits at a time.
+const SLICE: Duration = Duration::from_millis(500);
+
+struct Watch {
+    store: Arc<dyn Store>,
+    group: String,
+    rank: usize,
+    /// (group rank, global rank) of every other rank.
+    peers: Vec<(usize, usize)>,
+    started: Instant,
+    last_warn: Cell<Instant>,
+    last_check: Cell<Option<Instant>>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<Watch>>> = const { RefCell::new(None) };
+}
+
+/// Ends the watch of this thread's set-up when dropped.
+pub(crate) struct Guard {
+    previous: Option<Rc<Watch>>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// Watches the set-up of group `group` (rank `rank`, `global_ranks[r]` the
+/// job rank of group rank `r`) on this thread until the guard drops.
+pub(crate) fn enter(
+    store: Arc<dyn Store>,
+    group: &str,
+    rank: usize,
+    global_ranks: &[usize],
+) -> Guard {
+    let now = Instant::now();
+    let watch = Rc::new(Watch {
+        store,
+        group: group.into(),
+        rank,
+        peers: global_ranks
+            .iter()
+            .enumerate()
+            .filter(|&(r, _)| r != rank)
+            .map(|(r, &g)| (r, g))
+            .collect(),
+        started: now,
+        last_warn: Cell::new(now),
+        last_check: Cell::new(None),
+    });
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(watch));
+    Guard { previous }
+}
+
+/// Called from set-up waits while they wait for `what` (built only when
+/// needed): fails naming the rank if a peer's process is gone, and says at
+/// WARN every [`WARN_EVERY`] what the wait is for. Without a set-up watched
+/// on this thread, does nothing.
+pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
+    let Some(watch) = CURRENT.with(|c| c.borrow().clone()) else {
+        return Ok(());
+    };
+    let now = Instant::now();
+    if watch
+        .last_check
+        .get()
+        .is_some_and(|t| now.duration_since(t) < CHECK_EVERY)
+    {
+        return Ok(());
+    }
+    watch.last_check.set(Some(now));
+    let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
+    let mut what = Some(what);
+    let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
+    for &(peer, global) in &watch.peers {
+        if let Some(process) = process_gone(&*watch.store, global) {
+            let what = what_text();
+            tracing::error!(
+                group = %watch.group,
+                rank = watch.rank,
+                peer,
+                %process,
+                "set-up failed: the process of rank {peer} exited while this rank waited for {what}"
+            );
+            return Err(Error::PeerClosed {
+                peer,
+                during: format!(
+                    "setting up group {:?} (rank {} of {}), waiting for {what}",
+                    watch.group,
+                    watch.rank,
+                    watch.peers.len() + 1
+                ),
+                reason: format!("its process ({process}) exited during set-up"),
+            });
+        }
+    }
+    if warn {
+        watch.last_warn.set(now);
+        let what = what_text();
+        tracing::warn!(
+            group = %watch.group,
+            rank = watch.rank,
+            waited = ?now.duration_since(watch.started),
+            "set-up still waiting for {what}"
+        );
+    }
+    Ok(())
+}
+
+/// A store whose blocking calls, during a watched set-up, wait in slices
+/// and [`check`] between them; the whole wait still ends at its timeout
+/// with the error the store gives for it.
+pub(crate) struct SetupStore<'a>(pub(crate) &'a dyn Store);
+
+impl SetupStore<'_> {
+    /// Runs `call` with slices of `timeout` until it does not time out, or
+    /// the last slice did.
+    fn sliced<T>(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        call: impl Fn(Duration) -> Result<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(SLICE);
+            match call(slice) {
+                Err(Error::StoreTimeout { keys: k, .. }) if slice == left => {
+                    return Err(Error::StoreTimeout { keys: k, timeout });
+                }
+                Err(Error::StoreTimeout { .. }) => {
+                    check(|| format!("store keys {keys:?}"))?;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Store for SetupStore<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.set(key, value)
+    }
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.sliced(&[key], timeout, |t| self.0.get_timeout(key, t))
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(key, expected, desired)
+    }
+    fn wait_timeout(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.sliced(keys, timeout, |t| self.0.wait_timeout(keys, t))
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.0.check(keys)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.0.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<usize> {
+        self.0.num_keys()
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.append(key, value)
+    }
+    fn multi_get_timeout(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.sliced(keys, timeout, |t| self.0.multi_get_timeout(keys, t))
+    }
+    fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
+        self.0.multi_set(keys, values)
+    }
+    fn list_keys(&self) -> Result<Vec<String>> {
+        self.0.list_keys()
+    }
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.queue_push(key, value)
+    }
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.0.queue_pop_timeout(key, timeout)
+    }
+    fn queue_len(&self, key: &str) -> Result<usize> {
+        self.0.queue_len(key)
+    }
+    fn timeout(&self) -> Duration {
+        self.0.timeout()
+    }
+    fn set_timeout(&self, timeout: Duration) {
+        self.0.set_timeout(timeout)
+    }
+}
