@@ -180,9 +180,6 @@ impl Rank {
 /// Where the victim is killed.
 #[derive(Clone, Copy, Debug)]
 enum When {
-    /// Before the store connects: the victim is killed right after it is
-    /// spawned (rank 0: before the other rank can reach its store).
-    BeforeStore,
     /// After the rendezvous, before the group's set-up.
     AfterRendezvous,
     /// While the transport connects: once the victim logged `line`.
@@ -204,7 +201,6 @@ fn kill_during_setup(
         .map(|r| spawn_rank(r, port, timeout, transport, pause && r == victim))
         .collect();
     match when {
-        When::BeforeStore => {}
         When::AfterRendezvous => assert!(
             ranks[victim].wait_line(RENDEZVOUS_DONE, Duration::from_secs(60)),
             "{:?}",
@@ -221,44 +217,6 @@ fn kill_during_setup(
     ranks[victim].child.wait().unwrap();
     let (code, lines) = ranks[1 - victim].finish(limit);
     (code, killed.elapsed().as_secs_f64(), lines)
-}
-
-/// The reproduction table: every case, printed (run with `--ignored
-/// --nocapture`).
-#[test]
-#[ignore]
-fn reproduce_every_case() {
-    let timeout = Duration::from_secs(
-        std::env::var("SETUP_KILL_TIMEOUT_S")
-            .map(|s| s.parse().unwrap())
-            .unwrap_or(20),
-    );
-    let limit = timeout * 3 + Duration::from_secs(10);
-    for transport in ["tcp", "shm"] {
-        let in_transport = if transport == "tcp" {
-            "transport listening"
-        } else {
-            "shm link connected"
-        };
-        for when in [
-            When::BeforeStore,
-            When::AfterRendezvous,
-            When::InTransport(in_transport),
-        ] {
-            for victim in [0, 1] {
-                let (code, secs, lines) =
-                    kill_during_setup(victim, when, transport, timeout, limit);
-                let warns = lines.iter().filter(|l| l.contains("WARN")).count();
-                println!(
-                    "| {transport} | kill rank {victim} {when:?} | exit {code:?} after {secs:.1} s | {warns} WARN lines | last: {} |",
-                    lines.last().map(String::as_str).unwrap_or("")
-                );
-                for l in &lines {
-                    println!("      {l}");
-                }
-            }
-        }
-    }
 }
 
 /// The group's timeout in the tests below: long, so that a survivor that
