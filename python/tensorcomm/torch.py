@@ -88,6 +88,20 @@ except TypeError:  # pragma: no cover - layouts that cannot combine
 _TIMEOUT_PREFIX = "[tensorcomm] Timed out waiting for other ranks: "
 
 
+def _seconds(timeout):
+    """A timedelta or a number of seconds as float seconds (None stays None)."""
+    if timeout is None:
+        return None
+    return timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+
+
+def _wait_seconds(timeout):
+    """What a work's wait() passes on: None (the group's timeout) for no
+    timeout or one that is not positive."""
+    seconds = _seconds(timeout)
+    return seconds if seconds is not None and seconds > 0 else None
+
+
 def _as_dist_error(error):
     """``error`` (a tensorcomm error) as the exception PyTorch users catch."""
     if isinstance(error, (InvalidArgumentError, DistBackendError)):
@@ -232,11 +246,7 @@ class Work(_WorkBase):
         self._future = None
 
     def wait(self, timeout=None):
-        seconds = None
-        if timeout is not None:
-            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-            if seconds <= 0:
-                seconds = None
+        seconds = _wait_seconds(timeout)
         try:
             return self._native.wait(seconds)
         except TensorcommError as e:
@@ -312,11 +322,7 @@ class _SparseWork(Work):
             self._copied = True
 
     def wait(self, timeout=None):
-        seconds = None
-        if timeout is not None:
-            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-            if seconds <= 0:
-                seconds = None
+        seconds = _wait_seconds(timeout)
         try:
             self._copy_result(seconds)
         except TensorcommError as e:
@@ -397,9 +403,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout=None):
         super().__init__(rank, size)
-        seconds = None
-        if timeout is not None:
-            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        seconds = _seconds(timeout)
         try:
             self._group = _native.cpu_group_from_store(store, rank, size, "tensorcomm", seconds)
         except TensorcommError as e:
@@ -633,13 +637,11 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         takes Gloo groups (2.15's: groups with a registered CPU backend,
         which a Python group such as this one lacks), so call it on the
         group."""
-        seconds = None
-        if timeout is not None:
-            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-            if seconds == 0:
-                # A zero timeout times out at once, as Gloo's does (the
-                # native call reads zero as "the group's timeout").
-                seconds = 1e-6
+        seconds = _seconds(timeout)
+        if seconds == 0:
+            # A zero timeout times out at once, as Gloo's does (the native
+            # call reads zero as "the group's timeout").
+            seconds = 1e-6
         try:
             native = self._group.monitored_barrier(seconds, bool(wait_all_ranks))
         except InvalidArgumentError:

@@ -208,6 +208,17 @@ impl Communicator {
         self.split_into(color, key, timeout, self.blocking)
     }
 
+    /// The error of a split that did not end within `timeout`.
+    fn split_timed_out(&self, timeout: Duration) -> Error {
+        Error::NcclInitTimeout {
+            rank: self.rank,
+            size: self.size,
+            device: self.device,
+            timeout,
+            joined: 0,
+        }
+    }
+
     /// [`Communicator::split`], the child blocking or not.
     fn split_into(
         &self,
@@ -265,13 +276,7 @@ impl Communicator {
                 // SAFETY: a communicator NCCL handed out and nobody uses.
                 unsafe { (self.nccl.comm_abort)(raw) };
             }
-            return Err(e.unwrap_or(Error::NcclInitTimeout {
-                rank: self.rank,
-                size: self.size,
-                device: self.device,
-                timeout,
-                joined: 0,
-            }));
+            return Err(e.unwrap_or_else(|| self.split_timed_out(timeout)));
         }
         if raw.is_null() {
             return Ok(None);
@@ -292,13 +297,7 @@ impl Communicator {
         };
         if let Err(e) = child.wait_ready("ncclCommSplit", timeout) {
             child.abort();
-            return Err(e.unwrap_or(Error::NcclInitTimeout {
-                rank: self.rank,
-                size: self.size,
-                device: self.device,
-                timeout,
-                joined: 0,
-            }));
+            return Err(e.unwrap_or_else(|| self.split_timed_out(timeout)));
         }
         // SAFETY: out-parameters of a ready communicator.
         unsafe {
