@@ -6,20 +6,21 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_spin;
+mod nccl_data;
 mod skip;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use half::{bf16, f16};
 use tensorcomm::cuda::nccl::{self, NcclOptions, ProcessGroupNccl};
 use tensorcomm::cuda::runtime::{set_current_stream, Stream};
 use tensorcomm::group::{ProcessGroup, ReduceOp};
 use tensorcomm::store::HashStore;
-use tensorcomm::tensor::{DType, Device, Tensor};
+use tensorcomm::tensor::{DType, Tensor};
 use tensorcomm::Error;
 
 use cuda_spin::{tensor_with_address, Spin};
+use nccl_data::{data, ops_for, read as values, DTYPES};
 
 /// True when this machine can run NCCL on a GPU; prints why not.
 fn can_run(test: &str) -> bool {
@@ -43,90 +44,14 @@ fn group() -> ProcessGroupNccl {
     ProcessGroupNccl::new(Arc::new(HashStore::new()), "pg", 0, 1, &options).unwrap()
 }
 
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
-
-/// A GPU tensor of `dtype` holding `values`.
+/// A tensor of `dtype` holding `values` on GPU 0.
 fn gpu(dtype: DType, values: &[f64], shape: &[usize]) -> Tensor<'static> {
-    let host = match dtype {
-        DType::F32 => Tensor::from_vec(values.iter().map(|&v| v as f32).collect(), shape),
-        DType::F64 => Tensor::from_vec(values.to_vec(), shape),
-        DType::I8 => Tensor::from_vec(values.iter().map(|&v| v as i8).collect(), shape),
-        DType::U8 => Tensor::from_vec(values.iter().map(|&v| v as u8).collect(), shape),
-        DType::F16 => Tensor::from_vec(values.iter().map(|&v| f16::from_f64(v)).collect(), shape),
-        DType::BF16 => Tensor::from_vec(values.iter().map(|&v| bf16::from_f64(v)).collect(), shape),
-        DType::I32 => Tensor::from_vec(values.iter().map(|&v| v as i32).collect(), shape),
-        DType::I64 => Tensor::from_vec(values.iter().map(|&v| v as i64).collect(), shape),
-        other => panic!("no test data for {other}"),
-    };
-    host.unwrap().to_device(Device::Cuda(0)).unwrap()
+    nccl_data::gpu(dtype, values, shape, 0)
 }
 
-/// A GPU tensor of `dtype` filled with a value no result has.
+/// A tensor of `dtype` on GPU 0 filled with a value no result has.
 fn poisoned(dtype: DType, shape: &[usize]) -> Tensor<'static> {
-    let n = shape.iter().product();
-    gpu(dtype, &vec![-77.0; n], shape)
-}
-
-fn values(t: &Tensor<'_>) -> Vec<f64> {
-    match t.dtype() {
-        DType::F32 => t
-            .to_vec::<f32>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        DType::F16 => t
-            .to_vec::<f16>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        DType::BF16 => t
-            .to_vec::<bf16>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        DType::I32 => t
-            .to_vec::<i32>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        DType::I64 => t
-            .to_vec::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|v| v as f64)
-            .collect(),
-        DType::F64 => t.to_vec::<f64>().unwrap(),
-        DType::I8 => t
-            .to_vec::<i8>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        DType::U8 => t
-            .to_vec::<u8>()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        other => panic!("no test data for {other}"),
-    }
-}
-
-fn data(n: usize, seed: usize) -> Vec<f64> {
-    (0..n).map(|i| ((i * 3 + seed) % 17) as f64 + 1.0).collect()
+    nccl_data::poisoned(dtype, shape, 0)
 }
 
 /// What one rank's reduction gives: the value, scaled by PREMUL_SUM.
@@ -135,20 +60,6 @@ fn reduced(op: ReduceOp, v: &[f64]) -> Vec<f64> {
         ReduceOp::PremulSum(f) => v.iter().map(|x| x * f).collect(),
         _ => v.to_vec(),
     }
-}
-
-fn ops_for(dtype: DType) -> Vec<ReduceOp> {
-    let mut ops = vec![
-        ReduceOp::Sum,
-        ReduceOp::Avg,
-        ReduceOp::Product,
-        ReduceOp::Min,
-        ReduceOp::Max,
-    ];
-    if matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
-        ops.push(ReduceOp::PremulSum(2.5));
-    }
-    ops
 }
 
 fn close(got: &[f64], want: &[f64], what: &str) {
