@@ -13,7 +13,8 @@
 //! leaves the call hanging; sub-group splits of a blocking communicator
 //! also wait for every rank without a timeout.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -30,8 +31,10 @@ use crate::{Error, Result};
 const POSTED_LEN: usize = 129;
 
 /// The out-parameter and the config of one `ncclCommSplit`.
+/// NCCL stores the new communicator into `raw` from its own thread (an
+/// atomic store), so it is read atomically here.
 struct SplitSlots {
-    raw: RawComm,
+    raw: AtomicPtr<c_void>,
     config: Config,
 }
 
@@ -219,6 +222,32 @@ impl Communicator {
         }
     }
 
+    /// Waits until a split's job has stored the new communicator into
+    /// `slot`, until `deadline`, watching the parent for an error
+    /// meanwhile. `Err(None)` when the deadline passed.
+    fn wait_for_child(
+        &self,
+        slot: &AtomicPtr<c_void>,
+        deadline: Instant,
+    ) -> std::result::Result<(), Option<Error>> {
+        loop {
+            if !slot.load(Ordering::Acquire).is_null() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(None);
+            }
+            let state = {
+                let c = self.enter().map_err(Some)?;
+                (self.state(c.raw()), c.raw())
+            };
+            match state {
+                (SUCCESS | IN_PROGRESS, _) => std::thread::sleep(POLL),
+                (code, raw) => return Err(Some(self.nccl.error("ncclCommSplit", code, Some(raw)))),
+            }
+        }
+    }
+
     /// [`Communicator::split`], the child blocking or not.
     fn split_into(
         &self,
@@ -236,8 +265,9 @@ impl Communicator {
         // (the job returned, or the parent's abort joined it).
         let color_code = color.map_or(NO_COLOR, |c| c as i32);
         let parent = self.enter()?;
+        let started = Instant::now();
         let slots = Box::into_raw(Box::new(SplitSlots {
-            raw: std::ptr::null_mut(),
+            raw: AtomicPtr::new(std::ptr::null_mut()),
             config: Config::new(blocking),
         }));
         // SAFETY: a live communicator; `slots` stays valid while NCCL may
@@ -247,15 +277,28 @@ impl Communicator {
                 parent.raw(),
                 color_code,
                 key as i32,
-                &raw mut (*slots).raw,
+                (*slots).raw.as_ptr(),
                 &raw mut (*slots).config,
             )
         };
         drop(parent);
         // The parent finishes the split for every rank; a call that did
         // not return "in progress" has no job left running.
-        let waited = if code == IN_PROGRESS {
-            let waited = self.wait_ready("ncclCommSplit", timeout);
+        let waited = if code == IN_PROGRESS || code == SUCCESS {
+            // A member's new communicator can appear after the parent
+            // reports the split done (seen with NCCL 2.28 on two H200s):
+            // wait for it too, within the same timeout.
+            // SAFETY: `slots` is live until reclaimed below.
+            let slot = unsafe { &(*slots).raw };
+            let waited = if code == IN_PROGRESS {
+                self.wait_ready("ncclCommSplit", timeout)
+            } else {
+                Ok(())
+            };
+            let waited = waited.and_then(|()| match color {
+                Some(_) => self.wait_for_child(slot, started + timeout),
+                None => Ok(()),
+            });
             if waited.is_err() {
                 // Stop the job (aborting the parent joins it): the split
                 // failed or did not end in time, so the parent is broken
@@ -270,7 +313,7 @@ impl Communicator {
         };
         // SAFETY: no job writes to `slots` any more (see above); allocated
         // above, freed once.
-        let raw = unsafe { Box::from_raw(slots) }.raw;
+        let raw = unsafe { Box::from_raw(slots) }.raw.into_inner();
         if let Err(e) = waited {
             if !raw.is_null() {
                 // SAFETY: a communicator NCCL handed out and nobody uses.
