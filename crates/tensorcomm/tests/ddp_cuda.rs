@@ -48,8 +48,11 @@ fn on_two_ranks<T: Send + 'static>(
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-/// The hooks the tests compare, each built fresh (PowerSGD keeps state).
-fn hooks() -> Vec<(&'static str, fn() -> Arc<dyn CommHook>)> {
+/// Builds a fresh hook (PowerSGD keeps state).
+type MakeHook = fn() -> Arc<dyn CommHook>;
+
+/// The hooks the tests compare, by name.
+fn hooks() -> Vec<(&'static str, MakeHook)> {
     vec![
         ("allreduce", || Arc::new(AllReduceHook)),
         ("fp16", || Arc::new(CompressHook::fp16())),
@@ -158,8 +161,11 @@ fn the_reducer_gives_on_cuda_gradients_what_it_gives_on_host_gradients() {
         assert_eq!(cuda, host, "{hook_name} hook");
         // The hook averaged: the two ranks' gradients differ, their
         // averages agree, and the written-back gradients are the averages.
-        for it in 0..3 {
-            assert_eq!(cuda[0][it].1, cuda[1][it].1, "{hook_name}: ranks disagree");
+        for (it, (mine, theirs)) in cuda[0].iter().zip(&cuda[1]).enumerate() {
+            assert_eq!(
+                mine.1, theirs.1,
+                "{hook_name}: ranks disagree at iteration {it}"
+            );
         }
         let (written, slots) = &cuda[0][0];
         let own = gradient(0, 0, 0);
