@@ -413,6 +413,11 @@ impl Reducer {
                 found: reduced.dtype(),
             });
         }
+        if reduced.shares_storage(buffer) && reduced.layout() == buffer.layout() {
+            // The hook reduced the bucket in place (a GPU copy onto itself
+            // would be an overlapping copy).
+            return Ok(());
+        }
         buffer.copy_from(reduced)
     }
 
