@@ -519,6 +519,69 @@ fn ddp_reports_step_communication_and_exposed_times() {
     assert!(!ok && stderr.contains("--hook"), "{stderr}");
 }
 
+/// `--op ddp --device cuda`: CUDA gradients through the CPU group on a
+/// machine with a GPU (ranks sharing it), a clear error without one; NCCL
+/// wants CUDA tensors and one GPU per rank.
+#[test]
+fn ddp_on_cuda_gradients_runs_on_a_gpu_and_says_no_cuda_elsewhere() {
+    let args = [
+        "--op",
+        "ddp",
+        "-n",
+        "2",
+        "--model",
+        "4K,256",
+        "--bucket-cap",
+        "16K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--device",
+        "cuda",
+        "--json",
+    ];
+    let (ok, stdout, stderr) = bench(&args);
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(n) if n >= 1 => {
+            assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+            assert_eq!(
+                (&row["op"], &row["device"]),
+                (&"ddp".into(), &"cuda".into())
+            );
+            assert_eq!(row["params"], 4096 + 256);
+            assert!(row["step_us"].as_f64().unwrap() > 0.0, "{row}");
+        }
+        found => {
+            println!("no GPU here ({found:?}): checking the NoCuda failure");
+            assert!(!ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+            assert!(
+                stderr.contains("--device cuda: CUDA is not available"),
+                "{stderr}"
+            );
+            assert!(!stderr.contains("panicked"), "{stderr}");
+        }
+    }
+    let (ok, _, stderr) = bench(&["--op", "ddp", "--backend", "nccl"]);
+    assert!(!ok && stderr.contains("expected --device cuda"), "{stderr}");
+    let (ok, _, stderr) = bench(&[
+        "--op",
+        "ddp",
+        "--backend",
+        "nccl",
+        "--device",
+        "cuda",
+        "-n",
+        "64",
+    ]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains("one GPU per rank") || stderr.contains("CUDA is not available"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn more_ranks_than_a_launcher_starts_are_refused_up_front() {
     let (ok, stdout, stderr) = bench(&["-n", "100000", "--sizes", "8", "--iters", "1"]);

@@ -19,6 +19,15 @@
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
 //!
+//! `--device cuda` makes the gradients CUDA tensors on the rank's GPU
+//! (`LOCAL_RANK` modulo the GPU count), so the buckets, the hooks'
+//! messages and the write-back live there (the hooks' element-wise maths
+//! makes a round trip through host memory): with `--backend cpu` the CPU
+//! group stages them through pinned host memory (ranks may share a GPU),
+//! with `--backend nccl` NCCL reduces them (one GPU per rank). `finish()`
+//! blocks the host until the device work is done, so the step and tail
+//! include it.
+//!
 //! `bench/compare_ddp.py` runs it beside PyTorch DDP over Gloo training
 //! the real MLP (`bench/ddp_torch.py`), with the simulated compute set from
 //! PyTorch's world-size-1 step.
@@ -34,8 +43,8 @@ use tensorcomm::ddp::{
     Reducer, ReducerOptions, TensorSpec, DEFAULT_FIRST_BUCKET_BYTES,
 };
 use tensorcomm::group::WorkFuture;
-use tensorcomm::tensor::{DType, Tensor};
-use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp};
+use tensorcomm::tensor::{DType, Device, Tensor};
+use tensorcomm::{init_process_group_with, Backend, InitOptions, ProcessGroup, ReduceOp};
 
 use super::{BenchArgs, BenchBackend, BenchDevice};
 
@@ -122,6 +131,82 @@ impl Model {
     }
 }
 
+/// The backends and devices `--op ddp` runs on: `--backend cpu` with
+/// `--device cpu` or `cuda`, `--backend nccl` with `--device cuda`.
+fn check_placement(args: &BenchArgs) -> Result<(), String> {
+    match (args.backend, args.device) {
+        _ if args.symmetric => Err("--op ddp: expected no --symmetric".into()),
+        (BenchBackend::Cpu, _) | (BenchBackend::Nccl, BenchDevice::Cuda) => Ok(()),
+        (BenchBackend::Nccl, BenchDevice::Cpu) => Err(
+            "--op ddp --backend nccl: expected --device cuda (NCCL takes only CUDA tensors)"
+                .into(),
+        ),
+        _ => Err(
+            "--op ddp: expected --backend cpu (with --device cpu or cuda) or --backend nccl --device cuda"
+                .into(),
+        ),
+    }
+}
+
+/// Before starting ranks here: `--device cuda` needs a GPU, and
+/// `--backend nccl` one per rank (`-n`).
+fn gpus_for_ranks(args: &BenchArgs) -> Result<(), String> {
+    if args.device != BenchDevice::Cuda {
+        return Ok(());
+    }
+    let gpus =
+        tensorcomm::cuda::runtime::device_count().map_err(|e| format!("--device cuda: {e}"))?;
+    if gpus == 0 {
+        return Err("--device cuda: this machine has no GPU".into());
+    }
+    if args.backend == BenchBackend::Nccl && args.nproc > gpus {
+        return Err(format!(
+            "--op ddp --backend nccl: expected one GPU per rank, found -n {} and {gpus} GPU(s); use -n {gpus} or less, or --backend cpu (its ranks may share a GPU)",
+            args.nproc
+        ));
+    }
+    Ok(())
+}
+
+/// This rank's device and group: the CPU group, or a NCCL group on its
+/// GPU, refusing more ranks on this node than GPUs (NCCL cannot put two
+/// ranks on one GPU).
+fn device_and_group(args: &BenchArgs) -> tensorcomm::Result<(Device, Arc<dyn ProcessGroup>)> {
+    let device = super::bench_device(args.device)?;
+    let mut options = InitOptions::default();
+    let backend = match args.backend {
+        BenchBackend::Nccl => {
+            let gpus = tensorcomm::cuda::runtime::device_count()?;
+            let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(1);
+            if local_ranks > gpus {
+                return Err(tensorcomm::Error::InvalidArgument(format!(
+                    "--op ddp --backend nccl: expected one GPU per rank, found {local_ranks} ranks on this node and {gpus} GPU(s); use -n {gpus} or less, or --backend cpu (its ranks may share a GPU)"
+                )));
+            }
+            Backend::Nccl
+        }
+        _ => Backend::Cpu,
+    };
+    if let Device::Cuda(gpu) = device {
+        options.device = Some(gpu);
+    }
+    Ok((
+        device,
+        init_process_group_with(backend, "env://", &options)?,
+    ))
+}
+
+/// `t` on `device`: itself on the host, else a copy there.
+fn placed(t: Tensor<'static>, device: Device) -> tensorcomm::Result<Tensor<'static>> {
+    match device {
+        Device::Cpu => Ok(t),
+        Device::Cuda(_) => t.to_device(device),
+    }
+}
+
 /// The hooks `--hook` names.
 pub(super) fn build_hook(name: &str, powersgd_rank: usize) -> Result<Arc<dyn CommHook>, String> {
     Ok(match name {
@@ -148,9 +233,7 @@ pub(super) fn build_hook(name: &str, powersgd_rank: usize) -> Result<Arc<dyn Com
 pub(super) fn main(args: &BenchArgs) -> ExitCode {
     let checked = Model::parse(&args.model).and_then(|_| {
         build_hook(&args.hook, args.powersgd_rank)?;
-        if args.backend != BenchBackend::Cpu || args.device != BenchDevice::Cpu || args.symmetric {
-            return Err("--op ddp runs on --backend cpu with host tensors".into());
-        }
+        check_placement(args)?;
         if args.iters == 0 {
             return Err("expected --iters >= 1".into());
         }
@@ -161,6 +244,10 @@ pub(super) fn main(args: &BenchArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     if std::env::var_os("RANK").is_none() {
+        if let Err(msg) = gpus_for_ranks(args) {
+            eprintln!("tensorcomm bench: {msg}");
+            return ExitCode::from(2);
+        }
         return launch_self(args);
     }
     match run_rank(args) {
@@ -192,6 +279,12 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
         format!("--iters={}", args.iters),
         format!("--warmup={}", args.warmup),
     ];
+    if args.backend == BenchBackend::Nccl {
+        rank_args.push("--backend=nccl".into());
+    }
+    if args.device == BenchDevice::Cuda {
+        rank_args.push("--device=cuda".into());
+    }
     if args.json {
         rank_args.push("--json".into());
     }
@@ -260,16 +353,24 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     if let Some(transport) = args.transport {
         std::env::set_var(TRANSPORT_ENV, transport.to_string());
     }
-    let transport = TransportChoice::Env.resolve()?;
+    let transport = match args.backend {
+        BenchBackend::Nccl => "nccl".to_string(),
+        _ => TransportChoice::Env.resolve()?.to_string(),
+    };
     let model = Model::parse(&args.model).map_err(tensorcomm::Error::InvalidArgument)?;
     let hook =
         build_hook(&args.hook, args.powersgd_rank).map_err(tensorcomm::Error::InvalidArgument)?;
-    let pg = init_process_group(Backend::Cpu, "env://")?;
+    let (device, pg) = device_and_group(args)?;
     let (rank, ranks) = (pg.rank(), pg.size());
     let shapes = model.shapes();
     let grads: Vec<Tensor<'static>> = shapes
         .iter()
-        .map(|s| Tensor::from_vec(vec![1.0f32; s.iter().product()], s))
+        .map(|s| {
+            placed(
+                Tensor::from_vec(vec![1.0f32; s.iter().product()], s)?,
+                device,
+            )
+        })
         .collect::<tensorcomm::Result<_>>()?;
     let timeline = Arc::new(Mutex::new(Timeline::default()));
     let timed = Arc::new(TimedHook {
@@ -283,7 +384,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     };
     let specs = shapes
         .iter()
-        .map(|s| TensorSpec::new(s, DType::F32))
+        .map(|s| TensorSpec::new(s, DType::F32).on(device))
         .collect();
     let mut reducer = Reducer::new(pg.clone(), specs, timed, options)?;
     // Each layer's parameter indices.
@@ -322,22 +423,39 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             exposed.push((end - ready).as_secs_f64() * 1e6);
         }
     }
-    let slowest = Tensor::from_vec(
-        vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
-        &[3],
+    let slowest = placed(
+        Tensor::from_vec(
+            vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
+            &[3],
+        )?,
+        device,
     )?;
-    pg.all_reduce(&slowest, ReduceOp::Max, None)?.wait()?;
+    pg.all_reduce(&slowest, ReduceOp::Max, None)?
+        .synchronize()?;
     let [step_us, comm_us, exposed_us]: [f64; 3] = slowest
         .to_vec::<f64>()?
         .try_into()
         .map_err(|_| tensorcomm::Error::InvalidArgument("three medians".into()))?;
+    // What the CPU run says is unchanged; a CUDA run says where.
+    let on_transport = format!(" on {transport} transport");
+    let (placement, json_placement) = match (args.backend, device) {
+        (_, Device::Cpu) => (on_transport, String::new()),
+        (BenchBackend::Nccl, Device::Cuda(_)) => (
+            " over NCCL, CUDA gradients (one GPU per rank)".to_string(),
+            ",\"backend\":\"nccl\",\"device\":\"cuda\"".to_string(),
+        ),
+        (_, Device::Cuda(gpu)) => (
+            format!("{on_transport}, CUDA gradients (rank 0's on cuda:{gpu}) staged through the CPU group"),
+            ",\"backend\":\"cpu\",\"device\":\"cuda\"".to_string(),
+        ),
+    };
     if rank == 0 {
         let numel = model.numel();
         let buckets = reducer.bucket_indices().len();
         let compute_us = args.compute_us * layers.len() as u64;
         if args.json {
             println!(
-                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}}}",
+                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}{json_placement}}}",
                 model.name,
                 shapes.len(),
                 layers.len(),
@@ -348,7 +466,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             );
         } else {
             println!(
-                "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {} on {transport} transport, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
+                "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {}{placement}, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
                 model.name,
                 shapes.len(),
                 layers.len(),

@@ -40,7 +40,9 @@
 //!
 //! `--op ddp` times a simulated backward pass through the DDP Reducer
 //! (`--model`, `--hook`, `--compute-us`, `--bucket-cap`): step time,
-//! communication time and exposed communication (`ddp.rs`).
+//! communication time and exposed communication (`ddp.rs`), on host
+//! gradients or, with `--device cuda`, CUDA gradients through the cpu
+//! backend or NCCL.
 
 mod cuda_comm;
 mod data;
@@ -266,7 +268,8 @@ pub struct BenchArgs {
     /// cpu: where the tensors are. cuda puts rank r's on cuda:(LOCAL_RANK %
     /// GPUs) (ranks may share a GPU); each call is then timed to the end
     /// of its copies back (`wait()`, then the device synchronized), as
-    /// bench/gloo_cuda_torch.py times PyTorch's Gloo.
+    /// bench/gloo_cuda_torch.py times PyTorch's Gloo. ddp: where the
+    /// gradients are (cuda with --backend cpu or nccl).
     #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
     device: BenchDevice,
     /// A label printed in the table's title line (e.g. the copy method).

@@ -91,7 +91,7 @@ impl BucketBroadcast {
 
     /// Waits for the broadcast and copies the buffer back into the tensors.
     fn finish(self) -> Result<()> {
-        self.work.wait()?;
+        self.work.synchronize()?;
         let mut offset = 0;
         for t in &self.tensors {
             t.copy_from(&view_of(&self.flat, offset, t.shape())?)?;

@@ -1,6 +1,10 @@
 //! Flat buffers: allocating one on a tensor's device, viewing a slice of it
 //! as a tensor's shape, and element-wise float maths on it (scaling,
-//! casting between float dtypes) for the communication hooks.
+//! casting between float dtypes, zeroing) for the communication hooks.
+//!
+//! The maths runs on the host: a CUDA tensor's elements make a round trip
+//! (copied to the host, computed there, copied back), so every hook gives
+//! the same values on CUDA buckets as on host ones.
 
 use half::{bf16, f16};
 
@@ -20,6 +24,33 @@ pub(crate) fn zeros_on(numel: usize, dtype: DType, device: Device) -> Result<Ten
     }
 }
 
+/// `t` itself when it is on `device`, else a copy of it there: a hook's
+/// communication tensors go where its bucket lives (a NCCL group takes
+/// only CUDA tensors; a CPU group takes both).
+pub(crate) fn moved_to(t: Tensor<'static>, device: Device) -> Result<Tensor<'static>> {
+    if t.device() == device {
+        return Ok(t);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        t.to_device(device)
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(Error::NoCuda {
+        reason: "tensorcomm was built without the `cuda` feature".into(),
+    })
+}
+
+/// Sets every element of `t` to zero, on the host or on a GPU (through a
+/// copy of host zeros: [`Tensor::fill_zeros`] reaches host memory only).
+pub(crate) fn zero_fill(t: &Tensor<'_>) -> Result<()> {
+    if t.device().is_cpu() {
+        t.fill_zeros()
+    } else {
+        t.copy_from(&Tensor::zeros(t.shape(), t.dtype())?)
+    }
+}
+
 /// The elements `offset..offset + numel(shape)` of the flat `buffer`,
 /// viewed with `shape`.
 pub(crate) fn view_of<'a>(
@@ -31,8 +62,28 @@ pub(crate) fn view_of<'a>(
     buffer.narrow(0, offset, numel)?.view(shape)
 }
 
-/// The elements of a float tensor, widened to f64 (exactly).
+/// Blocks the host until the work queued on the calling thread's current
+/// stream of `t`'s GPU is done; nothing for a host tensor. Inside a
+/// [`WorkFuture::then`](crate::group::WorkFuture::then) callback that
+/// includes the collective whose value the callback got (the callback
+/// runs once the current stream waits for it), so the host may then read
+/// the tensor: tensor copies run on the device's own stream, which is not
+/// ordered after the current one.
+pub(crate) fn settle(t: &Tensor<'_>) -> Result<()> {
+    match t.device() {
+        Device::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(gpu) => crate::cuda::runtime::current_stream(gpu)?.synchronize(),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Ok(()),
+    }
+}
+
+/// The elements of a float tensor, widened to f64 (exactly). A CUDA
+/// tensor is read after the calling thread's current stream is done (see
+/// [`settle`]).
 pub(crate) fn read_floats(t: &Tensor<'_>, context: &str) -> Result<Vec<f64>> {
+    settle(t)?;
     Ok(match t.dtype() {
         DType::F64 => t.to_vec::<f64>()?,
         DType::F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
@@ -110,8 +161,10 @@ pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Re
 }
 
 /// Copies the float tensor `src` into the float tensor `dst` of the same
-/// shape, converting between their dtypes (rounding to nearest even).
+/// shape, converting between their dtypes (rounding to nearest even),
+/// after the calling thread's current stream is done (see [`settle`]).
 pub(crate) fn cast_into(dst: &Tensor<'_>, src: &Tensor<'_>, context: &str) -> Result<()> {
+    settle(src)?;
     if dst.dtype() == src.dtype() {
         return dst.copy_from(src);
     }
@@ -163,6 +216,15 @@ mod tests {
                 "{dtype}"
             );
         }
+    }
+
+    #[test]
+    fn zeroing_and_moving_host_tensors_stay_on_the_host() {
+        let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+        zero_fill(&t.narrow(0, 1, 2).unwrap()).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 0.0, 0.0, 4.0]);
+        let same = moved_to(t.clone(), Device::Cpu).unwrap();
+        assert!(same.shares_storage(&t));
     }
 
     #[test]

@@ -18,6 +18,13 @@
 //! - [`Reducer`]: buckets gradients as they are produced and starts each
 //!   bucket's hook as soon as it is complete.
 //!
+//! Gradients may be host or CUDA tensors. Every built-in hook does its
+//! element-wise maths (dividing, casting, quantizing, PowerSGD's
+//! projections) on the host, a CUDA bucket making a round trip through
+//! host memory, and communicates on the bucket's device: CUDA buckets run
+//! over a NCCL group (one GPU per rank) or through a CPU group's CUDA path
+//! (ranks may share a GPU), with the same results as host buckets.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use tensorcomm::ddp::{broadcast_coalesced, AllReduceHook, Reducer, ReducerOptions, TensorSpec};

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use self::linalg::{mul, mul_a_bt, mul_at_b, orthogonalize};
 use self::random::SplitMix64;
 use super::comm_hook::all_reduce_mean;
-use super::flat_buffer::{read_floats, write_floats};
+use super::flat_buffer::{moved_to, read_floats, write_floats, zeros_on};
 use super::{CommHook, GradBucket};
 use crate::group::{ProcessGroup, ReduceOp, Work, WorkFuture};
 use crate::tensor::Tensor;
@@ -317,7 +317,7 @@ impl CommHook for PowerSgdHook {
                 .iter()
                 .flat_map(|&(offset, len)| input[offset..offset + len].iter().copied())
                 .collect();
-            let t = Tensor::zeros(&[plain_len], dtype)?;
+            let t = zeros_on(plain_len, dtype, buffer.device())?;
             write_floats(&t, &flat, CONTEXT)?;
             Some(all_reduce_mean(group, t, CONTEXT)?)
         } else {
@@ -345,7 +345,7 @@ impl CommHook for PowerSgdHook {
             None
         } else {
             let p_len = ps.len();
-            let p = Tensor::from_vec(ps, &[p_len])?;
+            let p = moved_to(Tensor::from_vec(ps, &[p_len])?, buffer.device())?;
             let work = group.all_reduce(&p, ReduceOp::Sum, None)?;
             Some((p, work))
         };
@@ -399,7 +399,7 @@ impl Finish {
     fn run(self) -> Result<Tensor<'static>> {
         let mut out = self.input.clone();
         if let Some(plain) = self.plain {
-            let averaged = read_floats(&plain.wait()?, CONTEXT)?;
+            let averaged = read_floats(&plain.synchronize()?, CONTEXT)?;
             let mut at = 0;
             for &(offset, len) in &self.uncompressed {
                 out[offset..offset + len].copy_from_slice(&averaged[at..at + len]);
@@ -407,7 +407,7 @@ impl Finish {
             }
         }
         if let Some((p, work)) = self.p_sum {
-            work.wait()?;
+            work.synchronize()?;
             let mut ps = p.to_vec::<f32>()?;
             let mut qs = Vec::new();
             let mut p_at = 0;
@@ -418,8 +418,10 @@ impl Finish {
                 p_at += c.n * c.r;
             }
             let q_len = qs.len();
-            let q = Tensor::from_vec(qs, &[q_len])?;
-            self.group.all_reduce(&q, ReduceOp::Sum, None)?.wait()?;
+            let q = moved_to(Tensor::from_vec(qs, &[q_len])?, self.buffer.device())?;
+            self.group
+                .all_reduce(&q, ReduceOp::Sum, None)?
+                .synchronize()?;
             let world = self.group.size() as f32;
             let qs: Vec<f32> = q.to_vec::<f32>()?.into_iter().map(|v| v / world).collect();
             let (mut p_at, mut q_at) = (0, 0);

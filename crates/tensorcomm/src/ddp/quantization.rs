@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::flat_buffer::{read_floats, write_floats};
+use super::flat_buffer::{moved_to, read_floats, settle, write_floats, zeros_on};
 use super::{CommHook, GradBucket};
 use crate::group::{ProcessGroup, WorkFuture};
 use crate::tensor::{DType, Tensor};
@@ -74,16 +74,21 @@ impl CommHook for QuantizePerTensorHook {
             .map(|&x| quantize(x, scale, zero_point))
             .collect();
         let (world, n) = (group.size(), values.len());
-        let my_params = Tensor::from_vec(vec![scale, zero_point], &[2])?;
-        let all_params = Tensor::zeros(&[2 * world], DType::F32)?;
-        let my_codes = Tensor::from_vec(codes, &[n])?;
-        let all_codes = Tensor::zeros(&[world * n], DType::U8)?;
+        // The messages live where the bucket does (a NCCL group takes only
+        // CUDA tensors); the maths stays on the host.
+        let device = buffer.device();
+        let my_params = moved_to(Tensor::from_vec(vec![scale, zero_point], &[2])?, device)?;
+        let all_params = zeros_on(2 * world, DType::F32, device)?;
+        let my_codes = moved_to(Tensor::from_vec(codes, &[n])?, device)?;
+        let all_codes = zeros_on(world * n, DType::U8, device)?;
         let params_work = group.all_gather_into_tensor(&all_params, &my_params, None)?;
         let codes_work = group.all_gather_into_tensor(&all_codes, &my_codes, None)?;
         Ok(codes_work.get_future().then(move |done| {
             done?;
-            // Collectives of a group finish in call order: this returns at once.
-            params_work.wait()?;
+            // Collectives of a group finish in call order: this returns at
+            // once on the host; on a GPU it waits for both gathers' copies.
+            params_work.synchronize()?;
+            settle(&all_codes)?;
             let params = all_params.to_vec::<f32>()?;
             let codes = all_codes.to_vec::<u8>()?;
             let mut sum = vec![0.0f32; n];

@@ -9,9 +9,10 @@ mod tests;
 use std::sync::Arc;
 
 use self::layout::BucketLayout;
+use super::flat_buffer::{moved_to, zero_fill};
 use super::{CommHook, TensorSpec, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
-use crate::group::{ProcessGroup, ReduceOp, WorkFuture};
-use crate::tensor::Tensor;
+use crate::group::{Backend, ProcessGroup, ReduceOp, WorkFuture};
+use crate::tensor::{Device, Tensor};
 use crate::{Error, Result};
 
 /// How a [`Reducer`] buckets and reports gradients.
@@ -61,6 +62,12 @@ impl Default for ReducerOptions {
 /// must build its Reducer from the same parameters (checked at
 /// construction) and start from the same parameter values (see
 /// [`broadcast_coalesced`](super::broadcast_coalesced)).
+///
+/// Gradients may be host or CUDA tensors (each bucket lives on its
+/// parameters' device). Over a NCCL group, which takes only CUDA tensors,
+/// the Reducer's own small messages (the parameter check, the bucket
+/// order, the used-parameter mask) go on the first parameter's GPU; over
+/// any other group they stay on the host.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -136,7 +143,7 @@ impl Reducer {
                 "Reducer::new: expected floating-point parameters, found parameter {i} of {p}"
             )));
         }
-        params_check::check_same_params(&group, &params)?;
+        params_check::check_same_params(&group, &params, control_device(&group, &params))?;
         let reverse: Vec<usize> = (0..params.len()).rev().collect();
         let layout = BucketLayout::new(
             &params,
@@ -270,7 +277,7 @@ impl Reducer {
         let slot = self.layout.view(&self.params, param)?;
         match grad {
             Some(grad) => slot.copy_from(grad)?,
-            None => slot.fill_zeros()?,
+            None => zero_fill(&slot)?,
         }
         let keep = !self.options.gradient_as_bucket_view;
         let bucket = self.layout.bucket_of(param);
@@ -358,7 +365,9 @@ impl Reducer {
     fn complete(&mut self, current: Iteration) -> Result<()> {
         let mut first_error = None;
         for (b, started) in current.launched.into_iter().enumerate() {
-            let result = started.and_then(|future| future.wait());
+            // `synchronize`: the write-back below copies on the device's
+            // own stream, which is not ordered after the hook's collective.
+            let result = started.and_then(|future| future.synchronize());
             let result = result.and_then(|reduced| self.take_result(b, &reduced));
             if let Err(e) = result {
                 first_error.get_or_insert(e);
@@ -404,6 +413,11 @@ impl Reducer {
                 found: reduced.dtype(),
             });
         }
+        if reduced.shares_storage(buffer) && reduced.layout() == buffer.layout() {
+            // The hook reduced the bucket in place (a GPU copy onto itself
+            // would be an overlapping copy).
+            return Ok(());
+        }
         buffer.copy_from(reduced)
     }
 
@@ -411,8 +425,13 @@ impl Reducer {
     /// rank produced its gradient.
     fn agree_on_used(&self, used: &[bool]) -> Result<Vec<bool>> {
         let mask: Vec<i32> = used.iter().map(|&u| i32::from(u)).collect();
-        let mask = Tensor::from_vec(mask, &[used.len()])?;
-        self.group.all_reduce(&mask, ReduceOp::Sum, None)?.wait()?;
+        let mask = moved_to(
+            Tensor::from_vec(mask, &[used.len()])?,
+            control_device(&self.group, &self.params),
+        )?;
+        self.group
+            .all_reduce(&mask, ReduceOp::Sum, None)?
+            .synchronize()?;
         Ok(mask.to_vec::<i32>()?.into_iter().map(|c| c > 0).collect())
     }
 
@@ -420,8 +439,11 @@ impl Reducer {
     /// rank builds the same buckets), carrying the gradients over.
     fn rebuild(&mut self, arrival: &[usize]) -> Result<()> {
         let order: Vec<i64> = arrival.iter().map(|&p| p as i64).collect();
-        let order = Tensor::from_vec(order, &[arrival.len()])?;
-        self.group.broadcast(&order, 0, None)?.wait()?;
+        let order = moved_to(
+            Tensor::from_vec(order, &[arrival.len()])?,
+            control_device(&self.group, &self.params),
+        )?;
+        self.group.broadcast(&order, 0, None)?.synchronize()?;
         let order: Vec<usize> = order
             .to_vec::<i64>()?
             .into_iter()
@@ -461,6 +483,15 @@ impl Reducer {
             expected,
             found,
         }
+    }
+}
+
+/// Where the Reducer's own messages go: the first parameter's device over
+/// a NCCL group (which refuses host tensors), the host over any other.
+fn control_device(group: &Arc<dyn ProcessGroup>, params: &[TensorSpec]) -> Device {
+    match (group.backend(), params.first()) {
+        (Backend::Nccl, Some(first)) => first.device,
+        _ => Device::Cpu,
     }
 }
 
