@@ -282,19 +282,23 @@ impl Communicator {
             )
         };
         drop(parent);
-        // The parent finishes the split for every rank; a call that did
-        // not return "in progress" has no job left running.
-        let waited = if code == IN_PROGRESS || code == SUCCESS {
-            // A member's new communicator can appear after the parent
-            // reports the split done (seen with NCCL 2.28 on two H200s):
-            // wait for it too, within the same timeout.
+        // The parent finishes the split for every rank. On a non-blocking
+        // parent the job may still run whether NCCL returned in progress or
+        // success (the parent then reports in progress): every rank waits
+        // for the parent, which joins the job, so that no rank frees
+        // `slots` or uses the parent before the job is done. A blocking
+        // parent's split is over when the call returns.
+        let job_may_run = code == IN_PROGRESS || (code == SUCCESS && !self.blocking);
+        let waited = if job_may_run || code == SUCCESS {
             // SAFETY: `slots` is live until reclaimed below.
             let slot = unsafe { &(*slots).raw };
-            let waited = if code == IN_PROGRESS {
+            let waited = if job_may_run {
                 self.wait_ready("ncclCommSplit", timeout)
             } else {
                 Ok(())
             };
+            // Then a member checks that its communicator arrived (NCCL
+            // stores it as the job ends), within the same timeout.
             let waited = waited.and_then(|()| match color {
                 Some(_) => self.wait_for_child(slot, started + timeout),
                 None => Ok(()),
@@ -338,7 +342,8 @@ impl Communicator {
             blocking,
             aborted: AtomicBool::new(false),
         };
-        if let Err(e) = child.wait_ready("ncclCommSplit", timeout) {
+        if let Err(e) = child.wait_ready("ncclCommSplit", timeout.saturating_sub(started.elapsed()))
+        {
             child.abort();
             return Err(e.unwrap_or_else(|| self.split_timed_out(timeout)));
         }
