@@ -463,7 +463,10 @@ pub(super) fn copy_between(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
     let same_order = same_dense_order(&dst.layout, &src.layout);
     let nbytes = dst.nbytes();
     match (src.device, dst.device) {
-        (Device::Cpu, Device::Cuda(_)) => {
+        (Device::Cpu, Device::Cuda(d)) => {
+            // A copy of the calling thread: after the caller's work on the
+            // GPU (which may still read the destination).
+            runtime::current_stream(d)?.synchronize()?;
             let (ctx, dptr) = dst.cuda_ptr()?;
             if same_order {
                 return src.with_bytes(|bytes| copy_htod_sync(&ctx, dptr, bytes))?;
@@ -476,7 +479,10 @@ pub(super) fn copy_between(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
             staged.with_bytes(|bytes| copy_htod_sync(&ctx, gptr, bytes))??;
             copy_between(dst, &gpu)
         }
-        (Device::Cuda(_), Device::Cpu) => {
+        (Device::Cuda(g), Device::Cpu) => {
+            // After the caller's work on the GPU (which may write the
+            // source).
+            runtime::current_stream(g)?.synchronize()?;
             let (ctx, sptr) = src.cuda_ptr()?;
             if same_order {
                 return dst.with_bytes_mut(|bytes| copy_dtoh_sync(&ctx, bytes, sptr))?;
@@ -496,6 +502,14 @@ pub(super) fn copy_between(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
             let (sctx, sptr) = src.cuda_ptr()?;
             let (dctx, dptr) = dst.cuda_ptr()?;
             let stream = dctx.stream()?;
+            // After the caller's work on both GPUs (what wrote the source,
+            // what still reads the destination), as PyTorch's `copy_` is.
+            for gpu in [s, d] {
+                let caller = runtime::current_stream(gpu)?;
+                if !caller.same_as(stream) {
+                    stream.wait(&caller.record()?)?;
+                }
+            }
             if same_order {
                 copy_dtod_async(&dctx, dptr, &sctx, sptr, nbytes, stream)?;
                 return stream.synchronize();
