@@ -78,14 +78,24 @@ impl CommHook for AllReduceHook {
 }
 
 /// Divides `buffer` by the world size, then starts summing it over
-/// `group`; the future's value is `buffer`, holding the mean.
+/// `group`; the future's value is `buffer`, holding the mean. A host
+/// buffer is divided here; a floating-point GPU buffer is scaled by the
+/// collective itself (a pre-multiplied sum by 1/world size, on the device, so each input is
+/// scaled before the sum as on the host; the same bits for a power-of-two
+/// world size, within one rounding otherwise).
 pub(crate) fn all_reduce_mean(
     group: &Arc<dyn ProcessGroup>,
     buffer: Tensor<'static>,
     context: &str,
 ) -> Result<WorkFuture<Tensor<'static>>> {
-    divide_in_place(&buffer, group.size() as f64, context)?;
-    let work = group.all_reduce(&buffer, ReduceOp::Sum, None)?;
+    let world = group.size() as f64;
+    let op = if buffer.device().is_cpu() || !buffer.dtype().is_floating_point() {
+        divide_in_place(&buffer, world, context)?;
+        ReduceOp::Sum
+    } else {
+        ReduceOp::PremulSum(1.0 / world)
+    };
+    let work = group.all_reduce(&buffer, op, None)?;
     Ok(work.get_future().then(move |done| done.map(|()| buffer)))
 }
 
