@@ -200,7 +200,7 @@ pub const NCCL_LAUNCH: EnvVar = EnvVar {
 pub const INTRANODE: EnvVar = EnvVar {
     name: "TENSORCOMM_INTRANODE",
     default: "auto",
-    doc: "peer-memory all-reduce (`cuda::intranode`): `auto` (ranks of one host on distinct NVLink-connected GPUs), `shared` (also ranks sharing a GPU or PCIe peers), `off`",
+    doc: "peer-memory all-reduce (`cuda::intranode`): `auto` (ranks of one host, in separate processes, on distinct NVLink-connected GPUs), `shared` (also ranks sharing a GPU or PCIe peers), `off`",
     agreed: true,
 };
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::flat_buffer::divide_in_place;
 use super::GradBucket;
 use crate::group::{ProcessGroup, ReduceOp, WorkFuture};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use crate::Result;
 
 /// Communicates one bucket of gradients: starts the communication and
@@ -79,17 +79,20 @@ impl CommHook for AllReduceHook {
 
 /// Divides `buffer` by the world size, then starts summing it over
 /// `group`; the future's value is `buffer`, holding the mean. A host
-/// buffer is divided here; a floating-point GPU buffer is scaled by the
-/// collective itself (a pre-multiplied sum by 1/world size, on the device, so each input is
-/// scaled before the sum as on the host; the same bits for a power-of-two
-/// world size, within one rounding otherwise).
+/// buffer is divided here; an f32 or f64 GPU buffer is scaled by the
+/// collective itself (a pre-multiplied sum by 1/world size, on the device:
+/// each input is scaled before the sum, as on the host; the same bits for
+/// a power-of-two world size, within one rounding otherwise). Half
+/// precision is divided on the host, where it rounds as the host path
+/// does.
 pub(crate) fn all_reduce_mean(
     group: &Arc<dyn ProcessGroup>,
     buffer: Tensor<'static>,
     context: &str,
 ) -> Result<WorkFuture<Tensor<'static>>> {
     let world = group.size() as f64;
-    let op = if buffer.device().is_cpu() || !buffer.dtype().is_floating_point() {
+    let scaled_on_device = matches!(buffer.dtype(), DType::F32 | DType::F64);
+    let op = if buffer.device().is_cpu() || !scaled_on_device {
         divide_in_place(&buffer, world, context)?;
         ReduceOp::Sum
     } else {

@@ -251,6 +251,15 @@ pub(crate) fn why_not(
             }
             continue;
         }
+        if other.process == mine.process && policy == PeerPolicy::Auto {
+            // Seen on two H200s: a rank dropping a sub-group freed a peer's
+            // block, the free waited for that peer's GPU, whose kernel
+            // waited for a kernel this process could not launch meanwhile.
+            return Ok(Some(format!(
+                "ranks {me} and {r} are threads of one process on distinct GPUs, where freeing one rank's peer memory can wait on another rank's kernel ({}=shared allows it)",
+                env_vars::INTRANODE.name
+            )));
+        }
         let Some(theirs) = visible_device(&other.uuid)? else {
             return Ok(Some(format!(
                 "the GPU of rank {r} is not visible to rank {me} (CUDA_VISIBLE_DEVICES)"
@@ -284,6 +293,18 @@ mod tests {
             capability: (9, 0),
             settings: settings_line(PeerPolicy::Auto, "auto", 1 << 20),
         }
+    }
+
+    #[test]
+    fn ranks_of_one_process_on_distinct_gpus_are_refused_by_default() {
+        // Two ranks of one process (the same process number), GPUs 1 and 2.
+        let infos = [info("h", 1), info("h", 2)];
+        let why = why_not(0, 0, &infos, PeerPolicy::Auto).unwrap().unwrap();
+        assert!(
+            why.contains("ranks 0 and 1 are threads of one process"),
+            "{why}"
+        );
+        assert!(why.contains("TENSORCOMM_INTRANODE=shared"), "{why}");
     }
 
     #[test]
