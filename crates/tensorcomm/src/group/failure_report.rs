@@ -530,6 +530,22 @@ impl FailureBoard {
         let _ = self.reachable(|store| post_first(store, key, seq.to_string().into_bytes()));
     }
 
+    /// `f(store, key_prefix)` on a helper thread, bounded by
+    /// [`STORE_PATIENCE`], unless the store is unreachable (see the type's
+    /// docs); `None` when it failed, took longer or was not tried. `what`
+    /// names the calls in the debug log.
+    pub(crate) fn ask<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&dyn Store, &str) -> crate::Result<T> + Send + 'static,
+    ) -> Option<T> {
+        let prefix = self.key_prefix.clone();
+        self.reachable(|store| {
+            let store = store.clone();
+            bounded(what, move || f(&*store, &prefix))
+        })
+    }
+
     /// `call(store)` unless the store is unreachable (see the type's docs);
     /// a `None` from it makes the store unreachable.
     fn reachable<T>(&self, call: impl FnOnce(&Arc<dyn Store>) -> Option<T>) -> Option<T> {
