@@ -229,6 +229,12 @@ pub fn main() -> ! {
     for (i, &step) in sc.steps.iter().chain([&barrier]).enumerate() {
         let mut step = step;
         let mut signal_inside = None;
+        if victim && kind == FaultKind::StoreKill && i == sc.steps.len() {
+            // The timer has not fired yet: die before the last barrier, so
+            // the others are still meeting through the store (a kill after
+            // the job would test nothing).
+            raise(libc::SIGKILL);
+        }
         if victim && i == sc.fault_step {
             match kind {
                 FaultKind::Kill | FaultKind::Stop => {

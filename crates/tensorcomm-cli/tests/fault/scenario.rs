@@ -23,7 +23,8 @@ pub enum FaultKind {
     /// dtype.
     Mismatch,
     /// Rank 0, which hosts the rendezvous store, SIGKILLs itself while the
-    /// others are still meeting through it.
+    /// others are still meeting through it: after a random delay, at the
+    /// latest before the last barrier.
     StoreKill,
 }
 

@@ -133,6 +133,12 @@ impl Engine {
         })
     }
 
+    /// Says that rank `rank` of the group hosts its store (see
+    /// [`FailureBoard::set_store_host`]).
+    pub(crate) fn set_store_host(&self, rank: usize) {
+        self.shared.failures.set_store_host(rank);
+    }
+
     /// The timeout of a call that names none.
     pub(crate) fn default_timeout(&self) -> Duration {
         self.timeout
