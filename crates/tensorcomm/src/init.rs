@@ -142,32 +142,34 @@ fn set_up(
         },
         ..CpuOptions::default()
     };
-    build(backend, rdzv, &key_prefix, &cpu, options)
+    // With env:// and tcp:// rank 0 hosts the store.
+    let store_host = matches!(method.address, StoreAddress::Tcp { .. }).then_some(0);
+    build(backend, rdzv, &key_prefix, &cpu, options, store_host)
 }
 
-/// The default group of `backend` over `rdzv`.
+/// The default group of `backend` over `rdzv`; `store_host`: the rank that
+/// hosts the store, if one does.
 fn build(
     backend: Backend,
     rdzv: rendezvous::Rendezvous,
     key_prefix: &str,
     cpu: &CpuOptions,
     options: &InitOptions,
+    store_host: Option<usize>,
 ) -> Result<Arc<dyn ProcessGroup>> {
-    match backend {
-        Backend::Cpu => {
-            let pg = ProcessGroupCpu::new(rdzv.store, key_prefix, rdzv.rank, rdzv.world_size, cpu)?;
-            Ok(Arc::new(pg))
+    let cpu_group = |store, rank, size| -> Result<ProcessGroupCpu> {
+        let pg = ProcessGroupCpu::new(store, key_prefix, rank, size, cpu)?;
+        if let Some(host) = store_host {
+            pg.set_store_host(host);
         }
+        Ok(pg)
+    };
+    match backend {
+        Backend::Cpu => Ok(Arc::new(cpu_group(rdzv.store, rdzv.rank, rdzv.world_size)?)),
         Backend::Auto => {
             let store = rdzv.store.clone();
             let (rank, size) = (rdzv.rank, rdzv.world_size);
-            let host: Arc<dyn ProcessGroup> = Arc::new(ProcessGroupCpu::new(
-                store.clone(),
-                key_prefix,
-                rank,
-                size,
-                cpu,
-            )?);
+            let host: Arc<dyn ProcessGroup> = Arc::new(cpu_group(store.clone(), rank, size)?);
             let cuda = cuda_half(&host, store, &format!("{key_prefix}/cuda"), options)?;
             Ok(Arc::new(AutoGroup::new(host, cuda)))
         }

@@ -405,3 +405,40 @@ fn a_peer_timeout_names_the_timeout_the_caller_set() {
     }
     assert!(err.to_string().contains("within 1ms"), "{err}");
 }
+
+/// A rank that never arrives (stopped, hung elsewhere) is the one named,
+/// not the rank that waited on it. Over a ring of 3 (an all_reduce of
+/// 16 KiB), rank 1 waits on rank 0, which waits on rank 2, which never
+/// calls; rank 1's shorter timeout fires first, so its error is the report
+/// every rank keeps: it must name rank 2, not rank 0 (which then named
+/// itself).
+#[test]
+fn a_timeout_names_the_rank_that_never_arrived_not_a_rank_waiting_on_it() {
+    let pgs = groups_over(
+        3,
+        &Arc::new(HashStore::new()),
+        "absent",
+        TransportChoice::Tcp,
+    );
+    let timeouts = [Duration::from_millis(1000), Duration::from_millis(300)];
+    let errors = on_every_rank(&pgs[..2], |pg| {
+        let t = Tensor::from_vec(vec![1.0f32; 4096], &[4096]).unwrap();
+        let timeout = timeouts[pg.rank()];
+        let err = pg
+            .all_reduce(&t, ReduceOp::Sum, Some(timeout))
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let text = err.to_string();
+        let (op, seq, ranks, source) = failed(err);
+        assert_eq!((op.as_str(), seq), ("all_reduce", 0), "{text}");
+        (ranks, source, text)
+    });
+    for (rank, (ranks, source, text)) in errors.into_iter().enumerate() {
+        assert_eq!(ranks, [2], "rank {rank} should name rank 2: {text}");
+        assert!(
+            matches!(source, Error::PeerTimeout { peer: 2, .. }),
+            "rank {rank} should time out on rank 2: {source:?}"
+        );
+    }
+}

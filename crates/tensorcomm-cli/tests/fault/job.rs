@@ -259,8 +259,9 @@ fn judge_survivor(
     let text = res.get("text");
     let names_victim = if res.get("phase") == "init" {
         // Rank 0, the store's host, failed before the group existed: the
-        // error names the store (its address), which rank 0 serves.
-        sc.victim == 0 && text.contains("store")
+        // error names the store (its address), which rank 0 serves, or
+        // rank 0 itself (a connection to it broke while setting up).
+        sc.victim == 0 && (text.contains("store") || res.get("peer") == victim)
     } else {
         res.get("ranks") == format!("[{victim}]")
             && (res.get("peer") == victim || res.get("peer") == "-")

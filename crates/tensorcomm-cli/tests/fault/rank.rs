@@ -139,28 +139,28 @@ fn start(
             .map(|_| t(n))
             .collect::<tensorcomm::Result<Vec<_>>>()
     };
-    let chunk = step.numel.div_ceil(world).max(1);
+    let len = step.tensor_numel(world);
     Ok(match step.op {
         Op::AllReduce => {
-            let x = t(step.numel)?;
+            let x = t(len)?;
             (pg.all_reduce(&x, ReduceOp::Sum, None)?, vec![x])
         }
         Op::Broadcast { root } => {
-            let x = t(step.numel)?;
+            let x = t(len)?;
             (pg.broadcast(&x, root, None)?, vec![x])
         }
         Op::AllGather => {
-            let (outs, x) = (many(chunk)?, t(chunk)?);
+            let (outs, x) = (many(len)?, t(len)?);
             let w = pg.all_gather(&outs, &x, None)?;
             (w, outs.into_iter().chain([x]).collect())
         }
         Op::ReduceScatter => {
-            let (out, ins) = (t(chunk)?, many(chunk)?);
+            let (out, ins) = (t(len)?, many(len)?);
             let w = pg.reduce_scatter(&out, &ins, ReduceOp::Sum, None)?;
             (w, ins.into_iter().chain([out]).collect())
         }
         Op::AllToAll => {
-            let (outs, ins) = (many(chunk)?, many(chunk)?);
+            let (outs, ins) = (many(len)?, many(len)?);
             let w = pg.all_to_all(&outs, &ins, None)?;
             (w, outs.into_iter().chain(ins).collect())
         }
@@ -229,6 +229,12 @@ pub fn main() -> ! {
     for (i, &step) in sc.steps.iter().chain([&barrier]).enumerate() {
         let mut step = step;
         let mut signal_inside = None;
+        if victim && kind == FaultKind::StoreKill && i == sc.steps.len() {
+            // The timer has not fired yet: die before the last barrier, so
+            // the others are still meeting through the store (a kill after
+            // the job would test nothing).
+            raise(libc::SIGKILL);
+        }
         if victim && i == sc.fault_step {
             match kind {
                 FaultKind::Kill | FaultKind::Stop => {

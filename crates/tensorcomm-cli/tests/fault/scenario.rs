@@ -23,16 +23,18 @@ pub enum FaultKind {
     /// dtype.
     Mismatch,
     /// Rank 0, which hosts the rendezvous store, SIGKILLs itself while the
-    /// others are still meeting through it.
+    /// others are still meeting through it: after a random delay, at the
+    /// latest before the last barrier.
     StoreKill,
 }
 
 impl FaultKind {
-    /// The kinds whose every scenario holds today (the CI set); `Stop` and
-    /// `StoreKill` are not among them: see `fault_injection.rs`.
-    pub const RELIABLE: [FaultKind; 4] = [
+    /// The kinds whose every scenario holds today (the CI set);
+    /// `StoreKill` is not among them: see `fault_injection.rs`.
+    pub const RELIABLE: [FaultKind; 5] = [
         FaultKind::Kill,
         FaultKind::CloseSockets,
+        FaultKind::Stop,
         FaultKind::ExitEarly,
         FaultKind::Mismatch,
     ];
@@ -96,6 +98,30 @@ pub struct Step {
     pub op: Op,
     pub dtype: DType,
     pub numel: usize,
+}
+
+impl Step {
+    /// Elements of each tensor the rank program passes for this step in a
+    /// world of `world` ranks: all of `numel` for all_reduce and broadcast,
+    /// one rank's chunk (`numel / world` rounded up, at least 1) for the
+    /// collectives that take one tensor per rank, none for a barrier.
+    pub fn tensor_numel(&self, world: usize) -> usize {
+        match self.op {
+            Op::AllReduce | Op::Broadcast { .. } => self.numel,
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll => self.numel.div_ceil(world).max(1),
+            Op::Barrier => 0,
+        }
+    }
+
+    /// What the library sees of this step: the op (with its root), and the
+    /// dtype and length of its tensors (none for a barrier). Two steps with
+    /// equal calls are the same collective call.
+    pub fn call(&self, world: usize) -> (Op, Option<(DType, usize)>) {
+        match self.op {
+            Op::Barrier => (Op::Barrier, None),
+            op => (op, Some((self.dtype, self.tensor_numel(world)))),
+        }
+    }
 }
 
 /// Everything a scenario is; equal on every rank and in the harness.
@@ -165,7 +191,10 @@ fn random_step(rng: &mut Rng, world: usize) -> Step {
     }
 }
 
-/// A step that differs from `step` in its op, its shape or its dtype.
+/// A step whose call differs from `step`'s in its op, its root, its dtype
+/// or its tensors' length. Compared as [`Step::call`], not as steps: a new
+/// `numel` that one rank's chunk rounds to the same length is no mismatch
+/// (485 and 487 elements over 8 ranks are both chunks of 61).
 fn mismatched(rng: &mut Rng, step: Step, world: usize) -> Step {
     loop {
         let wrong = match rng.below(3) {
@@ -179,12 +208,7 @@ fn mismatched(rng: &mut Rng, step: Step, world: usize) -> Step {
             },
             _ => random_step(rng, world),
         };
-        // A barrier carries no tensor, so only another op differs from it.
-        let differs = match (step.op, wrong.op) {
-            (Op::Barrier, Op::Barrier) => false,
-            _ => wrong != step,
-        };
-        if differs {
+        if wrong.call(world) != step.call(world) {
             return wrong;
         }
     }

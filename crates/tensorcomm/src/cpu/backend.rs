@@ -31,7 +31,7 @@
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 #[cfg(target_os = "linux")]
@@ -175,6 +175,8 @@ struct Origin {
     key_prefix: String,
     options: CpuOptions,
     subgroups: AtomicU64,
+    /// The global rank whose process hosts the store, if one does.
+    store_host: OnceLock<usize>,
 }
 
 impl std::fmt::Debug for ProcessGroupCpu {
@@ -294,6 +296,7 @@ impl ProcessGroupCpu {
                 key_prefix: key_prefix.into(),
                 options: options.clone(),
                 subgroups: AtomicU64::new(0),
+                store_host: OnceLock::new(),
             },
             _store: store,
             scope: Scope {
@@ -733,6 +736,19 @@ impl ProcessGroupCpu {
             &self.origin.options,
             global_ranks,
         )?;
+        if let Some(&host) = self.origin.store_host.get() {
+            group.set_store_host(host);
+        }
         Ok(Some(group))
+    }
+
+    /// Says that global rank `host` hosts the store (`env://` and `tcp://`:
+    /// rank 0), so that a failure that finds the store gone names it (see
+    /// `group/failure_report.rs`); sub-groups created later inherit it.
+    pub(crate) fn set_store_host(&self, host: usize) {
+        let _ = self.origin.store_host.set(host);
+        if let Some(rank) = self.global_ranks.iter().position(|&g| g == host) {
+            self.engine.set_store_host(rank);
+        }
     }
 }

@@ -18,6 +18,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::absent_ranks::blame_absent;
 use super::backend::{Call, GroupBackend};
 use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
@@ -33,6 +34,8 @@ use crate::{Error, Result};
 /// What the group's thread shares with the callers.
 struct Shared {
     rank: usize,
+    /// The group's size.
+    size: usize,
     backend: Arc<dyn GroupBackend>,
     /// The collective whose failure broke the group, if any.
     broken: Mutex<Option<(String, u64)>>,
@@ -95,6 +98,7 @@ impl Engine {
         Ok(Engine {
             shared: Arc::new(Shared {
                 rank,
+                size,
                 backend,
                 broken: Mutex::new(None),
                 recorder,
@@ -127,6 +131,12 @@ impl Engine {
             }
             Ok(engine)
         })
+    }
+
+    /// Says that rank `rank` of the group hosts its store (see
+    /// [`FailureBoard::set_store_host`]).
+    pub(crate) fn set_store_host(&self, rank: usize) {
+        self.shared.failures.set_store_host(rank);
     }
 
     /// The timeout of a call that names none.
@@ -395,6 +405,9 @@ fn settle(
 ) -> (Error, Option<u64>) {
     let op = fp.kind.name();
     *shared.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some((op.into(), fp.seq));
+    // A timeout on a rank that was itself waiting names the rank that
+    // never came, before the report is posted.
+    let source = blame_absent(&shared.failures, (shared.rank, shared.size), fp.seq, source);
     let source = shared.failures.settle(fp, shared.rank, source, mismatched);
     shared
         .failures

@@ -33,7 +33,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::fingerprint::{CollectiveKind, Fingerprint, FINGERPRINT_LEN};
@@ -416,13 +416,21 @@ fn may_be_secondary(err: &Error) -> bool {
     )
 }
 
+/// Why a bounded store call (see [`bounded`]) gave no answer.
+enum Unanswered {
+    /// The store failed the call: with [`Error::StoreConnectionLost`], its
+    /// host is gone.
+    Failed(Error),
+    /// No answer within [`STORE_PATIENCE`] (or no thread to ask it).
+    Silent,
+}
+
 /// `f` (store calls) on a helper thread, waited on for at most
-/// [`STORE_PATIENCE`]; `None` when it failed or took longer. `what` names
-/// the calls in the debug log.
+/// [`STORE_PATIENCE`]. `what` names the calls in the debug log.
 fn bounded<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
-) -> Option<T> {
+) -> Result<T, Unanswered> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("tensorcomm-failure-report".into())
@@ -430,23 +438,23 @@ fn bounded<T: Send + 'static>(
             let _ = tx.send(f());
         });
     if spawned.is_err() {
-        return None;
+        return Err(Unanswered::Silent);
     }
     match rx.recv_timeout(STORE_PATIENCE) {
-        Ok(Ok(v)) => Some(v),
+        Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             tracing::debug!("could not {what}: {e}");
-            None
+            Err(Unanswered::Failed(e))
         }
         Err(_) => {
             tracing::debug!("the store did not answer ({what}) within {STORE_PATIENCE:?}");
-            None
+            Err(Unanswered::Silent)
         }
     }
 }
 
 /// `store.compare_set(key, "", value)`, bounded (see [`bounded`]).
-fn post_first(store: &Arc<dyn Store>, key: String, value: Vec<u8>) -> Option<Vec<u8>> {
+fn post_first(store: &Arc<dyn Store>, key: String, value: Vec<u8>) -> Result<Vec<u8>, Unanswered> {
     let store = store.clone();
     bounded("post a failure report", move || {
         store.compare_set(&key, b"", &value)
@@ -466,6 +474,10 @@ pub(crate) struct FailureBoard {
     store: Arc<dyn Store>,
     key_prefix: String,
     unreachable: AtomicBool,
+    /// The rank of the group whose process hosts the store, if one does.
+    store_host: OnceLock<usize>,
+    /// Why the store's connection was lost, once a call found it so.
+    lost: OnceLock<String>,
 }
 
 impl FailureBoard {
@@ -474,7 +486,15 @@ impl FailureBoard {
             store,
             key_prefix: key_prefix.into(),
             unreachable: AtomicBool::new(false),
+            store_host: OnceLock::new(),
+            lost: OnceLock::new(),
         }
+    }
+
+    /// Says that rank `rank` of the group hosts the store (`env://` and
+    /// `tcp://` groups: rank 0), so that a store found gone names it.
+    pub(crate) fn set_store_host(&self, rank: usize) {
+        let _ = self.store_host.set(rank);
     }
 
     /// Posts the report of `err` (collective `fp` failed on `rank`; see
@@ -496,7 +516,7 @@ impl FailureBoard {
         let encoded = report.encode();
         let key = failure_key(&self.key_prefix, fp.seq);
         let Some(stored) = self.reachable(|store| post_first(store, key, encoded.clone())) else {
-            return err;
+            return self.store_host_gone(err);
         };
         // A report is there now: ranks that fail later because of it can
         // find it (see `earlier_cause`).
@@ -530,17 +550,70 @@ impl FailureBoard {
         let _ = self.reachable(|store| post_first(store, key, seq.to_string().into_bytes()));
     }
 
+    /// `f(store, key_prefix)` on a helper thread, bounded by
+    /// [`STORE_PATIENCE`], unless the store is unreachable (see the type's
+    /// docs); `None` when it failed, took longer or was not tried. `what`
+    /// names the calls in the debug log.
+    pub(crate) fn ask<T: Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&dyn Store, &str) -> crate::Result<T> + Send + 'static,
+    ) -> Option<T> {
+        let prefix = self.key_prefix.clone();
+        self.reachable(|store| {
+            let store = store.clone();
+            bounded(what, move || f(&*store, &prefix))
+        })
+    }
+
     /// `call(store)` unless the store is unreachable (see the type's docs);
-    /// a `None` from it makes the store unreachable.
-    fn reachable<T>(&self, call: impl FnOnce(&Arc<dyn Store>) -> Option<T>) -> Option<T> {
+    /// no answer from it makes the store unreachable, and a lost
+    /// connection is remembered (see [`store_host_gone`](Self::store_host_gone)).
+    fn reachable<T>(
+        &self,
+        call: impl FnOnce(&Arc<dyn Store>) -> Result<T, Unanswered>,
+    ) -> Option<T> {
         if self.unreachable.load(Ordering::Relaxed) {
             return None;
         }
-        let got = call(&self.store);
-        if got.is_none() {
-            self.unreachable.store(true, Ordering::Relaxed);
+        match call(&self.store) {
+            Ok(v) => Some(v),
+            Err(why) => {
+                self.unreachable.store(true, Ordering::Relaxed);
+                if let Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) = why {
+                    let _ = self.lost.set(format!("{addr}: {reason}"));
+                }
+                None
+            }
         }
-        got
+    }
+
+    /// `err`, a closed or silent peer that this rank could not report
+    /// because the store's connection was lost, as the loss of the rank
+    /// hosting the store, when that is another rank. With the store gone no
+    /// report travels, and the peers that closed on this rank may only have
+    /// given up first on the dead host (it would otherwise name the first
+    /// survivor to close, not the rank that died).
+    fn store_host_gone(&self, err: Error) -> Error {
+        let (Some(&host), Some(lost)) = (self.store_host.get(), self.lost.get()) else {
+            return err;
+        };
+        let (peer, during) = match &err {
+            Error::PeerClosed { peer, during, .. }
+            | Error::PeerTimeout { peer, during, .. }
+            | Error::PeerIo { peer, during, .. } => (*peer, during.clone()),
+            _ => return err,
+        };
+        if peer == host {
+            return err;
+        }
+        Error::PeerClosed {
+            peer: host,
+            during,
+            reason: format!(
+                "the store it hosts is gone ({lost}); this rank lost rank {peer} too: {err}"
+            ),
+        }
     }
 
     /// The root cause of a failure of collective `seq` on this rank (`err`,
@@ -908,6 +981,39 @@ mod tests {
             self.redial
         }
         fn set_timeout(&self, _: Duration) {}
+    }
+
+    #[test]
+    fn with_the_store_gone_a_lost_survivor_is_blamed_on_the_store_host() {
+        // Rank 0 hosted the store and died; rank 2 saw it, could not post,
+        // and closed its links. Rank 3 only sees rank 2 close: the store
+        // being gone says rank 0 is gone too, and that is the cause.
+        let gone = Arc::new(GoneStore {
+            calls: Default::default(),
+            redial: Duration::from_millis(1),
+        });
+        let board = FailureBoard::new(gone.clone(), "g");
+        board.set_store_host(0);
+        match board.settle(&fp(8, 5), 3, closed(2), None) {
+            Error::PeerClosed {
+                peer: 0, reason, ..
+            } => {
+                assert!(reason.contains("store"), "{reason}");
+                assert!(reason.contains("rank 2"), "{reason}");
+            }
+            other => panic!("expected rank 0 (the store's host) named, got {other:?}"),
+        }
+        // The store's host itself, and a group whose store no rank hosts,
+        // keep the error as it was.
+        assert!(matches!(
+            board.settle(&fp(8, 6), 3, closed(0), None),
+            Error::PeerClosed { peer: 0, .. }
+        ));
+        let unhosted = FailureBoard::new(gone, "g");
+        assert!(matches!(
+            unhosted.settle(&fp(8, 5), 3, closed(2), None),
+            Error::PeerClosed { peer: 2, .. }
+        ));
     }
 
     #[test]

@@ -33,6 +33,7 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod absent_ranks;
 pub(crate) mod backend;
 pub(crate) mod call_description;
 pub(crate) mod collective;

@@ -151,9 +151,20 @@ pub(crate) struct StallKeys {
     pub(crate) size: usize,
 }
 
+/// Where rank `rank` of the group with key prefix `prefix` posts its ring.
+pub(crate) fn ring_key(prefix: &str, rank: usize) -> String {
+    format!("{prefix}/recent/{rank}")
+}
+
+/// The last sequence number in a posted ring: the collective its poster
+/// had started last when it posted (`None`: an empty or unreadable ring).
+pub(crate) fn ring_last(posted: &[u8]) -> Option<u64> {
+    decode(posted).iter().map(|(seq, _)| *seq).max()
+}
+
 impl StallKeys {
     fn ring(&self, rank: usize) -> String {
-        format!("{}/recent/{rank}", self.prefix)
+        ring_key(&self.prefix, rank)
     }
 
     /// Where a failing rank says which sequence number failed.
@@ -359,6 +370,12 @@ mod tests {
         assert!(r.get(4).is_none());
         assert_eq!(r.get(5).map(|f| f.seq), Some(5));
         assert_eq!(decode(&r.encode()).len(), RECENT);
+    }
+
+    #[test]
+    fn a_posted_ring_tells_the_last_call_started() {
+        assert_eq!(ring_last(&ring(&[(4, 10), (5, 10)]).encode()), Some(5));
+        assert_eq!(ring_last(&[]), None);
     }
 
     #[test]

@@ -1,0 +1,116 @@
+//! Whom a timeout blames. A rank that times out waiting on a peer names
+//! that peer, but the peer may itself be waiting: on a rank that never
+//! started the collective (stopped by SIGSTOP or a debugger, stuck in its
+//! own code), further along a ring, or in an earlier collective that rank
+//! never started (a broadcast's subtree below it). The first rank to time
+//! out posts the report every other rank keeps (`failure_report.rs`), so
+//! without a look around every rank would name a rank that was only
+//! waiting, and that rank would name itself.
+//!
+//! Every rank stalled in a collective has posted its recent calls to the
+//! store ([`stall_check`](super::stall_check), 50 ms into the stall, long
+//! before any timeout), so the last sequence number in its ring is where
+//! it waits. Before a timeout in collective `seq` is reported, the ranks
+//! behind `seq` (no ring, or a last call before `seq`) are the suspects,
+//! and those furthest behind the culprits: a rank waiting in an earlier
+//! collective is ahead of the rank it waits for. When the peer waited on
+//! is not among the culprits, the timeout names the first of them (all of
+//! them in its text). Only the failure path reads the store, within the
+//! failure report's patience.
+//!
+//! Limits: a rank that started the collective and then stopped looks like
+//! one that waits (the blame stays where the wait put it); a rank that
+//! finished a collective early (a broadcast's root) and called nothing
+//! since is behind too.
+
+use super::failure_report::FailureBoard;
+use super::stall_check::{ring_key, ring_last};
+use crate::Error;
+
+/// The ranks furthest behind collective `seq`, given each rank's last
+/// started collective (`None`: none posted); empty when every rank has
+/// started `seq`. `Option`'s order puts ranks that posted nothing first.
+fn furthest_behind(last: &[Option<u64>], seq: u64) -> Vec<usize> {
+    let behind = last.iter().filter(|&&l| l < Some(seq));
+    let Some(&least) = behind.min() else {
+        return Vec::new();
+    };
+    (0..last.len()).filter(|&r| last[r] == least).collect()
+}
+
+/// `err` as rank `rank` of a group of `size` reports it from collective
+/// `seq`: unchanged unless it is a timeout waiting on a peer that is not
+/// among the ranks furthest behind `seq`; then a timeout naming the first
+/// of those (see the module docs).
+pub(crate) fn blame_absent(
+    board: &FailureBoard,
+    (rank, size): (usize, usize),
+    seq: u64,
+    err: Error,
+) -> Error {
+    let Error::PeerTimeout {
+        peer,
+        during,
+        timeout,
+    } = err
+    else {
+        return err;
+    };
+    let last = board.ask(
+        "read which collectives the ranks started",
+        move |store, prefix| {
+            (0..size)
+                .map(|r| {
+                    if r == rank {
+                        return Ok(Some(seq));
+                    }
+                    // Only a key that is there is read (a get would wait).
+                    let key = ring_key(prefix, r);
+                    Ok(match store.check(&[&key])? {
+                        true => ring_last(&store.get(&key)?),
+                        false => None,
+                    })
+                })
+                .collect::<crate::Result<Vec<Option<u64>>>>()
+        },
+    );
+    let culprits = last.map_or_else(Vec::new, |last| furthest_behind(&last, seq));
+    match culprits.first() {
+        Some(&first) if !culprits.contains(&peer) => {
+            tracing::debug!(
+                seq,
+                waited_on = peer,
+                ?culprits,
+                "timed out on a rank that was itself waiting"
+            );
+            Error::PeerTimeout {
+                peer: first,
+                during: format!(
+                    "waiting on rank {peer} ({during}), which had started a later collective \
+                     than ranks {culprits:?} (the furthest behind collective {seq})"
+                ),
+                timeout,
+            }
+        }
+        _ => Error::PeerTimeout {
+            peer,
+            during,
+            timeout,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::furthest_behind;
+
+    #[test]
+    fn the_ranks_furthest_behind_are_the_culprits() {
+        // Rank 2 waits in collective 4 on rank 3, which posted nothing.
+        assert_eq!(furthest_behind(&[Some(5), Some(5), Some(4), None], 5), [3]);
+        // A stale ring (collective 0) is further behind than a wait in 4.
+        assert_eq!(furthest_behind(&[Some(5), Some(0), Some(4)], 5), [1]);
+        assert_eq!(furthest_behind(&[Some(5), Some(3), Some(3)], 5), [1, 2]);
+        assert!(furthest_behind(&[Some(5), Some(6), Some(5)], 5).is_empty());
+    }
+}
