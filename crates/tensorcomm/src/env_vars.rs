@@ -191,8 +191,8 @@ pub const NCCL_LIBRARY: EnvVar = EnvVar {
 /// `TENSORCOMM_NCCL_LAUNCH`.
 pub const NCCL_LAUNCH: EnvVar = EnvVar {
     name: "TENSORCOMM_NCCL_LAUNCH",
-    default: "nonblocking",
-    doc: "how NCCL collectives are queued: `nonblocking` (NCCL queues each from a thread of its own; every wait is bounded by the group's timeout) or `blocking` (the caller's thread queues them: 5-8x less host time per call on two H100s, but a peer that dies while a call makes NCCL's first connection of its kind can hang that call); rank 0's value applies to the group",
+    default: "blocking",
+    doc: "how NCCL collectives are queued: `blocking` (the caller's thread queues them: 5-8x less host time per call than `nonblocking` on two H100s; NCCL connects the collectives' peers while the group is created (`NCCL_RUNTIME_CONNECT=0` unless set), and sends, receives and sub-group splits go through a non-blocking communicator) or `nonblocking` (NCCL queues each call from a thread of its own); rank 0's value applies to the group",
     agreed: false,
 };
 

@@ -3,15 +3,18 @@
 //! aborted within the group's timeout, split for sub-groups, aborted on
 //! failure and finalized when dropped.
 //!
-//! `TENSORCOMM_NCCL_LAUNCH=blocking` splits it once more into a blocking
-//! communicator for the collectives: NCCL queues every call on a
-//! non-blocking communicator from a thread it starts for that call (tens
-//! of microseconds a call), a blocking one on the caller's thread. Not the
-//! default, because a blocking call can wait on the host (NCCL connects
-//! peers at the first use of an algorithm or of a pair), where neither
-//! the group's timeout nor its abort reaches it, so a peer that dies then
-//! leaves the call hanging; sub-group splits of a blocking communicator
-//! also wait for every rank without a timeout.
+//! With blocking launches (`TENSORCOMM_NCCL_LAUNCH=blocking`, the default)
+//! it is split once more into a blocking communicator for the collectives:
+//! NCCL queues every call on a non-blocking communicator from a thread it
+//! starts for that call (70-130 µs a call on two H100s), a blocking one on
+//! the caller's thread. A blocking call must not wait on the host for a
+//! peer, where neither the group's timeout nor its abort reaches it, so:
+//! NCCL makes every collective's connections while the communicators are
+//! created (`NCCL_RUNTIME_CONNECT=0`, set unless the user set it), within
+//! the timeout; point-to-point calls, whose connections NCCL makes at the
+//! first transfer with each peer, go through the non-blocking
+//! communicator (the blocking one's root); and sub-groups are split from
+//! the root, with the timeout, then split again into blocking ones.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -38,18 +41,34 @@ struct SplitSlots {
     config: Config,
 }
 
-/// `TENSORCOMM_NCCL_LAUNCH`: true for `blocking`; `nonblocking` is the
-/// default.
+/// `TENSORCOMM_NCCL_LAUNCH`: true for `blocking` (the default).
 fn blocking_launch() -> Result<bool> {
     match env_vars::NCCL_LAUNCH.get().as_deref().map(str::trim) {
-        Some("blocking") => Ok(true),
-        None | Some("") | Some("nonblocking") => Ok(false),
+        None | Some("") | Some("blocking") => Ok(true),
+        Some("nonblocking") => Ok(false),
         Some(other) => Err(Error::BadValue {
             name: env_vars::NCCL_LAUNCH.name.into(),
             expected: "blocking or nonblocking".into(),
             found: other.into(),
         }),
     }
+}
+
+/// NCCL's variable for when it connects ranks: at first use (1, NCCL's
+/// default) or while the communicator is created (0).
+const RUNTIME_CONNECT: &str = "NCCL_RUNTIME_CONNECT";
+
+/// Makes NCCL connect every collective's peers while a communicator is
+/// created, unless the user chose otherwise (see the module docs). Called
+/// before NCCL reads it (its first communicator of the process); set once,
+/// before any NCCL thread runs.
+fn connect_eagerly() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os(RUNTIME_CONNECT).is_none() {
+            std::env::set_var(RUNTIME_CONNECT, "0");
+        }
+    });
 }
 
 /// How long a non-blocking communicator's state is polled without
@@ -77,6 +96,10 @@ pub(crate) struct Communicator {
     /// True if calls on it block until queued (no `ncclInProgress`).
     blocking: bool,
     aborted: AtomicBool,
+    /// For a blocking communicator, the non-blocking one it was split from:
+    /// point-to-point calls and sub-group splits go through it (see the
+    /// module docs). Dropped (finalized) after this one.
+    root: Option<Box<Communicator>>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread; tensorcomm
@@ -104,6 +127,9 @@ impl Communicator {
         let id_key = format!("{key}/unique_id");
         let (id, blocking) = if rank == 0 {
             let blocking = blocking_launch()?;
+            if blocking {
+                connect_eagerly();
+            }
             let mut id = UniqueId { bytes: [0; 128] };
             // SAFETY: one ncclUniqueId out-parameter.
             nccl.check(
@@ -131,6 +157,9 @@ impl Communicator {
             };
             let mut id = UniqueId { bytes: [0; 128] };
             id.bytes.copy_from_slice(bytes);
+            if blocking {
+                connect_eagerly();
+            }
             (id, blocking)
         };
         let joined_key = format!("{key}/joined");
@@ -159,20 +188,14 @@ impl Communicator {
             size,
             blocking: false,
             aborted: AtomicBool::new(false),
+            root: None,
         };
         let remaining = timeout.saturating_sub(started.elapsed());
         match comm.wait_ready("ncclCommInitRankConfig", remaining) {
             Ok(()) if blocking => {
                 // Every rank is in, so the split does not wait for a rank
-                // that never came; the first communicator is finalized
-                // when it drops here.
-                let remaining = timeout.saturating_sub(started.elapsed());
-                let child = comm.split_into(Some(0), rank, remaining, true)?;
-                child.ok_or_else(|| Error::Nccl {
-                    call: "ncclCommSplit".into(),
-                    code: "no communicator".into(),
-                    message: "a split with one color for every rank gave this rank none".into(),
-                })
+                // that never came.
+                comm.into_blocking(timeout.saturating_sub(started.elapsed()))
             }
             Ok(()) => Ok(comm),
             Err(None) => {
@@ -208,7 +231,42 @@ impl Communicator {
         key: usize,
         timeout: Duration,
     ) -> Result<Option<Communicator>> {
-        self.split_into(color, key, timeout, self.blocking)
+        let Some(root) = &self.root else {
+            return self.split_into(color, key, timeout, self.blocking);
+        };
+        let started = Instant::now();
+        let sub_root = match root.split_into(color, key, timeout, false) {
+            Ok(Some(sub_root)) => sub_root,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // The root is aborted: so is the group's communicator.
+                self.abort();
+                return Err(e);
+            }
+        };
+        sub_root
+            .into_blocking(timeout.saturating_sub(started.elapsed()))
+            .map(Some)
+    }
+
+    /// Splits this non-blocking communicator (every rank of it calls this)
+    /// into a blocking one with the same ranks, whose root it becomes.
+    fn into_blocking(self, timeout: Duration) -> Result<Communicator> {
+        let mut child = self
+            .split_into(Some(0), self.rank, timeout, true)?
+            .ok_or_else(|| Error::Nccl {
+                call: "ncclCommSplit".into(),
+                code: "no communicator".into(),
+                message: "a split with one color for every rank gave this rank none".into(),
+            })?;
+        child.root = Some(Box::new(self));
+        Ok(child)
+    }
+
+    /// The communicator for point-to-point calls: the root of a blocking
+    /// one (see the module docs), else this one.
+    pub(crate) fn p2p(&self) -> &Communicator {
+        self.root.as_deref().unwrap_or(self)
     }
 
     /// The error of a split that did not end within `timeout`.
@@ -341,6 +399,7 @@ impl Communicator {
             size: 0,
             blocking,
             aborted: AtomicBool::new(false),
+            root: None,
         };
         if let Err(e) = child.wait_ready("ncclCommSplit", timeout.saturating_sub(started.elapsed()))
         {
@@ -447,12 +506,20 @@ impl Communicator {
     /// The communicator's asynchronous error, if it has one; an aborted
     /// communicator's is that it was aborted.
     pub(crate) fn health(&self) -> Result<()> {
-        let c = self.enter()?;
-        match self.state(c.raw()) {
-            SUCCESS | IN_PROGRESS => Ok(()),
-            code => Err(self
-                .nccl
-                .error("ncclCommGetAsyncError", code, Some(c.raw()))),
+        {
+            let c = self.enter()?;
+            match self.state(c.raw()) {
+                SUCCESS | IN_PROGRESS => {}
+                code => {
+                    return Err(self
+                        .nccl
+                        .error("ncclCommGetAsyncError", code, Some(c.raw())))
+                }
+            }
+        }
+        match &self.root {
+            Some(root) => root.health(),
+            None => Ok(()),
         }
     }
 
@@ -460,12 +527,17 @@ impl Communicator {
     /// and it takes no more. Waits for uses in progress; only the first
     /// call does anything.
     pub(crate) fn abort(&self) {
-        let _exclusive = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        if !self.aborted.swap(true, Ordering::AcqRel) {
-            let _ = self.ctx.bind();
-            // SAFETY: a communicator NCCL handed out, used by no other
-            // thread now; aborted once.
-            unsafe { (self.nccl.comm_abort)(self.raw) };
+        {
+            let _exclusive = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+            if !self.aborted.swap(true, Ordering::AcqRel) {
+                let _ = self.ctx.bind();
+                // SAFETY: a communicator NCCL handed out, used by no other
+                // thread now; aborted once.
+                unsafe { (self.nccl.comm_abort)(self.raw) };
+            }
+        }
+        if let Some(root) = &self.root {
+            root.abort();
         }
     }
 

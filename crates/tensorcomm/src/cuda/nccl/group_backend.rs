@@ -90,21 +90,34 @@ impl NcclBackend {
         call: &'static str,
         deadline: Instant,
     ) -> Result<()> {
-        let ended = {
-            let entered = self.comm.enter()?;
+        // Collectives on the group's communicator; sends and receives on
+        // its point-to-point one (the same unless launches block).
+        let p2p = self.comm.p2p();
+        let plan_on = |comm: &Communicator| -> Result<Option<i32>> {
+            let entered = comm.enter()?;
             let planner = Planner {
-                nccl: self.comm.nccl,
+                nccl: comm.nccl,
                 comm: entered.raw(),
-                rank: self.comm.rank,
-                device: self.comm.device,
+                rank: comm.rank,
+                device: comm.device,
                 call,
                 barrier: self.barrier.ptr(),
             };
             let plan = planner.plan(collective)?;
-            self.issue(&plan, entered.raw())?
+            if plan.has_p2p() && !std::ptr::eq(comm, p2p) {
+                return Ok(None);
+            }
+            self.issue(&plan, entered.raw()).map(Some)
+        };
+        let (comm, ended) = match plan_on(&self.comm)? {
+            Some(ended) => (&self.comm, ended),
+            None => (
+                p2p,
+                plan_on(p2p)?.expect("planned on the point-to-point communicator"),
+            ),
         };
         if ended == IN_PROGRESS {
-            self.comm.wait_queued("ncclGroupEnd", deadline)?;
+            comm.wait_queued("ncclGroupEnd", deadline)?;
         }
         Ok(())
     }

@@ -77,6 +77,16 @@ pub(crate) struct Plan<'a> {
     pub(crate) ops: Vec<RedOp<'a>>,
 }
 
+impl Plan<'_> {
+    /// True if the plan sends or receives (NCCL connects each pair of
+    /// ranks for those at their first transfer).
+    pub(crate) fn has_p2p(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s, Step::Send { .. } | Step::Recv { .. }))
+    }
+}
+
 /// What planning needs: NCCL, the (entered) communicator, this rank and
 /// its GPU, the collective's name for errors, and the barrier's element.
 pub(crate) struct Planner<'a> {
