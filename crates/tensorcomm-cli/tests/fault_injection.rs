@@ -1,21 +1,23 @@
 //! Fault injection end to end, on the CPU backend and on NCCL: N ranks (2
 //! to 8 processes started by `tensorcomm run`, this test binary re-run as
 //! each rank) run a seeded random sequence of collectives, checking every
-//! output, and one rank — the
-//! victim — fails at a random step: SIGKILLed, its sockets shut down,
-//! SIGSTOPped past the timeout, exiting 0 early, calling another
-//! collective or shape, or (rank 0) killing the store it hosts while the
-//! others meet through it.
+//! output, and one rank — the victim — fails at a random step: SIGKILLed,
+//! its sockets shut down, SIGSTOPped past the timeout, exiting 0 early,
+//! calling another collective or shape, or (rank 0) killing the store it
+//! hosts while the others meet through it.
 //!
 //! Every surviving rank must fail naming the victim within its timeout
-//! (within half of it when a connection dropped); the launcher must exit
+//! (within half of it when a connection dropped), and none may find a
+//! wrong output without an error; the launcher must exit
 //! non-zero naming the rank that failed first (the victim, by signal, when
 //! it was killed); nothing may hang and no process or `/dev/shm` name of
 //! the job may be left. The report line counts scenarios run, survived,
 //! hung and leaked, with the seed of every failure.
 //!
-//! Knobs (both tests): `TENSORCOMM_FAULT_SCENARIOS` (how many; default a
-//! CI-sized set),
+//! The backend is the test's: `every_survivor_names_...` runs the CPU
+//! backend, `fault_injection_on_nccl` NCCL (the harness tells each rank
+//! through `TENSORCOMM_FAULT_RANK_BACKEND`). Knobs, for both:
+//! `TENSORCOMM_FAULT_SCENARIOS` (how many; default a CI-sized set),
 //! `TENSORCOMM_FAULT_SEED` (base seed, hex, or `clock`; default
 //! [`CI_SEED`], so that a CI run is the same set of scenarios every time),
 //! `TENSORCOMM_FAULT_KINDS` (comma-separated: kill, close-sockets,
