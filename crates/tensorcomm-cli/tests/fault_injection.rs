@@ -1,27 +1,54 @@
-//! Fault injection on the CPU backend, end to end: N ranks (2 to 8
-//! processes started by `tensorcomm run`, this test binary re-run as each
-//! rank) run a seeded random sequence of collectives, and one rank — the
-//! victim — fails at a random step: SIGKILLed, its sockets shut down,
-//! SIGSTOPped past the timeout, exiting 0 early, calling another
-//! collective or shape, or (rank 0) killing the store it hosts while the
-//! others meet through it.
+//! Fault injection end to end, on the CPU backend and on NCCL: N ranks (2
+//! to 8 processes started by `tensorcomm run`, this test binary re-run as
+//! each rank) run a seeded random sequence of collectives, checking every
+//! output, and one rank — the victim — fails at a random step: SIGKILLed,
+//! its sockets shut down, SIGSTOPped past the timeout, exiting 0 early,
+//! calling another collective or shape, or (rank 0) killing the store it
+//! hosts while the others meet through it.
 //!
 //! Every surviving rank must fail naming the victim within its timeout
-//! (within half of it when a connection dropped); the launcher must exit
+//! (within half of it when a connection dropped), and none may find a
+//! wrong output without an error; the launcher must exit
 //! non-zero naming the rank that failed first (the victim, by signal, when
 //! it was killed); nothing may hang and no process or `/dev/shm` name of
 //! the job may be left. The report line counts scenarios run, survived,
 //! hung and leaked, with the seed of every failure.
 //!
-//! Knobs: `TENSORCOMM_FAULT_SCENARIOS` (how many; default a CI-sized set),
+//! The backend is the test's: `every_survivor_names_...` runs the CPU
+//! backend, `fault_injection_on_nccl` NCCL (the harness tells each rank
+//! through `TENSORCOMM_FAULT_RANK_BACKEND`). Knobs, for both:
+//! `TENSORCOMM_FAULT_SCENARIOS` (how many; default a CI-sized set),
 //! `TENSORCOMM_FAULT_SEED` (base seed, hex, or `clock`; default
 //! [`CI_SEED`], so that a CI run is the same set of scenarios every time),
 //! `TENSORCOMM_FAULT_KINDS` (comma-separated: kill, close-sockets,
-//! stop, exit-early, mismatch, store-kill; default the first five),
+//! stop, exit-early, mismatch, store-kill; default the first five on the
+//! CPU backend, see below for NCCL),
 //! `TENSORCOMM_FAULT_VICTIM_0=1` (rank 0 may be the victim),
-//! `TENSORCOMM_FAULT_TIMEOUT_MS` (group timeout, default 2000),
+//! `TENSORCOMM_FAULT_TIMEOUT_MS` (group timeout, default 2000 on the CPU
+//! backend, 5000 on NCCL, whose communicator set-up it also bounds),
 //! `TENSORCOMM_FAULT_LINGER_MS` (how long a rank that got its error waits
-//! before exiting, default 300).
+//! before exiting, default 300), `TENSORCOMM_BIN` (the `tensorcomm`
+//! binary to launch with, where this test binary was copied away from its
+//! build; default the one cargo built).
+//!
+//! NCCL (`fault_injection_on_nccl`): each rank creates the NCCL group on
+//! the GPU of its local rank and runs the scenario on CUDA tensors, built
+//! on the host and copied there, checked after `synchronize`. The world
+//! size is the GPU count (`TENSORCOMM_FAULT_WORLD` for fewer), the largest
+//! the machine lends; the test prints a line and passes where there is no
+//! GPU, no NCCL or fewer than 2 GPUs. The expectations are the CPU
+//! backend's, but for time: inside a host NCCL's ranks share GPU memory,
+//! not a connection that drops, so a survivor of a dead or stopped victim
+//! must fail by its watchdog's deadline (within the timeout and a second),
+//! the error naming the victim as the rank that had not started the
+//! collective (`CollectiveTimeout`'s lagging ranks, read from the progress
+//! every rank publishes to the store); a mismatch must be found when the
+//! stalled call is compared with the others' (`group/stall_check.rs`),
+//! naming the victim, also within the timeout. A survivor whose outputs
+//! hold wrong values with no error fails the scenario. The default kinds
+//! are kill, stop, exit-early and mismatch; `close-sockets` is refused (a
+//! rank's sockets carry no NCCL data inside a host, so there is nothing to
+//! expect), and `store-kill` is out for the CPU backend's reasons.
 //!
 //! Not in the default set, because they fail today (library issues, not
 //! the suite's):
@@ -49,11 +76,13 @@
 //! TENSORCOMM_FAULT_KINDS=<its kind>`.
 
 mod fault;
+#[path = "../../tensorcomm/tests/skip/mod.rs"]
+mod skip;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fault::job::{self, Timing};
-use fault::scenario::{FaultKind, Scenario};
+use fault::scenario::{FaultBackend, FaultKind, Scenario};
 
 /// Scenarios per kind in the default (CI) run.
 const CI_PER_KIND: usize = 3;
@@ -106,13 +135,86 @@ fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
 
 #[test]
 fn every_survivor_names_the_failed_rank_and_nothing_hangs_or_leaks() {
+    run_suite(&Suite {
+        backend: FaultBackend::Cpu,
+        world: None,
+        default_kinds: &FaultKind::RELIABLE,
+        default_timeout_ms: 2000,
+    });
+}
+
+/// The suite on the NCCL backend, one rank per GPU (see the module docs).
+#[test]
+fn fault_injection_on_nccl() {
+    const TEST: &str = "fault_injection_on_nccl";
+    let Some(gpus) = nccl_gpus(TEST) else {
+        return;
+    };
+    let world = env_parse::<usize>("TENSORCOMM_FAULT_WORLD").map_or(gpus, |w| w.min(gpus));
+    assert!(
+        world >= 2,
+        "TENSORCOMM_FAULT_WORLD={world}: expected at least 2 ranks"
+    );
+    run_suite(&Suite {
+        backend: FaultBackend::Nccl,
+        world: Some(world),
+        default_kinds: &FaultKind::NCCL_DEFAULT,
+        default_timeout_ms: 5000,
+    });
+}
+
+/// The GPU count, or `None` (having said why) where there is no GPU, no
+/// NCCL or only one GPU.
+fn nccl_gpus(test: &str) -> Option<usize> {
+    if !skip::has_gpu(test) {
+        return None;
+    }
+    if let Err(e) = tensorcomm::cuda::nccl::version() {
+        skip::skipped(test, e);
+        return None;
+    }
+    match tensorcomm::cuda::runtime::device_count() {
+        Ok(n) if n >= 2 => Some(n),
+        Ok(n) => {
+            skip::skipped(
+                test,
+                format!("{n} GPU; the NCCL fault suite needs at least 2"),
+            );
+            None
+        }
+        Err(e) => {
+            skip::skipped(test, e);
+            None
+        }
+    }
+}
+
+/// One run of the suite: the backend, the world size (`None`: each
+/// scenario draws its own), and the kinds and timeout where the
+/// environment names none.
+struct Suite {
+    backend: FaultBackend,
+    world: Option<usize>,
+    default_kinds: &'static [FaultKind],
+    default_timeout_ms: u64,
+}
+
+fn run_suite(suite: &Suite) {
     let kinds: Vec<FaultKind> = match std::env::var("TENSORCOMM_FAULT_KINDS") {
         Ok(list) => list
             .split(',')
             .map(|k| k.trim().parse().unwrap_or_else(|e: String| panic!("{e}")))
             .collect(),
-        Err(_) => FaultKind::RELIABLE.to_vec(),
+        Err(_) => suite.default_kinds.to_vec(),
     };
+    for kind in &kinds {
+        if let Some(why) = kind.unsupported_on(suite.backend) {
+            panic!(
+                "fault kind {kind} has no scenario on {}: {why}",
+                suite.backend
+            );
+        }
+    }
     let count = env_parse("TENSORCOMM_FAULT_SCENARIOS").unwrap_or(CI_PER_KIND * kinds.len());
     let base = match std::env::var("TENSORCOMM_FAULT_SEED") {
         Ok(s) if s == "clock" => SystemTime::now()
@@ -122,7 +224,9 @@ fn every_survivor_names_the_failed_rank_and_nothing_hangs_or_leaks() {
             .unwrap_or_else(|_| panic!("TENSORCOMM_FAULT_SEED={s:?} is not hex or `clock`")),
         Err(_) => CI_SEED,
     };
-    let timeout = Duration::from_millis(env_parse("TENSORCOMM_FAULT_TIMEOUT_MS").unwrap_or(2000));
+    let timeout = Duration::from_millis(
+        env_parse("TENSORCOMM_FAULT_TIMEOUT_MS").unwrap_or(suite.default_timeout_ms),
+    );
     let timing = Timing {
         timeout,
         // Survivors ignore SIGTERM and must report before the launcher's
@@ -136,11 +240,8 @@ fn every_survivor_names_the_failed_rank_and_nothing_hangs_or_leaks() {
     let (mut survived, mut hung, mut leaked) = (0, 0, 0);
     let mut failures = Vec::new();
     for i in 0..count {
-        let sc = Scenario::new(
-            base.wrapping_add(i as u64),
-            kinds[i % kinds.len()],
-            victim_0,
-        );
+        let (seed, kind) = (base.wrapping_add(i as u64), kinds[i % kinds.len()]);
+        let sc = Scenario::on(seed, kind, victim_0, suite.backend, suite.world);
         let verdict = job::run(&sc, timing);
         eprintln!(
             "fault scenario {i}: {sc}: {:?}{}",
@@ -163,7 +264,8 @@ fn every_survivor_names_the_failed_rank_and_nothing_hangs_or_leaks() {
         }
     }
     eprintln!(
-        "fault injection: {count} scenarios run, {survived} survived, {hung} hung, {leaked} leaked in {:?} (base seed {base:#x}); failed: {failures:?}",
+        "fault injection ({}): {count} scenarios run, {survived} survived, {hung} hung, {leaked} leaked in {:?} (base seed {base:#x}); failed: {failures:?}",
+        suite.backend,
         started.elapsed()
     );
     assert_eq!(hung, 0, "hung scenarios: {failures:?}");

@@ -9,9 +9,20 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::rank::{self, SURVIVOR_FAILED, VICTIM_FAILED};
-use super::scenario::{FaultKind, Scenario};
+use super::scenario::{FaultBackend, FaultKind, Scenario};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tensorcomm");
+/// Names the `tensorcomm` binary to launch with, where this test binary
+/// runs away from its build (copied to a GPU machine with the binary).
+pub const BIN_VAR: &str = "TENSORCOMM_BIN";
+
+/// The `tensorcomm` binary: [`BIN_VAR`] when set, else the one cargo built
+/// beside this test.
+pub fn tensorcomm_bin() -> std::path::PathBuf {
+    std::env::var_os(BIN_VAR).map_or_else(
+        || env!("CARGO_BIN_EXE_tensorcomm").into(),
+        std::path::PathBuf::from,
+    )
+}
 
 /// The timing of a job: the group's timeout, the launcher's grace between
 /// SIGTERM and SIGKILL, and the harness's hard limit (beyond it the job
@@ -98,7 +109,8 @@ fn shm_names_of(pids: &[u32]) -> Vec<String> {
 pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
     let mut verdict = Verdict::default();
     let started = Instant::now();
-    let mut child = Command::new(BIN)
+    let bin = tensorcomm_bin();
+    let mut child = Command::new(&bin)
         .args([
             "run",
             "--nproc-per-node",
@@ -120,12 +132,13 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
         .env(rank::TIMEOUT_VAR, timing.timeout.as_millis().to_string())
         .env(rank::LINGER_VAR, timing.linger.as_millis().to_string())
         .env(rank::VICTIM_0_VAR, if sc.victim_0 { "1" } else { "0" })
+        .env(rank::BACKEND_VAR, sc.backend.to_string())
         .env_remove("TENSORCOMM_TRANSPORT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start tensorcomm run");
+        .unwrap_or_else(|e| panic!("starting {} run: {e}", bin.display()));
     let readers = [
         child
             .stdout
@@ -274,6 +287,12 @@ fn judge_survivor(
     let call = Duration::from_millis(res.get("call_ms").parse().unwrap_or(u64::MAX));
     let limit = if res.get("phase") == "init" {
         // A client keeps trying to reach a store that may not be up yet.
+        timing.timeout + Duration::from_secs(1)
+    } else if sc.backend == FaultBackend::Nccl {
+        // Within a host NCCL's peers share GPU memory, not a connection
+        // that drops: a dead or stopped peer is found when the watchdog's
+        // deadline passes (then a moment to read the others' progress),
+        // a mismatch when the stalled call is compared (`stall_check.rs`).
         timing.timeout + Duration::from_secs(1)
     } else if sc.kind.drops_connection() {
         timing.timeout / 2

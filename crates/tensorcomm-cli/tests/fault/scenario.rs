@@ -1,7 +1,7 @@
-//! One fault-injection scenario, derived from a seed and a fault kind so
-//! that the harness and every rank compute the same one: the world size,
-//! the transport, the random sequence of collectives, the victim rank, the
-//! step it fails at and how.
+//! One fault-injection scenario, derived from a seed, a fault kind and the
+//! backend so that the harness and every rank compute the same one: the
+//! world size, the transport, the random sequence of collectives, the
+//! victim rank, the step it fails at and how.
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,12 +28,51 @@ pub enum FaultKind {
     StoreKill,
 }
 
+/// The backend the ranks of a scenario run their collectives on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultBackend {
+    /// The CPU backend, host tensors (TCP or shared memory between ranks).
+    Cpu,
+    /// The NCCL backend, CUDA tensors, one GPU per rank (its local rank).
+    Nccl,
+}
+
+impl fmt::Display for FaultBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultBackend::Cpu => "cpu",
+            FaultBackend::Nccl => "nccl",
+        })
+    }
+}
+
+impl FromStr for FaultBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(FaultBackend::Cpu),
+            "nccl" => Ok(FaultBackend::Nccl),
+            other => Err(format!("unknown fault backend {other:?} (cpu or nccl)")),
+        }
+    }
+}
+
 impl FaultKind {
     /// The kinds whose every scenario holds today (the CI set);
     /// `StoreKill` is not among them: see `fault_injection.rs`.
     pub const RELIABLE: [FaultKind; 5] = [
         FaultKind::Kill,
         FaultKind::CloseSockets,
+        FaultKind::Stop,
+        FaultKind::ExitEarly,
+        FaultKind::Mismatch,
+    ];
+
+    /// The kinds run on the NCCL backend by default (see
+    /// `fault_injection.rs` for what each expects there, and for why the
+    /// others are left out).
+    pub const NCCL_DEFAULT: [FaultKind; 4] = [
+        FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::ExitEarly,
         FaultKind::Mismatch,
@@ -55,6 +94,16 @@ impl FaultKind {
             self,
             FaultKind::Kill | FaultKind::CloseSockets | FaultKind::ExitEarly | FaultKind::StoreKill
         )
+    }
+
+    /// Why this kind has no scenario on `backend`, if it has none.
+    pub fn unsupported_on(self, backend: FaultBackend) -> Option<&'static str> {
+        match (self, backend) {
+            (FaultKind::CloseSockets, FaultBackend::Nccl) => Some(
+                "NCCL moves a job's data between the GPUs of one host through peer memory and shared memory, not sockets: a rank whose sockets are shut may carry on and complete every collective, and whether anything fails at all depends on NCCL's own bootstrap and proxy sockets, so there is no expectation to check",
+            ),
+            _ => None,
+        }
     }
 }
 
@@ -130,7 +179,9 @@ pub struct Scenario {
     pub seed: u64,
     pub kind: FaultKind,
     pub world: usize,
-    /// `tcp` or `auto` (shared memory between these local ranks).
+    pub backend: FaultBackend,
+    /// `tcp` or `auto` (shared memory between these local ranks); `nccl`
+    /// on the NCCL backend, which picks its own transports.
     pub transport: &'static str,
     pub steps: Vec<Step>,
     pub victim: usize,
@@ -218,12 +269,30 @@ impl Scenario {
     /// `victim_0`: whether rank 0 (the store's host) may be the victim of
     /// a fault other than [`FaultKind::StoreKill`].
     pub fn new(seed: u64, kind: FaultKind, victim_0: bool) -> Self {
+        Self::on(seed, kind, victim_0, FaultBackend::Cpu, None)
+    }
+
+    /// A scenario on `backend` over `world` ranks when given (NCCL: one
+    /// per GPU), else over the drawn world size. It draws what
+    /// [`Scenario::new`] draws for the same seed.
+    pub fn on(
+        seed: u64,
+        kind: FaultKind,
+        victim_0: bool,
+        backend: FaultBackend,
+        world: Option<usize>,
+    ) -> Self {
         let mut rng = Rng::new(seed);
-        let world = 2 + rng.below(7);
+        let drawn = 2 + rng.below(7);
+        let world = world.unwrap_or(drawn);
         let transport = if kind == FaultKind::CloseSockets || rng.below(2) == 0 {
             "tcp"
         } else {
             "auto"
+        };
+        let transport = match backend {
+            FaultBackend::Cpu => transport,
+            FaultBackend::Nccl => "nccl",
         };
         let n = 2 + rng.below(6);
         let steps: Vec<Step> = (0..n).map(|_| random_step(&mut rng, world)).collect();
@@ -247,6 +316,7 @@ impl Scenario {
         Scenario {
             seed,
             kind,
+            backend,
             world,
             transport,
             steps,
