@@ -256,7 +256,7 @@ impl<'a> Tensor<'a> {
         layout: Layout,
     ) -> Result<Tensor<'static>> {
         let len = storage_len(&layout, dtype)?;
-        if len > 0 && (ptr == 0 || ptr % dtype.size() as u64 != 0) {
+        if len > 0 && (ptr == 0 || !ptr.is_multiple_of(dtype.size() as u64)) {
             return Err(Error::InvalidArgument(format!(
                 "expected a device address aligned to its {dtype} elements ({} bytes), found {ptr:#x}",
                 dtype.size()
