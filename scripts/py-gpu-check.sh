@@ -5,7 +5,9 @@
 # 1. unpacks the bundle's wheel into a private folder put on PYTHONPATH;
 # 2. runs the torch suite (every op through torch.distributed, DDP against
 #    Gloo, object collectives, barriers, errors) on 2 and 4 ranks;
-# 3. runs the benchmark against Gloo under torchrun on 2, 4 and 8 ranks.
+# 3. runs the CUDA suite (every op on CUDA tensors, stream ordering; its
+#    CUDA checks skip without a GPU) on 2 ranks;
+# 4. runs the benchmark against Gloo under torchrun on 2, 4 and 8 ranks.
 # Prints PASS/FAIL per check and the benchmark tables; exits 1 if anything
 # failed. TENSORCOMM_TORCH_TRACE=1 prints every call PyTorch makes.
 set -uo pipefail
@@ -22,7 +24,7 @@ zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
 PY
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 work="$(mktemp -d)"
-cp "$dir/torch_suite.py" "$dir/python_backend.py" "$work/"
+cp "$dir/torch_suite.py" "$dir/cuda_suite.py" "$dir/python_backend.py" "$work/"
 cd "$work"
 echo "== bundle $(cat "$dir/commit.txt" 2>/dev/null || echo '?'), $(basename "$wheel"), $(nproc) cpus"
 python3 -c 'import sys, torch, tensorcomm, tensorcomm.torch; print("python", sys.version.split()[0], "torch", torch.__version__, "tensorcomm", tensorcomm.__version__, "from", tensorcomm.__file__)' || exit 1
@@ -31,6 +33,8 @@ for n in 2 4; do
   echo "== torch suite, $n ranks"
   timeout 600 python3 torch_suite.py --ranks "$n" || status=1
 done
+echo "== CUDA suite, 2 ranks"
+timeout 600 python3 cuda_suite.py --ranks 2 || status=1
 for n in 2 4 8; do
   echo "== benchmark against Gloo, $n ranks"
   timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" python_backend.py || status=1

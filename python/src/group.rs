@@ -20,7 +20,7 @@ use tensorcomm::{ReduceOp, Work};
 use crate::errors::{py_err, raise};
 use crate::sparse_work::PySparseWork;
 use crate::store::seconds;
-use crate::tensor_arg::{view, views, Desc};
+use crate::tensor_arg::{caller_stream, view, views, CudaPlace, Desc, StreamGuard};
 use crate::work::PyWork;
 
 /// The reduce op with index `code` in `SUM, AVG, PRODUCT, MIN, MAX, BAND,
@@ -78,7 +78,9 @@ impl PyGroup {
         self.pg.as_ref().expect("a group is present until dropped")
     }
 
-    /// Queues `start` without the GIL and wraps its `Work`. With
+    /// Queues `start` without the GIL, ordered after `stream` (the caller's
+    /// current stream on the GPU of the call's CUDA tensors, if any), and
+    /// wraps its `Work`. With
     /// `blocking`, also waits for it in the same GIL-free stretch (running
     /// it on this thread, as the engine does for a waiter that comes
     /// before the group's thread) and returns the finished work, whose
@@ -92,19 +94,34 @@ impl PyGroup {
         keep: Py<PyAny>,
         is_receive: bool,
         blocking: bool,
+        stream: Option<CudaPlace>,
         start: impl FnOnce(&dyn ProcessGroup) -> tensorcomm::Result<Work> + Send,
     ) -> PyResult<PyWork> {
         let pg = &**self.pg();
         if blocking {
             let outcome = py
-                .allow_threads(|| start(pg).map(Work::wait))
+                .allow_threads(|| {
+                    let _current = StreamGuard::new(stream)?;
+                    start(pg).map(Work::wait)
+                })
                 .map_err(py_err)?;
-            // The collective is done with the arrays in `keep`.
+            // The collective is done with the arrays in `keep` (on the
+            // device too, once the caller's stream reaches this point).
             drop(keep);
             return Ok(PyWork::finished(outcome));
         }
-        let work = py.allow_threads(|| start(pg)).map_err(py_err)?;
-        Ok(PyWork::new(work, keep, is_receive))
+        let work = py
+            .allow_threads(|| {
+                let _current = StreamGuard::new(stream)?;
+                start(pg)
+            })
+            .map_err(py_err)?;
+        Ok(PyWork::new(
+            work,
+            keep,
+            is_receive,
+            stream.map(|p| p.device),
+        ))
     }
 }
 
@@ -138,8 +155,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_reduce(&t, op, timeout)
         })
     }
@@ -154,8 +172,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.broadcast(&t, root, timeout)
         })
     }
@@ -173,8 +192,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, op, timeout) = (view(&t)?, reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.reduce(&t, root, op, timeout)
         })
     }
@@ -189,8 +209,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().chain([&input]));
         let (outputs, input, timeout) = (views(&outputs)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_gather(&outputs, &input, timeout)
         })
     }
@@ -205,8 +226,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&output, &input]);
         let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_gather_into_tensor(&output, &input, timeout)
         })
     }
@@ -221,9 +243,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().flatten().chain(&inputs));
         let outputs: Vec<_> = outputs.iter().map(|o| views(o)).collect::<PyResult<_>>()?;
         let (inputs, timeout) = (views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_gather_coalesced(&outputs, &inputs, timeout)
         })
     }
@@ -238,9 +261,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().chain(&inputs));
         let (outputs, inputs, timeout) =
             (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_gather_into_tensor_coalesced(&outputs, &inputs, timeout)
         })
     }
@@ -257,10 +281,11 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().flatten().chain([&input]));
         let input = view(&input)?;
         let outputs = outputs.map(|o| views(&o)).transpose()?;
         let timeout = call_timeout(timeout)?;
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.gather(&input, outputs.as_deref(), root, timeout)
         })
     }
@@ -277,10 +302,11 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(inputs.iter().flatten().chain([&output]));
         let output = view(&output)?;
         let inputs = inputs.map(|i| views(&i)).transpose()?;
         let timeout = call_timeout(timeout)?;
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.scatter(&output, inputs.as_deref(), root, timeout)
         })
     }
@@ -298,9 +324,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(inputs.iter().chain([&output]));
         let (output, inputs) = (view(&output)?, views(&inputs)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.reduce_scatter(&output, &inputs, op, timeout)
         })
     }
@@ -318,9 +345,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&output, &input]);
         let (output, input) = (view(&output)?, view(&input)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.reduce_scatter_tensor(&output, &input, op, timeout)
         })
     }
@@ -338,9 +366,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().chain(&inputs));
         let (outputs, inputs) = (views(&outputs)?, views(&inputs)?);
         let (op, timeout) = (reduce_op(op, factor)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.reduce_scatter_tensor_coalesced(&outputs, &inputs, op, timeout)
         })
     }
@@ -355,9 +384,10 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(outputs.iter().chain(&inputs));
         let (outputs, inputs, timeout) =
             (views(&outputs)?, views(&inputs)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_to_all(&outputs, &inputs, timeout)
         })
     }
@@ -375,8 +405,9 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&output, &input]);
         let (output, input, timeout) = (view(&output)?, view(&input)?, call_timeout(timeout)?);
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_to_all_single(
                 &output,
                 &input,
@@ -399,12 +430,13 @@ impl PyGroup {
         keep: Py<PyAny>,
         blocking: bool,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream(&tensors);
         let (tensors, op, timeout) = (
             views(&tensors)?,
             reduce_op(op, factor)?,
             call_timeout(timeout)?,
         );
-        self.start(py, keep, false, blocking, |pg| {
+        self.start(py, keep, false, blocking, stream, |pg| {
             pg.all_reduce_coalesced(&tensors, op, timeout)
         })
     }
@@ -427,6 +459,16 @@ impl PyGroup {
         blocking: bool,
     ) -> PyResult<PySparseWork> {
         let (op, timeout) = (reduce_op(op, 1.0)?, call_timeout(timeout)?);
+        if let Some(place) = caller_stream([&indices, &values]) {
+            return Err(raise(
+                "InvalidArgumentError",
+                format!(
+                    "all_reduce_sparse: expected host arrays, found one on cuda:{} (the PyTorch \
+                     backend stages a CUDA sparse tensor through host copies before this call)",
+                    place.device
+                ),
+            ));
+        }
         let (indices, values) = (view(&indices)?, view(&values)?);
         if indices.dtype() != tensorcomm::tensor::DType::I64 || indices.dim() != 2 {
             return Err(raise(
@@ -460,7 +502,9 @@ impl PyGroup {
     #[pyo3(signature = (timeout, blocking=false))]
     fn barrier(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<PyWork> {
         let timeout = call_timeout(timeout)?;
-        self.start(py, py.None(), false, blocking, |pg| pg.barrier(timeout))
+        self.start(py, py.None(), false, blocking, None, |pg| {
+            pg.barrier(timeout)
+        })
     }
 
     fn monitored_barrier(
@@ -470,7 +514,7 @@ impl PyGroup {
         wait_all: bool,
     ) -> PyResult<PyWork> {
         let timeout = call_timeout(timeout)?;
-        self.start(py, py.None(), false, false, |pg| {
+        self.start(py, py.None(), false, false, None, |pg| {
             pg.monitored_barrier(timeout, wait_all)
         })
     }
@@ -484,8 +528,11 @@ impl PyGroup {
         timeout: Option<f64>,
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, false, false, |pg| pg.send(&t, dst, tag, timeout))
+        self.start(py, keep, false, false, stream, |pg| {
+            pg.send(&t, dst, tag, timeout)
+        })
     }
 
     fn recv(
@@ -497,8 +544,11 @@ impl PyGroup {
         timeout: Option<f64>,
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, true, false, |pg| pg.recv(&t, src, tag, timeout))
+        self.start(py, keep, true, false, stream, |pg| {
+            pg.recv(&t, src, tag, timeout)
+        })
     }
 
     fn recv_any_source(
@@ -509,8 +559,9 @@ impl PyGroup {
         timeout: Option<f64>,
         keep: Py<PyAny>,
     ) -> PyResult<PyWork> {
+        let stream = caller_stream([&t]);
         let (t, timeout) = (view(&t)?, call_timeout(timeout)?);
-        self.start(py, keep, true, false, |pg| {
+        self.start(py, keep, true, false, stream, |pg| {
             pg.recv_any_source(&t, tag, timeout)
         })
     }

@@ -163,6 +163,13 @@ impl PySparseWork {
         send_callback(callback, outcome)
     }
 
+    /// Always `None`: a sparse all-reduce works on host copies, so no
+    /// stream needs to wait for it.
+    #[getter]
+    fn cuda_device(&self) -> Option<usize> {
+        None
+    }
+
     fn __repr__(&self) -> String {
         format!("SparseWork(completed={})", self.is_completed())
     }

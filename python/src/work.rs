@@ -19,6 +19,7 @@ use tensorcomm::{Error, Work};
 
 use crate::errors::{py_err, raise, to_py};
 use crate::finalizing;
+use crate::tensor_arg::{CudaPlace, StreamGuard};
 
 /// A Python callable to call with `None` or the collective's exception.
 type Callback = (Py<PyAny>, Result<(), Error>);
@@ -85,6 +86,9 @@ pub struct PyWork {
     source: OnceLock<Option<usize>>,
     /// Whether this is a receive whose sender `source_rank` names.
     is_receive: bool,
+    /// The GPU of the collective's CUDA tensors, if any: whose current
+    /// stream `wait()` makes wait.
+    cuda_device: Option<usize>,
 }
 
 /// A collective not waited for yet, with the Python objects whose memory it
@@ -124,12 +128,19 @@ impl Drop for PyWork {
 impl PyWork {
     /// Wraps `work`, keeping `keep` (the arrays it uses) alive until the
     /// collective has finished.
-    pub(crate) fn new(work: Work, keep: Py<PyAny>, is_receive: bool) -> PyWork {
+    /// `cuda_device` is the GPU of its CUDA tensors, if any.
+    pub(crate) fn new(
+        work: Work,
+        keep: Py<PyAny>,
+        is_receive: bool,
+        cuda_device: Option<usize>,
+    ) -> PyWork {
         PyWork {
             work: Mutex::new(Some(Pending { work, keep })),
             outcome: OnceLock::new(),
             source: OnceLock::new(),
             is_receive,
+            cuda_device,
         }
     }
 
@@ -141,12 +152,22 @@ impl PyWork {
             outcome: OnceLock::from(outcome),
             source: OnceLock::new(),
             is_receive: false,
+            cuda_device: None,
         }
     }
 
     /// Waits without the GIL (running the collective on this thread if
-    /// nobody has started it) and records the outcome.
-    fn settle(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+    /// nobody has started it) and records the outcome. For device work
+    /// (CUDA tensors) `stream`, the caller's current stream on their GPU,
+    /// is made to wait for it (none given: the legacy default stream);
+    /// `block_host` also blocks until the device work is done.
+    fn settle(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Duration>,
+        stream: Option<CudaPlace>,
+        block_host: bool,
+    ) -> PyResult<()> {
         if self.outcome.get().is_some() {
             // Already waited for (or finished by a blocking call).
             return Ok(());
@@ -169,7 +190,14 @@ impl PyWork {
             }
             match slot.take() {
                 Some(Pending { work, keep }) => {
-                    let _ = self.outcome.set(work.wait());
+                    let outcome = StreamGuard::new(stream).and_then(|_current| {
+                        if block_host {
+                            work.synchronize()
+                        } else {
+                            work.wait()
+                        }
+                    });
+                    let _ = self.outcome.set(outcome);
                     (false, Some(keep))
                 }
                 None => (false, None),
@@ -201,10 +229,24 @@ impl PyWork {
     /// any; returns `True`. `timeout` (seconds) bounds the wait: past it a
     /// `CollectiveTimeoutError` is raised and the collective keeps running.
     /// The GIL is released while waiting.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+    ///
+    /// For a collective on CUDA tensors, `stream` is `(device, stream)`:
+    /// the caller's current stream on their GPU (a raw `CUstream`
+    /// address, `torch.cuda.current_stream(device).cuda_stream`), which is
+    /// made to wait for the collective's device work (copies back into
+    /// the tensors) without blocking the host, as c10d's `Work::wait`
+    /// does; `synchronize=True` also blocks the host until that work is
+    /// done (c10d's `Work::synchronize`).
+    #[pyo3(signature = (timeout=None, stream=None, synchronize=false))]
+    fn wait(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        stream: Option<CudaPlace>,
+        synchronize: bool,
+    ) -> PyResult<bool> {
         let timeout = timeout.filter(|t| *t > 0.0).map(Duration::from_secs_f64);
-        self.settle(py, timeout)?;
+        self.settle(py, timeout, stream, synchronize)?;
         match self.outcome() {
             Some(Err(e)) => Err(to_py(py, e.clone())),
             _ => Ok(true),
@@ -229,7 +271,8 @@ impl PyWork {
         if !self.is_completed() {
             return Ok(None);
         }
-        self.settle(py, None)?;
+        // Completed: any device work is done, no stream needs to wait.
+        self.settle(py, None, None, false)?;
         Ok(match self.outcome() {
             Some(Err(e)) => Some(to_py(py, e.clone()).into_value(py).into_any()),
             _ => None,
@@ -273,6 +316,14 @@ impl PyWork {
             .import("tensorcomm")?
             .getattr("_work_future")?
             .call1((slf,))
+    }
+
+    /// The GPU of the collective's CUDA tensors (`None`: host tensors
+    /// only, or a work that has already finished on every device): pass
+    /// its current stream to `wait()`.
+    #[getter]
+    fn cuda_device(&self) -> Option<usize> {
+        self.cuda_device
     }
 
     /// The rank a finished receive got its message from (`None` before it

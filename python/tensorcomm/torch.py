@@ -8,10 +8,21 @@ changed line (and the import)::
 
 Every init method works unchanged (torchrun's ``env://``, ``tcp://``,
 ``file://``, an explicit ``store=``): the group meets the other ranks
-through the store PyTorch hands its backends. Tensors are CPU tensors,
-used in place (no copy): float32, float64, float16, bfloat16, int8, uint8,
-int32, int64, bool (complex tensors are viewed as real by
-``torch.distributed`` where an op allows). Collective errors raise
+through the store PyTorch hands its backends. Tensors are CPU or CUDA
+tensors, used in place (no copy): float32, float64, float16, bfloat16,
+int8, uint8, int32, int64, bool (complex tensors are viewed as real by
+``torch.distributed`` where an op allows). CUDA tensors go through the
+Rust CPU group's staged path, as on Gloo: each call's CUDA tensors (all on
+one GPU) are copied to pinned host memory on a stream ordered after the
+caller's current stream (``torch.cuda.current_stream(device)`` at call
+time), the collective runs on the host copies, and the results are copied
+back; ``Work.wait()`` makes the current stream at wait time wait for those
+copies without blocking the host, ``Work.synchronize()`` also blocks the
+host, and ``get_future()`` gives a CUDA-aware future. Ranks may mix CPU
+and CUDA tensors, and may share a GPU. A sparse CUDA tensor's all-reduce
+goes through host copies made on the current stream. Tensors on other
+devices (``meta``, ``mps``, ...) raise
+:class:`tensorcomm.errors.InvalidArgumentError`. Collective errors raise
 :class:`DistBackendError` (a ``torch.distributed.DistBackendError`` and a
 :class:`tensorcomm.errors.TensorcommError`) with the message of the Rust
 library, which names the ranks; bad arguments raise
@@ -119,22 +130,42 @@ _SPARSE_COO = torch.sparse_coo
 
 
 def _desc(tensor, what):
-    """The native descriptor of a CPU tensor: (address, dtype, shape, strides)."""
+    """The native descriptor of a tensor: (address, dtype, shape, strides)
+    for a CPU tensor; for a CUDA tensor also (device index, the caller's
+    current stream there), which the collective is ordered after."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, found {type(tensor).__name__}")
     code = _DTYPE_CODES.get(tensor.dtype)
-    if code is None or not tensor.is_cpu or tensor.layout is not _STRIDED:
+    if code is None or tensor.layout is not _STRIDED:
         _refuse(tensor, what)
-    # tensor.shape is a torch.Size, a tuple: the native side reads it as is.
-    return (tensor.data_ptr(), code, tensor.shape, tensor.stride())
+    if tensor.is_cpu:
+        # tensor.shape is a torch.Size, a tuple: the native side reads it as is.
+        return (tensor.data_ptr(), code, tensor.shape, tensor.stride())
+    if tensor.is_cuda:
+        device = tensor.get_device()
+        return (tensor.data_ptr(), code, tensor.shape, tensor.stride(), (device, _current_stream(device)))
+    _refuse(tensor, what)
+
+
+def _current_stream(device):
+    """The raw handle of PyTorch's current stream on CUDA ``device`` (0:
+    the legacy default stream)."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _cuda_place(device):
+    """What a work's ``wait()`` passes for device work on GPU ``device``
+    (``None``: host-only work)."""
+    return None if device is None else (device, _current_stream(device))
 
 
 def _refuse(tensor, what):
     """Raises the error that says why ``_desc`` cannot take ``tensor``."""
-    if not tensor.is_cpu:
+    if not (tensor.is_cpu or tensor.is_cuda):
         raise InvalidArgumentError(
-            f"{what}: expected a CPU tensor, found one on {tensor.device} "
-            "(the tensorcomm backend runs collectives on CPU tensors)"
+            f"{what}: expected a CPU or CUDA tensor, found one on {tensor.device} "
+            "(the tensorcomm backend runs collectives on CPU tensors, and on CUDA tensors "
+            "through host copies)"
         )
     if tensor.dtype not in _DTYPE_CODES:
         raise InvalidArgumentError(
@@ -237,23 +268,36 @@ class Work(_WorkBase):
     on the first ``get_future()`` call, not before.
     """
 
-    __slots__ = ("_native", "_result", "_future")
+    __slots__ = ("_native", "_result", "_future", "_device")
 
     def __init__(self, native, result):
         super().__init__()
         self._native = native
         self._result = result
         self._future = None
+        # The GPU of its CUDA tensors (None: host tensors only).
+        self._device = native.cuda_device
 
     def wait(self, timeout=None):
+        """Blocks until the collective has finished on the host and raises
+        its error; for CUDA tensors, makes the current stream of their
+        GPU wait for the copies back into them, without blocking the host
+        (as ProcessGroupGloo's CUDA work does)."""
         seconds = _wait_seconds(timeout)
         try:
-            return self._native.wait(seconds)
+            if self._device is None:
+                return self._native.wait(seconds)
+            return self._native.wait(seconds, _cuda_place(self._device))
         except TensorcommError as e:
             raise _as_dist_error(e) from None
 
     def synchronize(self):
-        self.wait()
+        """:meth:`wait`, then, for CUDA tensors, blocks the host until
+        their device work is done."""
+        try:
+            self._native.wait(None, _cuda_place(self._device), True)
+        except TensorcommError as e:
+            raise _as_dist_error(e) from None
 
     def is_completed(self):
         return self._native.is_completed()
@@ -274,12 +318,23 @@ class Work(_WorkBase):
 
     _source_rank = source_rank
 
+    def _new_future(self):
+        """An empty ``torch.futures.Future``; for CUDA work, one on the
+        work's GPU, so that waiting on it orders the waiter's current
+        stream after the collective."""
+        if self._device is None:
+            return torch.futures.Future()
+        return torch.futures.Future(devices=[torch.device("cuda", self._device)])
+
     def get_future(self):
         if self._future is None:
-            future = torch.futures.Future()
+            future = self._new_future()
             result = self._result
 
             def settle(exc):
+                # On tensorcomm's callback thread, whose current stream has
+                # been made to wait for any device work: set_result records
+                # the point the waiters of a CUDA future wait for.
                 if exc is None:
                     future.set_result(result)
                 else:
@@ -301,6 +356,8 @@ class _SparseWork(Work):
     def __init__(self, native, tensors):
         super().__init__(native, tensors)
         self._tensor = tensors[0]
+        if self._tensor.is_cuda:
+            self._device = self._tensor.get_device()
         self._lock = threading.Lock()
         self._copied = False
 
@@ -309,6 +366,8 @@ class _SparseWork(Work):
             if self._copied:
                 return
             nnz, indices, values = self._native.wait(seconds)
+            # A CUDA sparse tensor went through host copies: the sum comes
+            # back to its device (on the current stream).
             t = self._tensor
             sparse_dim = t.sparse_dim()
             indices = torch.frombuffer(indices, dtype=torch.int64).view(sparse_dim, nnz) if nnz else \
@@ -317,6 +376,8 @@ class _SparseWork(Work):
             values = torch.frombuffer(values, dtype=t.dtype).view((nnz,) + dense) if nnz else \
                 torch.zeros((0,) + dense, dtype=t.dtype)
             total = torch.sparse_coo_tensor(indices, values, t.shape, is_coalesced=True)
+            if t.is_cuda:
+                total = total.to(t.device)
             with torch.no_grad():
                 t.copy_(total)
             self._copied = True
@@ -329,9 +390,15 @@ class _SparseWork(Work):
             raise _as_dist_error(e) from None
         return True
 
+    def synchronize(self):
+        self.wait()
+        if self._device is not None:
+            # The sum was copied back to the GPU on the current stream.
+            torch.cuda.current_stream(self._device).synchronize()
+
     def get_future(self):
         if self._future is None:
-            future = torch.futures.Future()
+            future = self._new_future()
             result = self._result
 
             def settle(exc):
@@ -431,12 +498,12 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             return super().group_name
 
     def _get_backend(self, device):
-        """The backend of ``device``'s type: this group for CPU, as
-        PyTorch asks of a group (``batch_isend_irecv`` does) before it
+        """The backend of ``device``'s type: this group for CPU and CUDA,
+        as PyTorch asks of a group (``batch_isend_irecv`` does) before it
         reads the backend's ``supports_coalescing``; other device types
         raise the ``RuntimeError`` PyTorch's own groups raise."""
         kind = device if isinstance(device, str) else getattr(device, "type", str(device))
-        if str(kind).split(":", 1)[0] == "cpu":
+        if str(kind).split(":", 1)[0] in ("cpu", "cuda"):
             return self
         raise RuntimeError(f"No backend type associated with device type {kind}")
 
@@ -494,16 +561,18 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
     def _allreduce_sparse(self, tensors, t, code, opts):
         """All-reduce of a sparse COO tensor, as Gloo's: SUM only; every
         rank's ``t`` becomes the coalesced sum (new indices and values, so
-        its number of entries changes)."""
+        its number of entries changes). A CUDA sparse tensor is copied to
+        the host (after the work queued on the current stream) and the
+        sum copied back, as Gloo does."""
         if code != 0:
             raise InvalidArgumentError(
                 f"allreduce: unsupported reduction operation {_OP_NAMES[code]} for a sparse tensor "
                 "(all_reduce of sparse tensors only works with ReduceOp.SUM, as on Gloo)"
             )
-        if not t.is_cpu or t.dtype not in _DTYPE_CODES:
+        if not (t.is_cpu or t.is_cuda) or t.dtype not in _DTYPE_CODES:
             _refuse(t._values(), "allreduce: the values of the sparse tensor")
-        indices = t._indices().contiguous()
-        values = t._values().detach().contiguous()
+        indices = t._indices().cpu().contiguous()
+        values = t._values().detach().cpu().contiguous()
         try:
             blocking = opts.asyncOp is False and self._coalesced is None
         except AttributeError:
@@ -740,7 +809,7 @@ def _register():
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     try:
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
     except TypeError:  # PyTorch without the devices argument
         dist.Backend.register_backend(BACKEND_NAME, _create)
 

@@ -220,6 +220,57 @@ impl<'a> Tensor<'a> {
         )
     }
 
+    /// A tensor viewing GPU memory that another library owns (a PyTorch,
+    /// CuPy or JAX array), from its raw device address: `ptr` is the
+    /// address of the element at offset 0 on GPU `device`, and `layout`
+    /// places the elements from there (no copy; writes land in that
+    /// memory). This is how the Python package hands PyTorch's CUDA
+    /// tensors to a group.
+    ///
+    /// ```no_run
+    /// use tensorcomm::tensor::{DType, Device, Layout, Tensor};
+    /// let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    /// let slice = ctx.default_stream().clone_htod(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    /// let address = {
+    ///     use cudarc::driver::DevicePtr;
+    ///     slice.device_ptr(&ctx.default_stream()).0
+    /// };
+    /// // SAFETY: `slice` outlives `t` and holds 4 f32 at `address`.
+    /// let t = unsafe { Tensor::from_cuda_raw_parts(0, address, DType::F32, Layout::contiguous(&[2, 2]))? };
+    /// assert_eq!(t.device(), Device::Cuda(0));
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be the address of live memory in the primary context of
+    /// GPU `device` (where the CUDA runtime, and so PyTorch, allocates),
+    /// holding every element `layout` reaches, and that memory must stay
+    /// allocated and unused by anything else that writes it for as long as
+    /// the tensor (or any collective using it) lives.
+    pub unsafe fn from_cuda_raw_parts(
+        device: usize,
+        ptr: u64,
+        dtype: DType,
+        layout: Layout,
+    ) -> Result<Tensor<'static>> {
+        let len = storage_len(&layout, dtype)?;
+        if len > 0 && (ptr == 0 || !ptr.is_multiple_of(dtype.size() as u64)) {
+            return Err(Error::InvalidArgument(format!(
+                "expected a device address aligned to its {dtype} elements ({} bytes), found {ptr:#x}",
+                dtype.size()
+            )));
+        }
+        let memory = CudaMemory::Borrowed {
+            ctx: context(device)?,
+            ptr: DevicePtr(ptr),
+            len,
+            _borrow: PhantomData,
+        };
+        Tensor::with_storage(Storage::from_memory(Memory::Cuda(memory)), dtype, layout)
+    }
+
     /// A copy on `device` that owns its memory, with the same strides when
     /// `self` is non-overlapping and dense (contiguous otherwise).
     ///

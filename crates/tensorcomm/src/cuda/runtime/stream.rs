@@ -56,6 +56,37 @@ impl Stream {
         }
     }
 
+    /// Wraps a stream another library owns on GPU `device` (PyTorch's
+    /// `torch.cuda.current_stream(device).cuda_stream`), given as its raw
+    /// `CUstream` address; 0 is the device's legacy default stream. The
+    /// stream is never destroyed through this handle.
+    ///
+    /// ```no_run
+    /// use tensorcomm::cuda::runtime::{set_current_stream, Stream};
+    /// let mine = Stream::new(0)?;
+    /// // SAFETY: `mine` outlives `same`.
+    /// let same = unsafe { Stream::from_raw(0, mine.raw() as usize)? };
+    /// let _guard = set_current_stream(&same); // tensorcomm work now follows `mine`
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be 0 or a live stream of the primary context of GPU
+    /// `device`, and stay alive while the returned handle (or a clone of
+    /// it, such as one made current) is used.
+    pub unsafe fn from_raw(device: usize, raw: usize) -> Result<Stream> {
+        let ctx = context(device)?;
+        // SAFETY: the caller vouches that `raw` is a live stream of this
+        // (primary) context, or 0 (the legacy default stream), kept alive
+        // while this handle is used; the wrapper never destroys it.
+        let inner = unsafe { ctx.inner.wrap_borrowed_stream(raw as sys::CUstream) };
+        Ok(Stream {
+            inner,
+            ordinal: device,
+        })
+    }
+
     /// The GPU this stream belongs to.
     pub fn device(&self) -> usize {
         self.ordinal
