@@ -21,7 +21,7 @@ use crate::errors::{py_err, raise};
 use crate::sparse_work::PySparseWork;
 use crate::store::seconds;
 use crate::tensor_arg::{caller_stream, view, views, CudaPlace, Desc, StreamGuard};
-use crate::work::PyWork;
+use crate::work::{release_after_device, PyWork};
 
 /// The reduce op with index `code` in `SUM, AVG, PRODUCT, MIN, MAX, BAND,
 /// BOR, BXOR, PREMUL_SUM` (`factor` is PREMUL_SUM's).
@@ -99,15 +99,21 @@ impl PyGroup {
     ) -> PyResult<PyWork> {
         let pg = &**self.pg();
         if blocking {
-            let outcome = py
+            let (outcome, device_done) = py
                 .allow_threads(|| {
                     let _current = StreamGuard::new(stream)?;
-                    start(pg).map(Work::wait)
+                    start(pg).map(|work| {
+                        let device_done = stream.is_some().then(|| work.get_future());
+                        (work.wait(), device_done)
+                    })
                 })
                 .map_err(py_err)?;
-            // The collective is done with the arrays in `keep` (on the
-            // device too, once the caller's stream reaches this point).
-            drop(keep);
+            // The host is done with the arrays in `keep`; CUDA tensors are
+            // kept until the device is done with them too.
+            match device_done {
+                Some(done) => release_after_device(done, keep),
+                None => drop(keep),
+            }
             return Ok(PyWork::finished(outcome));
         }
         let work = py

@@ -15,6 +15,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use tensorcomm::group::WorkFuture;
 use tensorcomm::{Error, Work};
 
 use crate::errors::{py_err, raise, to_py};
@@ -52,6 +53,48 @@ fn callbacks() -> &'static Mutex<Sender<Callback>> {
             .expect("spawning the tensorcomm callback thread");
         Mutex::new(tx)
     })
+}
+
+/// The Python objects (tensors) of device work, with the work's future.
+type Release = (WorkFuture<()>, Py<PyAny>);
+
+/// The helper thread that lets go of device work's tensors once the device
+/// is done with them, started on first use.
+fn releases() -> &'static Mutex<Sender<Release>> {
+    static SENDER: OnceLock<Mutex<Sender<Release>>> = OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = channel::<Release>();
+        std::thread::Builder::new()
+            .name("tensorcomm-py-release".into())
+            .spawn(move || {
+                for (done, keep) in rx {
+                    // Its outcome was reported where it was waited for.
+                    let _ = done.synchronize();
+                    if finalizing() {
+                        std::mem::forget(keep);
+                    } else {
+                        // Without the GIL, pyo3 defers this decref.
+                        drop(keep);
+                    }
+                }
+            })
+            .expect("spawning the tensorcomm release thread");
+        Mutex::new(tx)
+    })
+}
+
+/// Keeps `keep` (the tensors of a collective on CUDA tensors) alive until
+/// the device is done with them, not only the host: the copies back into
+/// them may still run on tensorcomm's stream after `wait()` returns, and
+/// PyTorch's allocator may hand a freed tensor's memory to another tensor
+/// at once. Blocks here only if the helper thread is gone.
+pub(crate) fn release_after_device(done: WorkFuture<()>, keep: Py<PyAny>) {
+    let sender = releases().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Err(std::sync::mpsc::SendError((done, keep))) = sender.send((done, keep)) {
+        drop(sender);
+        let _ = done.synchronize();
+        drop(keep);
+    }
 }
 
 /// Hands `callback` and `outcome` to the callback thread.
@@ -111,6 +154,10 @@ impl Drop for PyWork {
         let Some(Pending { work, keep }) = pending else {
             return;
         };
+        if self.cuda_device.is_some() {
+            release_after_device(work.get_future(), keep);
+            return;
+        }
         if work.is_completed() {
             // Python drops a `Work` holding the GIL: a plain decref.
             drop(keep);
@@ -190,6 +237,11 @@ impl PyWork {
             }
             match slot.take() {
                 Some(Pending { work, keep }) => {
+                    // Device work the host does not wait for keeps its
+                    // tensors until the device is done (see
+                    // `release_after_device`).
+                    let device_done =
+                        (self.cuda_device.is_some() && !block_host).then(|| work.get_future());
                     let outcome = StreamGuard::new(stream).and_then(|_current| {
                         if block_host {
                             work.synchronize()
@@ -198,7 +250,13 @@ impl PyWork {
                         }
                     });
                     let _ = self.outcome.set(outcome);
-                    (false, Some(keep))
+                    match device_done {
+                        Some(done) => {
+                            release_after_device(done, keep);
+                            (false, None)
+                        }
+                        None => (false, Some(keep)),
+                    }
                 }
                 None => (false, None),
             }

@@ -192,7 +192,7 @@ pub const NCCL_LIBRARY: EnvVar = EnvVar {
 pub const NCCL_LAUNCH: EnvVar = EnvVar {
     name: "TENSORCOMM_NCCL_LAUNCH",
     default: "nonblocking",
-    doc: "how NCCL collectives are queued: `nonblocking` (NCCL queues each call from a thread of its own, 70-200 µs of host time a call) or `blocking` (the caller's thread queues them: 5-8x less host time a call; NCCL connects the collectives' peers while the group is created (`NCCL_RUNTIME_CONNECT=0` unless set), and sends, receives and sub-group splits go through a non-blocking communicator; with ranks as threads of one process, a collective after a dropped sub-group hung on two H200s); rank 0's value applies to the group",
+    doc: "how NCCL collectives are queued: `nonblocking` (NCCL queues each call from a thread of its own, 70-200 µs of host time a call) or `blocking` (the caller's thread queues them: 5-8x less host time a call; it needs `NCCL_RUNTIME_CONNECT=0` on every rank, so that NCCL connects the collectives' peers while the group is created (without it rank 0 launches non-blocking, with a warning), and sends, receives and sub-group splits go through a non-blocking communicator; with ranks as threads of one process, a collective after a dropped sub-group hung on two H200s); rank 0's value applies to the group",
     agreed: false,
 };
 

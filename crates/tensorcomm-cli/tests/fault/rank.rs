@@ -34,7 +34,7 @@ pub const RANK_BROKEN: i32 = 19;
 pub const SEED_VAR: &str = "TENSORCOMM_FAULT_RANK_SEED";
 pub const KIND_VAR: &str = "TENSORCOMM_FAULT_RANK_KIND";
 pub const TIMEOUT_VAR: &str = "TENSORCOMM_FAULT_RANK_TIMEOUT_MS";
-/// `1` when rank 0 may be the victim (see [`Scenario::new`]).
+/// `1` when rank 0 may be the victim (see [`Scenario::on`]).
 pub const VICTIM_0_VAR: &str = "TENSORCOMM_FAULT_RANK_VICTIM_0";
 /// `cpu` or `nccl` (see [`FaultBackend`]).
 pub const BACKEND_VAR: &str = "TENSORCOMM_FAULT_RANK_BACKEND";

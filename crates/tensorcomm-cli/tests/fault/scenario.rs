@@ -246,7 +246,20 @@ fn random_step(rng: &mut Rng, world: usize) -> Step {
 /// or its tensors' length. Compared as [`Step::call`], not as steps: a new
 /// `numel` that one rank's chunk rounds to the same length is no mismatch
 /// (485 and 487 elements over 8 ranks are both chunks of 61).
-fn mismatched(rng: &mut Rng, step: Step, world: usize) -> Step {
+///
+/// On NCCL the mismatch must also make the call stall (which is when the
+/// ranks compare their calls): NCCL runs two calls that move the same
+/// bytes, such as f32 against i32 of one length, to completion with
+/// garbage. So there the tensors' bytes must differ, and a barrier (one
+/// element of at most 8 bytes) only meets a call of more than 8 bytes.
+fn mismatched(rng: &mut Rng, step: Step, world: usize, backend: FaultBackend) -> Step {
+    let bytes = |s: &Step| s.tensor_numel(world) * s.dtype.size();
+    let stalls = |wrong: &Step| match (step.op, wrong.op) {
+        (Op::Barrier, Op::Barrier) => false,
+        (Op::Barrier, _) => bytes(wrong) > 8,
+        (_, Op::Barrier) => bytes(&step) > 8,
+        _ => bytes(wrong) != bytes(&step),
+    };
     loop {
         let wrong = match rng.below(3) {
             0 => Step {
@@ -259,22 +272,19 @@ fn mismatched(rng: &mut Rng, step: Step, world: usize) -> Step {
             },
             _ => random_step(rng, world),
         };
-        if wrong.call(world) != step.call(world) {
+        if wrong.call(world) != step.call(world)
+            && (backend != FaultBackend::Nccl || stalls(&wrong))
+        {
             return wrong;
         }
     }
 }
 
 impl Scenario {
-    /// `victim_0`: whether rank 0 (the store's host) may be the victim of
-    /// a fault other than [`FaultKind::StoreKill`].
-    pub fn new(seed: u64, kind: FaultKind, victim_0: bool) -> Self {
-        Self::on(seed, kind, victim_0, FaultBackend::Cpu, None)
-    }
-
     /// A scenario on `backend` over `world` ranks when given (NCCL: one
-    /// per GPU), else over the drawn world size. It draws what
-    /// [`Scenario::new`] draws for the same seed.
+    /// per GPU), else over the drawn world size. `victim_0`: whether rank
+    /// 0 (the store's host) may be the victim of a fault other than
+    /// [`FaultKind::StoreKill`].
     pub fn on(
         seed: u64,
         kind: FaultKind,
@@ -312,7 +322,7 @@ impl Scenario {
             FaultKind::StoreKill => Some(rng.next() % 300_000),
             _ => None,
         };
-        let wrong = mismatched(&mut rng, steps[fault_step], world);
+        let wrong = mismatched(&mut rng, steps[fault_step], world, backend);
         Scenario {
             seed,
             kind,

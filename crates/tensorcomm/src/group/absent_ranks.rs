@@ -14,8 +14,9 @@
 //! behind `seq` (no ring, or a last call before `seq`) are the suspects,
 //! and those furthest behind the culprits: a rank waiting in an earlier
 //! collective is ahead of the rank it waits for. When the peer waited on
-//! is not among the culprits, the timeout names the first of them (all of
-//! them in its text). Only the failure path reads the store, within the
+//! posted that it started `seq` (so it waits too) and is not among the
+//! culprits, the timeout names the first of them (all of them in its
+//! text); without that evidence the blame stays on the peer. Only the failure path reads the store, within the
 //! failure report's patience.
 //!
 //! Limits: a rank that started the collective and then stopped looks like
@@ -74,9 +75,18 @@ pub(crate) fn blame_absent(
                 .collect::<crate::Result<Vec<Option<u64>>>>()
         },
     );
-    let culprits = last.map_or_else(Vec::new, |last| furthest_behind(&last, seq));
+    // Blame moves only with evidence that the peer waited on is itself
+    // waiting in this collective (its ring says it started it): a peer
+    // that posted nothing may simply be the one that never came.
+    let (culprits, peer_waits) = match &last {
+        Some(last) => (
+            furthest_behind(last, seq),
+            last.get(peer).copied().flatten() >= Some(seq),
+        ),
+        None => (Vec::new(), false),
+    };
     match culprits.first() {
-        Some(&first) if !culprits.contains(&peer) => {
+        Some(&first) if peer_waits && !culprits.contains(&peer) => {
             tracing::debug!(
                 seq,
                 waited_on = peer,

@@ -9,9 +9,10 @@
 //! starts for that call (70-130 µs a call on two H100s), a blocking one on
 //! the caller's thread. A blocking call must not wait on the host for a
 //! peer, where neither the group's timeout nor its abort reaches it, so:
-//! NCCL makes every collective's connections while the communicators are
-//! created (`NCCL_RUNTIME_CONNECT=0`, set unless the user set it), within
-//! the timeout; point-to-point calls, whose connections NCCL makes at the
+//! NCCL must make every collective's connections while the communicators
+//! are created, within the timeout (`NCCL_RUNTIME_CONNECT=0`, which the
+//! user sets on every rank; without it rank 0 falls back to non-blocking
+//! launches, with a warning); point-to-point calls, whose connections NCCL makes at the
 //! first transfer with each peer, go through the non-blocking
 //! communicator (the blocking one's root); and sub-groups are split from
 //! the root, with the timeout, then split again into blocking ones.
@@ -66,17 +67,12 @@ fn blocking_launch() -> Result<bool> {
 /// default) or while the communicator is created (0).
 const RUNTIME_CONNECT: &str = "NCCL_RUNTIME_CONNECT";
 
-/// Makes NCCL connect every collective's peers while a communicator is
-/// created, unless the user chose otherwise (see the module docs). Called
-/// before NCCL reads it (its first communicator of the process); set once,
-/// before any NCCL thread runs.
-fn connect_eagerly() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os(RUNTIME_CONNECT).is_none() {
-            std::env::set_var(RUNTIME_CONNECT, "0");
-        }
-    });
+/// True if NCCL connects every collective's peers while a communicator is
+/// created (`NCCL_RUNTIME_CONNECT=0`), which blocking launches need (see
+/// the module docs). Read, never set: NCCL reads it once per process, and
+/// setting the environment of a running process is not safe.
+fn connects_eagerly() -> bool {
+    std::env::var(RUNTIME_CONNECT).is_ok_and(|v| v.trim() == "0")
 }
 
 /// How long a non-blocking communicator's state is polled without
@@ -134,9 +130,13 @@ impl Communicator {
         ctx.bind()?;
         let id_key = format!("{key}/unique_id");
         let (id, blocking) = if rank == 0 {
-            let blocking = blocking_launch()?;
-            if blocking {
-                connect_eagerly();
+            let mut blocking = blocking_launch()?;
+            if blocking && !connects_eagerly() {
+                tracing::warn!(
+                    "{}=blocking needs {RUNTIME_CONNECT}=0 on every rank (a blocking call must not wait for a first connection); launching non-blocking",
+                    env_vars::NCCL_LAUNCH.name
+                );
+                blocking = false;
             }
             let mut id = UniqueId { bytes: [0; 128] };
             // SAFETY: one ncclUniqueId out-parameter.
@@ -165,8 +165,15 @@ impl Communicator {
             };
             let mut id = UniqueId { bytes: [0; 128] };
             id.bytes.copy_from_slice(bytes);
-            if blocking {
-                connect_eagerly();
+            if blocking && !connects_eagerly() {
+                return Err(Error::BadValue {
+                    name: RUNTIME_CONNECT.into(),
+                    expected: format!(
+                        "0, as on rank 0, which chose {}=blocking",
+                        env_vars::NCCL_LAUNCH.name
+                    ),
+                    found: std::env::var(RUNTIME_CONNECT).unwrap_or_else(|_| "unset".into()),
+                });
             }
             (id, blocking)
         };
@@ -232,7 +239,10 @@ impl Communicator {
     /// Splits off the communicator of the ranks that pass the same `color`
     /// (ordered by `key`); `None` on a rank that passes no color.
     /// Every rank of this communicator calls it. A split that fails or
-    /// does not end within `timeout` aborts this communicator too.
+    /// does not end within `timeout` aborts this communicator too (with
+    /// blocking launches: when splitting the root fails; when the second
+    /// split, into the sub-group's blocking communicator, fails, only the
+    /// sub-group's root is aborted).
     pub(crate) fn split(
         &self,
         color: Option<usize>,
@@ -259,14 +269,24 @@ impl Communicator {
 
     /// Splits this non-blocking communicator (every rank of it calls this)
     /// into a blocking one with the same ranks, whose root it becomes.
+    /// On failure this communicator is aborted (not left to finalize).
     fn into_blocking(self, timeout: Duration) -> Result<Communicator> {
-        let mut child = self
-            .split_into(Some(0), self.rank, timeout, true)?
-            .ok_or_else(|| Error::Nccl {
-                call: "ncclCommSplit".into(),
-                code: "no communicator".into(),
-                message: "a split with one color for every rank gave this rank none".into(),
-            })?;
+        let split = self.split_into(Some(0), self.rank, timeout, true);
+        let mut child = match split {
+            Ok(Some(child)) => child,
+            Ok(None) => {
+                self.abort();
+                return Err(Error::Nccl {
+                    call: "ncclCommSplit".into(),
+                    code: "no communicator".into(),
+                    message: "a split with one color for every rank gave this rank none".into(),
+                });
+            }
+            Err(e) => {
+                self.abort();
+                return Err(e);
+            }
+        };
         child.root = Some(Box::new(self));
         Ok(child)
     }
