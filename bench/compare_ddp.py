@@ -9,6 +9,12 @@ about the same compute; then both run at each world size and the table
 gives step times and the ratio tensorcomm / PyTorch (below 1.0: faster).
 
     python3 bench/compare_ddp.py --tensorcomm target/release/tensorcomm --ranks 2,4
+
+--grad-as-bucket-view adds, at each world size, a row with both sides
+writing gradients straight into their bucket views: PyTorch DDP with
+gradient_as_bucket_view=True, tensorcomm with --grad-as-bucket-view (the
+default rows copy gradients into the buckets and back on both sides).
+PyTorch comes from the Python running this script.
 """
 import argparse
 import json
@@ -41,6 +47,8 @@ def main():
     p.add_argument("--tensorcomm", default="target/release/tensorcomm")
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--steps", default="10")
+    p.add_argument("--grad-as-bucket-view", action="store_true",
+                   help="also run both sides with gradients as bucket views")
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "ddp_torch.py")
@@ -51,23 +59,30 @@ def main():
     compute_us = int(base["step_ms"] * 1000 / layers)
     print(f"# PyTorch world size 1: {base['step_ms']:.1f} ms per step; tensorcomm simulates "
           f"{compute_us} us of compute per layer ({layers} layers), all-reduce hook, CPU ranks")
-    print(f"{'ranks':>5} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} {'comm ms':>8} {'exposed ms':>11}")
+    modes = [False, True] if a.grad_as_bucket_view else [False]
+    mode_head = f" {'grads':>5}" if a.grad_as_bucket_view else ""
+    print(f"{'ranks':>5}{mode_head} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} "
+          f"{'comm ms':>8} {'exposed ms':>11}")
     ok = True
     for n in [1] + [int(r) for r in a.ranks.split(",")]:
-        if n == 1:
-            t = base
-        else:
-            t = run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
-                     script, "--steps", a.steps])
-        c = run([a.tensorcomm, "bench", "--op", "ddp", "-n", str(n), "--model", "mlp",
-                 "--hook", "allreduce", "--compute-us", str(compute_us), "--iters", a.steps,
-                 "--warmup", "3", "--json"])
-        if not t or not c:
-            ok = False
-            continue
-        tc_ms = c["step_us"] / 1000
-        print(f"{n:>5} {t['step_ms']:>9.1f} {tc_ms:>14.1f} {tc_ms / t['step_ms']:>6.2f} "
-              f"{c['comm_us'] / 1000:>8.1f} {c['exposed_us'] / 1000:>11.1f}")
+        for view in modes:
+            if n == 1:
+                t = base  # no DDP at world size 1: no bucket, no copies
+            else:
+                t = run([sys.executable, "-m", "torch.distributed.run",
+                         f"--nproc-per-node={n}", script, "--steps", a.steps]
+                        + (["--gradient-as-bucket-view"] if view else []))
+            c = run([a.tensorcomm, "bench", "--op", "ddp", "-n", str(n), "--model", "mlp",
+                     "--hook", "allreduce", "--compute-us", str(compute_us), "--iters", a.steps,
+                     "--warmup", "3", "--json"]
+                    + (["--grad-as-bucket-view"] if view else []))
+            if not t or not c:
+                ok = False
+                continue
+            tc_ms = c["step_us"] / 1000
+            mode = f" {'view' if view else 'copy':>5}" if a.grad_as_bucket_view else ""
+            print(f"{n:>5}{mode} {t['step_ms']:>9.1f} {tc_ms:>14.1f} {tc_ms / t['step_ms']:>6.2f} "
+                  f"{c['comm_us'] / 1000:>8.1f} {c['exposed_us'] / 1000:>11.1f}", flush=True)
     sys.exit(0 if ok else 1)
 
 

@@ -3,7 +3,10 @@
 `tensorcomm bench --op ddp --model mlp` simulates (six 2048x2048 linear
 layers and a 2048x10 head, 25.2M parameters), batch 32, SGD, real forward
 and backward. Prints one JSON object: {"ranks", "step_ms" (median of the
-slowest rank), "steps"}.
+slowest rank), "steps", "gradient_as_bucket_view"}.
+
+--gradient-as-bucket-view builds DDP with gradient_as_bucket_view=True
+(param.grad is a view of DDP's bucket: no copy into the bucket or back).
 
 World size 1 (no process group, plain training):
     python3 bench/ddp_torch.py
@@ -34,6 +37,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--gradient-as-bucket-view", action="store_true")
     a = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -41,7 +45,8 @@ def main():
     net = model()
     if world > 1:
         dist.init_process_group("gloo")
-        net = nn.parallel.DistributedDataParallel(net)
+        net = nn.parallel.DistributedDataParallel(
+            net, gradient_as_bucket_view=a.gradient_as_bucket_view)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
     x = torch.randn(a.batch, 2048)
     y = torch.randn(a.batch, 10)
@@ -64,7 +69,9 @@ def main():
     else:
         rank = 0
     if rank == 0:
-        print(json.dumps({"ranks": world, "step_ms": step, "steps": a.steps}), flush=True)
+        print(json.dumps({"ranks": world, "step_ms": step, "steps": a.steps,
+                          "gradient_as_bucket_view": a.gradient_as_bucket_view and world > 1}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -421,6 +421,80 @@ fn data_parallel_training_matches_single_process_training() {
     }
 }
 
+/// [`train_data_parallel`] with the backward pass writing each gradient
+/// straight into its bucket view (`Reducer::gradient`, fetched before
+/// every backward pass) and the SGD step reading the averages there
+/// (`gradient_as_bucket_view`: nothing is copied in or back).
+fn train_in_bucket_views(world: usize, prefix: &str) -> Vec<(Vec<f32>, Vec<f32>)> {
+    on_ranks(ranks(world, prefix), move |pg| {
+        let rank = pg.rank();
+        let data = dataset();
+        let per_rank = data.len() / world;
+        let mine = &data[rank * per_rank..(rank + 1) * per_rank];
+        let init: f32 = if rank == 0 { 0.1 } else { 7.0 };
+        let w = Tensor::from_vec(vec![init; 6], &[2, 3]).unwrap();
+        let b = Tensor::from_vec(vec![init - 0.1; 2], &[2]).unwrap();
+        broadcast_coalesced(&*pg, &[w.clone(), b.clone()], 1 << 20, 0).unwrap();
+        let params = vec![TensorSpec::of(&w), TensorSpec::of(&b)];
+        let options = ReducerOptions {
+            bucket_cap_bytes: 8,
+            first_bucket_bytes: 8,
+            gradient_as_bucket_view: true,
+            ..ReducerOptions::default()
+        };
+        let mut reducer = Reducer::new(pg, params, Arc::new(AllReduceHook), options).unwrap();
+        let mut first_views = None;
+        for step in 0..STEPS {
+            let (gw_view, gb_view) = (reducer.gradient(0).unwrap(), reducer.gradient(1).unwrap());
+            let (wv, bv) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+            let (gw, gb) = linear_grads(&wv, &bv, mine);
+            gb_view
+                .copy_from(&Tensor::from_vec(gb, &[2]).unwrap())
+                .unwrap();
+            reducer.mark_ready(1, &gb_view).unwrap(); // backward: the bias first
+            gw_view
+                .copy_from(&Tensor::from_vec(gw, &[2, 3]).unwrap())
+                .unwrap();
+            reducer.mark_ready(0, &gw_view).unwrap();
+            reducer.finish().unwrap();
+            let sgd = |p: &Tensor<'static>, g: &Tensor<'static>| {
+                let v: Vec<f32> = p
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .zip(g.to_vec::<f32>().unwrap())
+                    .map(|(p, g)| p - LR * g)
+                    .collect();
+                p.copy_from(&Tensor::from_vec(v, p.shape()).unwrap())
+                    .unwrap();
+            };
+            sgd(&w, &gw_view);
+            sgd(&b, &gb_view);
+            if step == 0 {
+                first_views = Some(gw_view);
+            }
+        }
+        // The first finish() rebuilt the buckets: the first iteration's
+        // views are not where the gradients live now, hence fetching the
+        // views before every backward pass.
+        let stale = first_views.unwrap();
+        assert!(!stale.shares_storage(&reducer.gradient(0).unwrap()));
+        (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap())
+    })
+}
+
+#[test]
+fn training_in_bucket_views_matches_training_with_copies() {
+    let copying = train_data_parallel(2, Arc::new(AllReduceHook), "train-copy");
+    let in_views = train_in_bucket_views(2, "train-view");
+    // The same sums in the same order: bitwise the same parameters.
+    assert_eq!(in_views, copying);
+    // The ranks trained on different halves of the data and agree, so
+    // the gradients in the views were averaged.
+    assert_eq!(in_views[0], in_views[1]);
+    assert!(max_diff(&in_views[0].0, &[0.1; 6]) > 0.1);
+}
+
 #[test]
 fn fp16_compressed_training_stays_close_to_single_process_training() {
     let (w, b) = train_single_process();

@@ -19,6 +19,17 @@
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
 //!
+//! `--grad-as-bucket-view` runs the Reducer with `gradient_as_bucket_view`
+//! and the backward writing into the buckets, as PyTorch DDP's
+//! `gradient_as_bucket_view=True` does: at each step's start the rank
+//! fetches every parameter's bucket view (`Reducer::gradient`); each
+//! layer's backward writes its gradients' values there (the values the
+//! copying mode hands over: a fill of 1.0 on the host, a device-to-device
+//! copy on a GPU), which counts inside its `--compute-us` (it spins only
+//! what is left of it, as a real backward's output write is part of its
+//! compute; a write longer than that takes its own time), then marks them
+//! ready with the views: no copy in, none back in `finish()`.
+//!
 //! `--device cuda` makes the gradients CUDA tensors on the rank's GPU
 //! (`LOCAL_RANK` modulo the GPU count), so the buckets, the hooks'
 //! messages and the write-back live there (the hooks' element-wise maths
@@ -279,6 +290,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
         format!("--iters={}", args.iters),
         format!("--warmup={}", args.warmup),
     ];
+    if args.grad_as_bucket_view {
+        rank_args.push("--grad-as-bucket-view".into());
+    }
     if args.backend == BenchBackend::Nccl {
         rank_args.push("--backend=nccl".into());
     }
@@ -339,6 +353,16 @@ fn spin(us: u64) {
     }
 }
 
+/// Writes a gradient's values into its bucket view `view`, as a backward
+/// pass writes its output: on the host a fill with the copying mode's
+/// value (1.0), on a GPU a device-to-device copy of `values`.
+fn write_gradient(view: &Tensor<'static>, values: &Tensor<'static>) -> tensorcomm::Result<()> {
+    match view.device() {
+        Device::Cpu => view.fill(1.0f32),
+        Device::Cuda(_) => view.copy_from(values),
+    }
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
@@ -380,6 +404,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     let options = ReducerOptions {
         bucket_cap_bytes: args.bucket_cap,
         first_bucket_bytes: DEFAULT_FIRST_BUCKET_BYTES.min(args.bucket_cap),
+        gradient_as_bucket_view: args.grad_as_bucket_view,
         ..ReducerOptions::default()
     };
     let specs = shapes
@@ -403,10 +428,29 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         pg.barrier(None)?.wait()?;
         *timeline.lock().unwrap_or_else(PoisonError::into_inner) = Timeline::default();
         let start = Instant::now();
-        for layer in layers.iter().rev() {
-            spin(args.compute_us);
-            for &p in layer.iter().rev() {
-                reducer.mark_ready(p, &grads[p])?;
+        if args.grad_as_bucket_view {
+            // Before the backward pass: where each gradient goes (the
+            // first finish() rebuilds the buckets, so every step).
+            let views = (0..shapes.len())
+                .map(|p| reducer.gradient(p))
+                .collect::<tensorcomm::Result<Vec<_>>>()?;
+            for layer in layers.iter().rev() {
+                let began = Instant::now();
+                for &p in layer.iter().rev() {
+                    write_gradient(&views[p], &grads[p])?;
+                }
+                let written = began.elapsed().as_micros() as u64;
+                spin(args.compute_us.saturating_sub(written));
+                for &p in layer.iter().rev() {
+                    reducer.mark_ready(p, &views[p])?;
+                }
+            }
+        } else {
+            for layer in layers.iter().rev() {
+                spin(args.compute_us);
+                for &p in layer.iter().rev() {
+                    reducer.mark_ready(p, &grads[p])?;
+                }
             }
         }
         let ready = Instant::now();
@@ -449,13 +493,21 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             ",\"backend\":\"cpu\",\"device\":\"cuda\"".to_string(),
         ),
     };
+    let (views_text, views_json) = if args.grad_as_bucket_view {
+        (
+            ", gradients written into their bucket views",
+            ",\"grad_as_bucket_view\":true",
+        )
+    } else {
+        ("", "")
+    };
     if rank == 0 {
         let numel = model.numel();
         let buckets = reducer.bucket_indices().len();
         let compute_us = args.compute_us * layers.len() as u64;
         if args.json {
             println!(
-                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}{json_placement}}}",
+                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}{json_placement}{views_json}}}",
                 model.name,
                 shapes.len(),
                 layers.len(),
@@ -466,7 +518,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             );
         } else {
             println!(
-                "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {}{placement}, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
+                "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {}{placement}{views_text}, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
                 model.name,
                 shapes.len(),
                 layers.len(),

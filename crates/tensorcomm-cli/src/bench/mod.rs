@@ -294,6 +294,12 @@ pub struct BenchArgs {
     /// ddp: PowerSGD's matrix approximation rank.
     #[arg(long, default_value_t = 1)]
     powersgd_rank: usize,
+    /// ddp: the simulated backward writes each gradient straight into its
+    /// bucket view (`Reducer::gradient`, with `gradient_as_bucket_view`,
+    /// as PyTorch DDP's `gradient_as_bucket_view=True`), within the
+    /// layer's --compute-us: nothing is copied into the buckets or back.
+    #[arg(long)]
+    grad_as_bucket_view: bool,
     /// cpu with --device cuda: give the group peer memory (the device path:
     /// all_reduce on the GPUs when every rank can; TENSORCOMM_INTRANODE
     /// says which groups qualify, `shared` for ranks sharing a GPU).

@@ -51,6 +51,22 @@ pub(crate) fn zero_fill(t: &Tensor<'_>) -> Result<()> {
     }
 }
 
+/// Copies `src` into `dst`, unless `src` is `dst` itself (the same
+/// storage, dtype and layout: a gradient written straight into its bucket
+/// view). Then nothing is copied; for a CUDA tensor the host only waits,
+/// as the copy would have, for the calling thread's work on its GPU (the
+/// work that wrote it), so a GPU buffer is never copied onto itself.
+pub(crate) fn copy_unless_same(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
+    let same = dst.shares_storage(src)
+        && dst.dtype() == src.dtype()
+        && dst.device() == src.device()
+        && dst.layout() == src.layout();
+    if same {
+        return settle(dst);
+    }
+    dst.copy_from(src)
+}
+
 /// The elements `offset..offset + numel(shape)` of the flat `buffer`,
 /// viewed with `shape`.
 pub(crate) fn view_of<'a>(

@@ -9,7 +9,7 @@ mod tests;
 use std::sync::Arc;
 
 use self::layout::BucketLayout;
-use super::flat_buffer::{moved_to, zero_fill};
+use super::flat_buffer::{copy_unless_same, moved_to, zero_fill};
 use super::{CommHook, TensorSpec, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
 use crate::group::{Backend, ProcessGroup, ReduceOp, WorkFuture};
 use crate::tensor::{Device, Tensor};
@@ -31,7 +31,11 @@ pub struct ReducerOptions {
     pub find_unused_parameters: bool,
     /// Leave the averaged gradients in the buckets (read them through
     /// [`Reducer::gradient`]) instead of copying them back into the
-    /// tensors given to [`Reducer::mark_ready`].
+    /// tensors given to [`Reducer::mark_ready`]. With the backward pass
+    /// writing each gradient straight into its bucket view (from
+    /// [`Reducer::gradient`], fetched before the backward pass, as
+    /// PyTorch's `param.grad` is that view), no gradient is copied in or
+    /// out.
     pub gradient_as_bucket_view: bool,
 }
 
@@ -176,6 +180,41 @@ impl Reducer {
 
     /// Parameter `param`'s gradient slot: a view into its bucket. After
     /// [`finish`](Reducer::finish) it holds the averaged gradient.
+    ///
+    /// A backward pass may write the gradient straight into it: given to
+    /// [`mark_ready`](Reducer::mark_ready), the view is not copied (it is
+    /// its bucket slot already), and with
+    /// [`gradient_as_bucket_view`](ReducerOptions::gradient_as_bucket_view)
+    /// [`finish`](Reducer::finish) copies nothing back either (as PyTorch
+    /// DDP's `gradient_as_bucket_view=True`, where `param.grad` is the
+    /// view). Fetch the views before every backward pass: the first
+    /// `finish()` rebuilds the buckets in arrival order (new buffers; the
+    /// old views still hold that iteration's averages, but a gradient
+    /// written into one later would be copied in and its average left in
+    /// the new bucket only).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tensorcomm::ddp::{AllReduceHook, Reducer, ReducerOptions, TensorSpec};
+    /// use tensorcomm::tensor::{DType, Tensor};
+    ///
+    /// let pg = tensorcomm::init_process_group(tensorcomm::Backend::Cpu, "tcp://127.0.0.1:0?rank=0&world_size=1")?;
+    /// let params = vec![TensorSpec::new(&[2, 2], DType::F32), TensorSpec::new(&[2], DType::F32)];
+    /// let options = ReducerOptions { gradient_as_bucket_view: true, ..ReducerOptions::default() };
+    /// let mut reducer = Reducer::new(pg, params, Arc::new(AllReduceHook), options)?;
+    /// for step in 0..3 {
+    ///     // Before the backward pass: where each gradient goes.
+    ///     let (w, b) = (reducer.gradient(0)?, reducer.gradient(1)?);
+    ///     b.fill(step as f32)?; // the backward pass writes the bias's gradient...
+    ///     reducer.mark_ready(1, &b)?; // ...and hands it over: no copy
+    ///     w.fill(1.0f32)?;
+    ///     reducer.mark_ready(0, &w)?;
+    ///     reducer.finish()?; // no copy back: the views hold the means
+    ///     assert_eq!(b.to_vec::<f32>()?, [step as f32; 2]);
+    ///     assert_eq!(w.to_vec::<f32>()?, [1.0; 4]);
+    /// }
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
     pub fn gradient(&self, param: usize) -> Result<Tensor<'static>> {
         self.check_index(param, "gradient")?;
         self.layout.view(&self.params, param)
@@ -237,10 +276,11 @@ impl Reducer {
     }
 
     /// Records parameter `param`'s gradient for this iteration: copies it
-    /// into its bucket and, if that completes the next buckets in order,
-    /// starts their hooks. Starts an iteration if none is in progress. An
-    /// error if the gradient was already marked in this iteration, or does
-    /// not match the parameter's shape and dtype.
+    /// into its bucket (unless it is its bucket view, from
+    /// [`gradient`](Reducer::gradient)) and, if that completes the next
+    /// buckets in order, starts their hooks. Starts an iteration if none
+    /// is in progress. An error if the gradient was already marked in this
+    /// iteration, or does not match the parameter's shape and dtype.
     pub fn mark_ready(&mut self, param: usize, grad: &Tensor<'static>) -> Result<()> {
         self.check_index(param, "mark_ready")?;
         let spec = &self.params[param];
@@ -276,7 +316,7 @@ impl Reducer {
         }
         let slot = self.layout.view(&self.params, param)?;
         match grad {
-            Some(grad) => slot.copy_from(grad)?,
+            Some(grad) => copy_unless_same(&slot, grad)?,
             None => zero_fill(&slot)?,
         }
         let keep = !self.options.gradient_as_bucket_view;
@@ -321,8 +361,9 @@ impl Reducer {
     }
 
     /// Waits for every bucket, writes the averaged gradients back (into
-    /// the tensors given to [`mark_ready`](Reducer::mark_ready), unless
-    /// `gradient_as_bucket_view`), and ends the iteration. After the first
+    /// the tensors given to [`mark_ready`](Reducer::mark_ready) that are
+    /// not their bucket views, unless `gradient_as_bucket_view`), and ends
+    /// the iteration. After the first
     /// iteration, rebuilds the buckets in the order gradients arrived on
     /// rank 0 (not with `find_unused_parameters`).
     ///
@@ -386,7 +427,7 @@ impl Reducer {
             .collect();
         for (p, grad) in current.grads.iter().enumerate() {
             if let (Some(grad), true) = (grad, globally_used[p]) {
-                grad.copy_from(&self.layout.view(&self.params, p)?)?;
+                copy_unless_same(grad, &self.layout.view(&self.params, p)?)?;
             }
         }
         if !self.rebuilt && !self.options.find_unused_parameters {

@@ -214,9 +214,7 @@ impl<'a> Tensor<'a> {
         let bytes = guard.bytes_mut()?;
         match self.layout.span() {
             Some(span) if self.layout.is_non_overlapping_and_dense() => {
-                for slot in bytes[span.start * size..span.end * size].chunks_exact_mut(size) {
-                    slot.copy_from_slice(element);
-                }
+                fill_repeating(&mut bytes[span.start * size..span.end * size], element);
             }
             _ => {
                 for offset in self.layout.offsets() {
@@ -287,6 +285,20 @@ pub(super) fn same_dense_order(a: &Layout, b: &Layout) -> bool {
             .iter()
             .zip(a.strides().iter().zip(b.strides()))
             .all(|(&size, (sa, sb))| size < 2 || sa == sb)
+}
+
+/// Writes `element` over and over into `dst` (a whole number of
+/// elements): a block of it repeated, copied block by block, so that
+/// large fills run at memory speed rather than one element at a time.
+fn fill_repeating(dst: &mut [u8], element: &[u8]) {
+    const BLOCK_BYTES: usize = 4096;
+    let block = element.repeat((BLOCK_BYTES / element.len()).max(1));
+    let mut chunks = dst.chunks_exact_mut(block.len());
+    for chunk in &mut chunks {
+        chunk.copy_from_slice(&block);
+    }
+    let rest = chunks.into_remainder();
+    rest.copy_from_slice(&block[..rest.len()]);
 }
 
 #[cfg(test)]
@@ -413,6 +425,25 @@ mod tests {
             s.spawn(|| (0..200).for_each(|_| b.copy_from(&a).unwrap()));
         });
         assert_eq!(a.to_vec::<u8>().unwrap(), b.to_vec::<u8>().unwrap());
+    }
+
+    #[test]
+    fn large_dense_fills_write_every_element_of_the_view_and_no_other() {
+        // Several 4 KiB blocks and a remainder, at an offset: f32 and a
+        // 2-byte dtype whose elements are not all one byte.
+        let t = Tensor::zeros(&[5000], DType::F32).unwrap();
+        t.narrow(0, 3, 4321).unwrap().fill(1.5f32).unwrap();
+        let got = t.to_vec::<f32>().unwrap();
+        assert!(got[..3].iter().all(|&v| v == 0.0));
+        assert!(got[3..4324].iter().all(|&v| v == 1.5));
+        assert!(got[4324..].iter().all(|&v| v == 0.0));
+        let h = Tensor::zeros(&[3001], DType::F16).unwrap();
+        h.fill(f16::from_f32(-2.25)).unwrap();
+        assert!(h
+            .to_vec::<f16>()
+            .unwrap()
+            .iter()
+            .all(|v| v.to_f32() == -2.25));
     }
 
     #[test]
