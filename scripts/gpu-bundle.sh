@@ -3,15 +3,24 @@
 # into one folder (default .gpu, relative to the current directory), with
 # gpu-run.sh and the PyTorch comparison script, ready to carry to a GPU
 # machine:  scripts/gpu-bundle.sh /work/main/.gpu
+# Test names after the folder keep only those test binaries (a smaller
+# bundle); EXAMPLES="ddp_mlp" adds example binaries:
+#   EXAMPLES=ddp_mlp scripts/gpu-bundle.sh .gpu-mg group_nccl group_nccl_ranks
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="${1:-.gpu}"
+shift || true
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 cd "$root"
 cargo build --release -p tensorcomm-cli
 # The test executables cargo builds, one per test target, by name.
-cargo test --release --no-run -p tensorcomm --tests --message-format=json 2>/dev/null \
+targets=(--tests)
+if [ "$#" -gt 0 ]; then
+  targets=()
+  for t in "$@"; do targets+=(--test "$t"); done
+fi
+cargo test --release --no-run -p tensorcomm "${targets[@]}" --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -26,6 +35,11 @@ while read -r name exe; do
 done < "$dest/tests.txt"
 cp target/release/tensorcomm "$dest/tensorcomm"
 strip "$dest/tensorcomm"
-cp scripts/gpu-run.sh scripts/gloo-ab.sh bench/gloo_cuda_torch.py bench/nccl_torch.py bench/compare_nccl.py bench/cuda_comm_torch.py bench/compare_gloo.py bench/gloo_bench.py \
-  bench/cpu_sweeps.sh "$dest/"
+for e in ${EXAMPLES:-}; do
+  cargo build --release -p tensorcomm --example "$e"
+  cp "target/release/examples/$e" "$dest/$e"
+  strip "$dest/$e"
+done
+git rev-parse --short HEAD > "$dest/REVISION"
+cp scripts/gpu-run.sh scripts/gloo-ab.sh scripts/multi-gpu-run.sh bench/*.py bench/cpu_sweeps.sh "$dest/"
 du -sh "$dest"
