@@ -84,6 +84,15 @@ pub enum Error {
     /// The store server could not bind its address.
     #[error("address {addr} is already in use (is another store or job running there?)")]
     AddressInUse { addr: String },
+    /// A listener (rank 0's store server, a CPU transport's listener)
+    /// cannot listen where peers are told to reach it; `reason` says why
+    /// and what to set instead.
+    #[error("cannot listen for {what} on {addr}: {reason}")]
+    ListenAddress {
+        what: String,
+        addr: String,
+        reason: String,
+    },
     /// The server hosting rank waited for its clients and not all came.
     #[error(
         "timed out after {timeout:?} waiting for store clients: {joined}/{expected} clients joined"
