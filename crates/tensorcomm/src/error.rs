@@ -202,6 +202,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A peer's transport refused this rank's connection; `reason` says
+    /// why (another job or group, a missing or different token).
+    #[error("rank {peer}'s transport at {addr} refused this rank's connection: {reason}")]
+    PeerRefused {
+        peer: usize,
+        addr: String,
+        reason: String,
+    },
     /// A peer sent bytes that are not what the protocol expects.
     #[error("rank {peer} broke the protocol: expected {expected}, found {found}")]
     PeerProtocol {

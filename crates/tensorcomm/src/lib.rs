@@ -54,6 +54,7 @@ pub mod env_vars;
 pub mod error;
 pub mod group;
 pub mod init;
+pub mod job_token;
 pub mod listen_address;
 pub mod rendezvous;
 pub mod store;

@@ -198,6 +198,11 @@ impl Clone for Error {
                 during: during.clone(),
                 source: clone_io(source),
             },
+            Error::PeerRefused { peer, addr, reason } => Error::PeerRefused {
+                peer: *peer,
+                addr: addr.clone(),
+                reason: reason.clone(),
+            },
             Error::PeerProtocol {
                 peer,
                 expected,
