@@ -1,9 +1,12 @@
 //! `tensorcomm store`: serve a standalone TCP store, or benchmark one.
 //!
-//! `tensorcomm store serve --host 0.0.0.0 --port 29500 [--world-size N]`
+//! `tensorcomm store serve [--host H] --port 29500 [--world-size N]`
 //! runs a [`TcpStoreServer`] until the process is killed, printing
-//! `tensorcomm store listening on ADDR` once it listens. The shared token,
-//! if any, comes from `$TENSORCOMM_STORE_TOKEN`.
+//! `tensorcomm store listening on ADDR` once it listens. It listens on
+//! `--host`, by default `$MASTER_ADDR` where set and loopback otherwise;
+//! every interface only when asked (`--host 0.0.0.0`, or
+//! `TENSORCOMM_BIND_ALL=1`). The shared token, if any, comes from
+//! `$TENSORCOMM_STORE_TOKEN`.
 //!
 //! `tensorcomm store bench` measures a server started in this process: how
 //! fast one `set` wakes a thousand waiting clients, the round-trip latency
@@ -34,9 +37,10 @@ enum StoreCommand {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0")]
-    host: String,
+    /// Address to listen on [default: $MASTER_ADDR, else 127.0.0.1;
+    /// every interface with TENSORCOMM_BIND_ALL=1].
+    #[arg(long)]
+    host: Option<String>,
     /// Port to listen on (0 picks a free one, printed on start).
     #[arg(long, default_value_t = 29500)]
     port: u16,
@@ -60,7 +64,19 @@ fn serve(args: ServeArgs) -> ExitCode {
         timeout: Duration::from_secs(args.timeout_secs),
         ..TcpStoreOptions::default()
     };
-    let addr = tensorcomm::rendezvous::host_port(&args.host, args.port);
+    let bind_all = match tensorcomm::listen_address::bind_all_from_env() {
+        Ok(all) => all,
+        Err(e) => {
+            eprintln!("tensorcomm store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let host = args.host.clone().unwrap_or_else(|| {
+        let master = std::env::var("MASTER_ADDR").ok().filter(|h| !h.is_empty());
+        let host = master.unwrap_or_else(|| "127.0.0.1".into());
+        tensorcomm::listen_address::listen_host(&host, bind_all).to_string()
+    });
+    let addr = tensorcomm::rendezvous::host_port(&host, args.port);
     let server = match TcpStoreServer::bind(&addr, &options) {
         Ok(server) => server,
         Err(e) => {

@@ -19,11 +19,19 @@ impl Drop for Server {
 
 /// Starts `tensorcomm store serve` on a free port; returns it and its address.
 fn serve(extra: &[&str], token: Option<&str>) -> (Server, String) {
+    serve_on(&["--host", "127.0.0.1"], extra, token)
+}
+
+/// [`serve`] with `host_args` choosing where it listens.
+fn serve_on(host_args: &[&str], extra: &[&str], token: Option<&str>) -> (Server, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tensorcomm"));
     command
-        .args(["store", "serve", "--host", "127.0.0.1", "--port", "0"])
+        .args(["store", "serve", "--port", "0"])
+        .args(host_args)
         .args(extra)
         .env_remove("TENSORCOMM_STORE_TOKEN")
+        .env_remove("TENSORCOMM_BIND_ALL")
+        .env_remove("MASTER_ADDR")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(token) = token {
@@ -61,6 +69,14 @@ fn serve_prints_its_address_and_serves() {
     a.set("hello", b"world").unwrap();
     assert_eq!(b.get("hello").unwrap(), b"world");
     assert_eq!(b.add("count", 3).unwrap(), 3);
+}
+
+#[test]
+fn serve_listens_on_loopback_unless_told_otherwise() {
+    let (_server, addr) = serve_on(&[], &[], None);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let (_server, addr) = serve_on(&["--host", "0.0.0.0"], &[], None);
+    assert!(addr.starts_with("0.0.0.0:"), "{addr}");
 }
 
 #[test]

@@ -136,7 +136,15 @@ pub const FLIGHT_RECORDER_DIR: EnvVar = EnvVar {
 pub const STORE_TOKEN: EnvVar = EnvVar {
     name: "TENSORCOMM_STORE_TOKEN",
     default: "unset: no secret",
-    doc: "shared secret the TCP store's server asks of every client",
+    doc: "the job's shared secret: the TCP store's server asks it of every client, and CPU-group TCP connections prove it in their handshake (see the README's Security section)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_BIND_ALL`.
+pub const BIND_ALL: EnvVar = EnvVar {
+    name: "TENSORCOMM_BIND_ALL",
+    default: "0",
+    doc: "1: rank 0's TCP store and the CPU transport's TCP listeners listen on every interface; 0: only on the address peers are told (`MASTER_ADDR`'s interface for the store, the advertised address for the transport)",
     agreed: false,
 };
 
@@ -234,6 +242,7 @@ pub const VARIABLES: &[EnvVar] = &[
     FLIGHT_RECORDER_SIZE,
     FLIGHT_RECORDER_DIR,
     STORE_TOKEN,
+    BIND_ALL,
     CACHE_DIR,
     CUDA_COPY,
     CUDA_CE_MIN,

@@ -84,6 +84,15 @@ pub enum Error {
     /// The store server could not bind its address.
     #[error("address {addr} is already in use (is another store or job running there?)")]
     AddressInUse { addr: String },
+    /// A listener (rank 0's store server, a CPU transport's listener)
+    /// cannot listen where peers are told to reach it; `reason` says why
+    /// and what to set instead.
+    #[error("cannot listen for {what} on {addr}: {reason}")]
+    ListenAddress {
+        what: String,
+        addr: String,
+        reason: String,
+    },
     /// The server hosting rank waited for its clients and not all came.
     #[error(
         "timed out after {timeout:?} waiting for store clients: {joined}/{expected} clients joined"
@@ -192,6 +201,14 @@ pub enum Error {
         during: String,
         #[source]
         source: std::io::Error,
+    },
+    /// A peer's transport refused this rank's connection; `reason` says
+    /// why (another job or group, a missing or different token).
+    #[error("rank {peer}'s transport at {addr} refused this rank's connection: {reason}")]
+    PeerRefused {
+        peer: usize,
+        addr: String,
+        reason: String,
     },
     /// A peer sent bytes that are not what the protocol expects.
     #[error("rank {peer} broke the protocol: expected {expected}, found {found}")]

@@ -32,6 +32,8 @@
 //! - [`store`]: rendezvous key-value stores (TCP, file, in-memory, prefix).
 //! - [`tensor`]: dtypes, devices, dense and sparse tensor handles.
 //! - [`env_vars`]: every `TENSORCOMM_*` variable, its default and meaning.
+//! - [`listen_address`] and [`job_token`]: where listeners bind and how
+//!   connections prove the job's token (the README's Security section).
 //!
 //! ```
 //! use tensorcomm::store::{HashStore, Store};
@@ -54,6 +56,8 @@ pub mod env_vars;
 pub mod error;
 pub mod group;
 pub mod init;
+pub mod job_token;
+pub mod listen_address;
 pub mod rendezvous;
 pub mod store;
 pub mod tensor;

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
+use tensorcomm::job_token::JobToken;
 use tensorcomm::store::{HashStore, Store};
 use tensorcomm::Error;
 
@@ -332,12 +333,12 @@ fn setup_names_a_rank_that_never_arrives() {
 }
 
 #[test]
-fn a_stray_connection_is_refused_with_a_protocol_error() {
+fn a_stray_connection_is_refused_and_named_if_the_real_peer_never_comes() {
     let store = Arc::new(HashStore::new());
     let rank0 = {
         let store = store.clone();
         thread::spawn(move || {
-            TcpTransport::connect(&*store, "stray", 0, 2, &options(Duration::from_secs(10)))
+            TcpTransport::connect(&*store, "stray", 0, 2, &options(Duration::from_millis(500)))
         })
     };
     let addr = String::from_utf8(store.get("stray/addr/0").unwrap()).unwrap();
@@ -346,13 +347,97 @@ fn a_stray_connection_is_refused_with_a_protocol_error() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     match rank0.join().unwrap() {
-        Err(Error::PeerProtocol {
-            expected, found, ..
-        }) => {
-            assert!(expected.contains("hello"), "{expected}");
-            assert!(found.contains("71, 69, 84"), "{found}"); // "GET"
+        Err(Error::PeerTimeout { peer, during, .. }) => {
+            assert_eq!(peer, 1);
+            assert!(during.contains("refused 1 connection"), "{during}");
+            assert!(during.contains("71, 69, 84"), "{during}"); // "GET"
         }
         other => panic!("{other:?}"),
+    }
+}
+
+fn with_token(token: Option<&str>, timeout: Duration) -> TcpTransportOptions {
+    TcpTransportOptions {
+        token: token.map(JobToken::new),
+        ..options(timeout)
+    }
+}
+
+#[test]
+fn a_peer_without_the_jobs_token_is_refused_and_the_mesh_still_forms() {
+    let store = Arc::new(HashStore::new());
+    let rank0 = {
+        let store = store.clone();
+        thread::spawn(move || {
+            let options = with_token(Some("right"), Duration::from_secs(20));
+            TcpTransport::connect(&*store, "job", 0, 2, &options)
+        })
+    };
+    // Another job's rank 1 (no token, then another token) is told why.
+    for (token, why) in [(None, "presented none"), (Some("wrong"), "different one")] {
+        let options = with_token(token, Duration::from_secs(5));
+        match TcpTransport::connect(&*store, "job", 1, 2, &options) {
+            Err(Error::PeerRefused { peer, reason, .. }) => {
+                assert_eq!(peer, 0);
+                assert!(reason.contains(why), "{reason}");
+                assert!(reason.contains("TENSORCOMM_STORE_TOKEN"), "{reason}");
+            }
+            Err(other) => panic!("expected PeerRefused, got {other:?}"),
+            Ok(_) => panic!("a rank with token {token:?} joined the mesh"),
+        }
+    }
+    // The real rank 1 still joins, and bytes flow.
+    let options = with_token(Some("right"), Duration::from_secs(20));
+    let rank1 = TcpTransport::connect(&*store, "job", 1, 2, &options).expect("rank 1");
+    let rank0 = rank0.join().unwrap().expect("rank 0");
+    rank1.send(0, b"ping", soon()).unwrap();
+    let mut buf = [0u8; 4];
+    rank0.recv(1, &mut buf, soon()).unwrap();
+    assert_eq!(&buf, b"ping");
+}
+
+#[test]
+fn a_token_on_one_side_only_refuses_the_connection() {
+    let store = Arc::new(HashStore::new());
+    let rank0 = {
+        let store = store.clone();
+        thread::spawn(move || {
+            let options = with_token(None, Duration::from_millis(500));
+            TcpTransport::connect(&*store, "half", 0, 2, &options)
+        })
+    };
+    let options = with_token(Some("mine"), Duration::from_secs(5));
+    match TcpTransport::connect(&*store, "half", 1, 2, &options) {
+        Err(Error::PeerRefused { reason, .. }) => {
+            assert!(reason.contains("one side only"), "{reason}")
+        }
+        other => panic!("expected PeerRefused, got {:?}", other.err()),
+    }
+    match rank0.join().unwrap() {
+        Err(Error::PeerTimeout { during, .. }) => {
+            assert!(during.contains("claiming rank 1"), "{during}");
+        }
+        other => panic!("expected PeerTimeout, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn the_listener_binds_the_advertised_address_only() {
+    // 192.0.2.0/24 (TEST-NET-1) is never this host's: binding it fails
+    // rather than falling back to every interface.
+    let store = HashStore::new();
+    let options = TcpTransportOptions {
+        advertise_host: "192.0.2.1".into(),
+        bind_all: Some(false),
+        ..options(Duration::from_secs(5))
+    };
+    match TcpTransport::connect(&store, "far", 0, 2, &options) {
+        Err(Error::ListenAddress { addr, reason, .. }) => {
+            assert_eq!(addr, "192.0.2.1:0");
+            assert!(reason.contains("192.0.2.1"), "{reason}");
+            assert!(reason.contains("TENSORCOMM_BIND_ALL=1"), "{reason}");
+        }
+        other => panic!("expected ListenAddress, got {:?}", other.err()),
     }
 }
 

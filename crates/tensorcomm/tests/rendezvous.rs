@@ -182,3 +182,33 @@ fn a_repeated_parameter_or_a_bad_host_is_refused() {
         InitMethod::parse(&url, |_| None).unwrap_or_else(|e| panic!("{url}: {e}"));
     }
 }
+
+#[test]
+fn rank_zero_hosts_the_store_on_master_addr_only() {
+    let port = free_port();
+    let url = format!("tcp://127.0.0.1:{port}?rank=0&world_size=1");
+    let r = rendezvous(&url, Duration::from_secs(10)).expect("rendezvous");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    // 127.0.0.2 is this host too (all of 127/8 is loopback): a listener on
+    // every interface would accept it, one on MASTER_ADDR does not.
+    let other = std::net::TcpStream::connect(("127.0.0.2", port));
+    assert!(
+        other.is_err(),
+        "the store answered on 127.0.0.2:{port}, so it listens beyond MASTER_ADDR"
+    );
+    drop(r);
+}
+
+#[test]
+fn rank_zero_refuses_a_master_addr_that_is_not_this_host() {
+    // 192.0.2.0/24 is TEST-NET-1: never an address of this host.
+    let url = "tcp://192.0.2.1:29999?rank=0&world_size=1";
+    match rendezvous(url, Duration::from_secs(5)) {
+        Err(Error::ListenAddress { addr, reason, .. }) => {
+            assert_eq!(addr, "192.0.2.1:29999");
+            assert!(reason.contains("MASTER_ADDR 192.0.2.1"), "{reason}");
+            assert!(reason.contains("TENSORCOMM_BIND_ALL=1"), "{reason}");
+        }
+        other => panic!("expected ListenAddress, got {other:?}"),
+    }
+}

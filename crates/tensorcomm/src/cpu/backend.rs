@@ -60,6 +60,13 @@ pub struct CpuOptions {
     /// The address other ranks reach this one at (see
     /// [`TcpTransportOptions::advertise_host`]).
     pub advertise_host: String,
+    /// Listen on every interface (see [`TcpTransportOptions::bind_all`]);
+    /// `None`: `TENSORCOMM_BIND_ALL`.
+    pub bind_all: Option<bool>,
+    /// The job's token that TCP connections between ranks prove (see
+    /// [`TcpTransportOptions::token`]); by default
+    /// `$TENSORCOMM_STORE_TOKEN` if set and not empty.
+    pub token: Option<crate::job_token::JobToken>,
     /// Which transport connects which ranks; by default
     /// ([`TransportChoice::Env`]) whatever `TENSORCOMM_TRANSPORT` says
     /// (`auto`, `tcp` or `shm`), `auto` when it is unset.
@@ -106,6 +113,8 @@ impl Default for CpuOptions {
         CpuOptions {
             timeout: DEFAULT_COLLECTIVE_TIMEOUT,
             advertise_host: "127.0.0.1".into(),
+            bind_all: None,
+            token: crate::job_token::JobToken::from_env(),
             transport: TransportChoice::default(),
             tcp_lanes: None,
             #[cfg(feature = "cuda")]
@@ -229,6 +238,8 @@ impl ProcessGroupCpu {
             choice,
             tcp: TcpTransportOptions {
                 advertise_host: options.advertise_host.clone(),
+                bind_all: options.bind_all,
+                token: options.token.clone(),
                 timeout: options.timeout,
                 lanes,
             },

@@ -68,6 +68,11 @@ impl Clone for Error {
                 delta: *delta,
             },
             Error::AddressInUse { addr } => Error::AddressInUse { addr: addr.clone() },
+            Error::ListenAddress { what, addr, reason } => Error::ListenAddress {
+                what: what.clone(),
+                addr: addr.clone(),
+                reason: reason.clone(),
+            },
             Error::ClientsTimeout {
                 joined,
                 expected,
@@ -192,6 +197,11 @@ impl Clone for Error {
                 peer: *peer,
                 during: during.clone(),
                 source: clone_io(source),
+            },
+            Error::PeerRefused { peer, addr, reason } => Error::PeerRefused {
+                peer: *peer,
+                addr: addr.clone(),
+                reason: reason.clone(),
             },
             Error::PeerProtocol {
                 peer,

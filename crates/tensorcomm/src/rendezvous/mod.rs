@@ -11,6 +11,10 @@
 //!
 //! For TCP, rank 0 hosts the [`TcpStore`] server and waits until every rank
 //! has connected; for a file, every rank waits at a barrier in the file.
+//! Rank 0's server listens on the address `MASTER_ADDR` (the URL's host)
+//! resolves to, not on every interface, unless `TENSORCOMM_BIND_ALL=1`
+//! (see [`crate::listen_address`]): rank 0 must run on the host that
+//! address names.
 
 mod init_method;
 
@@ -19,6 +23,7 @@ use std::time::Duration;
 
 pub use init_method::{InitMethod, StoreAddress};
 
+use crate::listen_address::{bind_all_from_env, explain_bind_error, store_listen_address};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreOptions};
 use crate::Result;
 
@@ -75,12 +80,17 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
             };
             let addr = host_port(host, *port);
             if method.rank == 0 {
-                // Listen on every interface so ranks on other nodes reach us
-                // whatever name MASTER_ADDR gives this host.
-                let any = if host.contains(':') { "::" } else { "0.0.0.0" };
-                let bind = host_port(any, *port);
+                // Listen where the other ranks are told to connect (the
+                // interface MASTER_ADDR names), unless TENSORCOMM_BIND_ALL=1.
+                let nodes = method.local_world_size.map(|l| (method.world_size, l));
+                let bind = store_listen_address(host, *port, nodes, bind_all_from_env()?)?;
                 tracing::debug!(%bind, world_size = method.world_size, "rank 0 hosting the TCP store");
-                Arc::new(TcpStore::host(&bind, method.world_size, &options)?)
+                let what = "the TCP store (rank 0)";
+                let told = format!("MASTER_ADDR {host}");
+                Arc::new(
+                    TcpStore::host(&bind, method.world_size, &options)
+                        .map_err(|e| explain_bind_error(e, what, &bind, &told))?,
+                )
             } else {
                 tracing::debug!(%addr, rank = method.rank, "connecting to the TCP store");
                 Arc::new(TcpStore::connect(&addr, &options)?)

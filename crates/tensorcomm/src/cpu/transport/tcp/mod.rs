@@ -57,16 +57,25 @@ fn exchange_patience(world_size: usize) -> Duration {
 }
 
 use super::{check_peer, Transport};
+use crate::job_token::JobToken;
 use crate::store::Store;
 use crate::{Error, Result};
 
 /// How a [`TcpTransport`] is set up.
 #[derive(Clone, Debug)]
 pub struct TcpTransportOptions {
-    /// The address other ranks reach this one at. Loopback (the default)
-    /// also binds the listener to loopback; any other address binds every
-    /// interface.
+    /// The address other ranks reach this one at, and the address the
+    /// listener binds (it must be one of this host's, else set-up fails
+    /// with [`Error::ListenAddress`]); loopback by default.
     pub advertise_host: String,
+    /// Listen on every interface instead of `advertise_host` only; `None`:
+    /// `TENSORCOMM_BIND_ALL` (`1` for every interface), else only
+    /// `advertise_host`.
+    pub bind_all: Option<bool>,
+    /// The job's token, which every connection of the mesh proves in its
+    /// hello (a peer without it, or with another, is refused); by default
+    /// `$TENSORCOMM_STORE_TOKEN` if set and not empty.
+    pub token: Option<JobToken>,
     /// How long setup waits for the other ranks.
     pub timeout: Duration,
     /// Connections per pair of ranks (1 to [`MAX_TCP_LANES`]); `None`:
@@ -79,6 +88,8 @@ impl Default for TcpTransportOptions {
     fn default() -> Self {
         TcpTransportOptions {
             advertise_host: "127.0.0.1".into(),
+            bind_all: None,
+            token: JobToken::from_env(),
             timeout: Duration::from_secs(300),
             lanes: None,
         }
@@ -226,6 +237,10 @@ impl TcpTransport {
                 "TcpTransport::connect: expected a rank in 0..{world_size}, found {rank}"
             )));
         }
+        let bind_all = match options.bind_all {
+            Some(all) => all,
+            None => crate::listen_address::bind_all_from_env()?,
+        };
         let lanes = agree_on_lanes(store, key_prefix, rank, world_size, options)?;
         let mut peers: Vec<Option<Peer>> = (0..world_size)
             .map(|p| (p != rank).then(|| Peer { lanes: Vec::new() }))
@@ -236,14 +251,13 @@ impl TcpTransport {
                 0 => key_prefix.to_string(),
                 n => format!("{key_prefix}/lane{n}"),
             };
-            let streams = setup::build_mesh(
-                store,
-                &prefix,
-                rank,
-                world_size,
-                &options.advertise_host,
-                options.timeout,
-            )?;
+            let mesh = setup::MeshOptions {
+                advertise_host: &options.advertise_host,
+                bind_all,
+                token: options.token.as_ref(),
+                timeout: options.timeout,
+            };
+            let streams = setup::build_mesh(store, &prefix, rank, world_size, &mesh)?;
             for (p, stream) in streams.into_iter().enumerate() {
                 if let (Some(stream), Some(peer)) = (stream, peers[p].as_mut()) {
                     peer.lanes.push(Connection::new(p, stream)?);

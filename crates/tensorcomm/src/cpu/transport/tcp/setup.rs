@@ -1,78 +1,208 @@
-//! Building the full mesh: every rank listens on an ephemeral port,
+//! Building the full mesh: every rank listens on an ephemeral port of the
+//! address it advertises (every interface only with `bind_all`),
 //! publishes `host:port` in the store, connects to every lower rank and
-//! accepts every higher one. Each new connection starts with a hello in
-//! both directions naming the rank, so a stray or stale connection is
-//! refused with a typed error instead of joining the mesh.
+//! accepts every higher one.
+//!
+//! Each new connection starts with a hello naming the mesh, the world
+//! size and the rank, and proving the job's token (`TENSORCOMM_STORE_TOKEN`)
+//! with a tag derived from it ([`crate::job_token`]); the accepting rank
+//! checks it before it answers. A connection that does not prove itself
+//! part of this job (not a hello, another protocol version, another mesh,
+//! a missing or wrong token) is refused, told why where it speaks the
+//! protocol, and set-up goes on waiting for the real peers; if they do not
+//! come, the timeout names the refused connections. A connection that did
+//! prove itself but disagrees (world size, a rank not awaited) fails
+//! set-up at once, as before.
 
 use std::io::ErrorKind;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::io::{read_exact, write_all, Context, Half};
+use crate::job_token::{tag, tags_equal, JobToken};
 use crate::store::Store;
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"TCMH";
-const VERSION: u32 = 1;
-const HELLO_LEN: usize = 24;
+const VERSION: u32 = 2;
+/// Magic and version: read first, so garbage and other versions are told
+/// apart before anything else is read.
+const HEAD_LEN: usize = 8;
+const HELLO_LEN: usize = 64;
+/// How long an accepted connection has to send its hello (a real peer
+/// sends it at once).
+const HELLO_WAIT: Duration = Duration::from_secs(10);
+/// How many refused connections a set-up timeout lists.
+const REFUSALS_KEPT: usize = 4;
 
-/// Who is on the other end of a connection, as the hello says.
+/// Which end of a connection a hello comes from (part of its tag).
+#[derive(Clone, Copy)]
+enum Role {
+    Connecting = 0,
+    Accepting = 1,
+}
+
+/// Why an accepting rank refused a hello, as sent back in its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    OtherMesh = 1,
+    WorldSize = 2,
+    TokenMissing = 3,
+    TokenWrong = 4,
+    TokenUnexpected = 5,
+    RankNotAwaited = 6,
+}
+
+impl Refusal {
+    fn from_code(code: u32) -> Option<Refusal> {
+        [
+            Refusal::OtherMesh,
+            Refusal::WorldSize,
+            Refusal::TokenMissing,
+            Refusal::TokenWrong,
+            Refusal::TokenUnexpected,
+            Refusal::RankNotAwaited,
+        ]
+        .into_iter()
+        .find(|r| *r as u32 == code)
+    }
+
+    fn describe(self) -> String {
+        let token = crate::env_vars::STORE_TOKEN.name;
+        match self {
+            Refusal::OtherMesh => "it belongs to another mesh (another job or group)".into(),
+            Refusal::WorldSize => "it has another world size".into(),
+            Refusal::TokenMissing => {
+                format!("it expects the job's token and this connection presented none (set {token} on every rank)")
+            }
+            Refusal::TokenWrong => {
+                format!("it expects the job's token and this connection presented a different one ({token} differs)")
+            }
+            Refusal::TokenUnexpected => {
+                format!("it has no token and this connection presented one ({token} is set on one side only)")
+            }
+            Refusal::RankNotAwaited => "it does not await a connection from this rank".into(),
+        }
+    }
+}
+
+/// This rank's side of every hello.
+struct Me<'a> {
+    mesh: u64,
+    world_size: u32,
+    rank: u32,
+    token: Option<&'a JobToken>,
+}
+
+/// A hello as read from a peer.
 struct Hello {
     mesh: u64,
     world_size: u32,
     rank: u32,
+    verdict: u32,
+    has_token: bool,
+    tag: [u8; 32],
 }
 
-impl Hello {
-    fn encode(&self) -> [u8; HELLO_LEN] {
+fn tag_context(mesh: u64, world_size: u32, rank: u32, role: Role) -> [u8; 17] {
+    let mut out = [0u8; 17];
+    out[0..8].copy_from_slice(&mesh.to_le_bytes());
+    out[8..12].copy_from_slice(&world_size.to_le_bytes());
+    out[12..16].copy_from_slice(&rank.to_le_bytes());
+    out[16] = role as u8;
+    out
+}
+
+impl Me<'_> {
+    /// `magic | version | mesh u64 | world u32 | rank u32 | verdict u32 |
+    /// has_token u32 | tag [32]`, little-endian; `verdict` is 0 in a
+    /// hello and an accepted answer, a [`Refusal`] code in a refusal.
+    fn encode(&self, role: Role, refusal: Option<Refusal>) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..4].copy_from_slice(MAGIC);
         out[4..8].copy_from_slice(&VERSION.to_le_bytes());
         out[8..16].copy_from_slice(&self.mesh.to_le_bytes());
         out[16..20].copy_from_slice(&self.world_size.to_le_bytes());
         out[20..24].copy_from_slice(&self.rank.to_le_bytes());
+        out[24..28].copy_from_slice(&refusal.map_or(0, |r| r as u32).to_le_bytes());
+        out[28..32].copy_from_slice(&u32::from(self.token.is_some()).to_le_bytes());
+        if refusal.is_none() {
+            let context = tag_context(self.mesh, self.world_size, self.rank, role);
+            out[32..64].copy_from_slice(&tag(self.token, &context));
+        }
         out
     }
 
-    /// Parses and checks a hello against what this rank expects; `peer` is
-    /// the rank named in errors (the expected one, when known).
-    fn decode(bytes: &[u8; HELLO_LEN], expected: &Hello, peer: usize) -> Result<usize> {
-        let u32_at =
-            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
-        let bad = |expected: String, found: String| Error::PeerProtocol {
-            peer,
-            expected,
-            found,
-        };
-        if &bytes[0..4] != MAGIC {
-            return Err(bad(
-                format!("a tensorcomm transport hello starting with {MAGIC:?}"),
-                format!("{:?}", &bytes[0..4]),
-            ));
+    /// Whether `theirs`, sent from `role`, belongs to this rank's job:
+    /// the same mesh and the same token (or none on both sides).
+    fn authenticate(&self, theirs: &Hello, role: Role) -> std::result::Result<(), Refusal> {
+        if theirs.mesh != self.mesh {
+            return Err(Refusal::OtherMesh);
         }
-        if u32_at(4) != VERSION {
-            return Err(bad(
-                format!("protocol version {VERSION}"),
-                u32_at(4).to_string(),
-            ));
+        let context = tag_context(theirs.mesh, theirs.world_size, theirs.rank, role);
+        if tags_equal(&theirs.tag, &tag(self.token, &context)) {
+            return Ok(());
         }
-        let mut mesh = [0u8; 8];
-        mesh.copy_from_slice(&bytes[8..16]);
-        let mesh = u64::from_le_bytes(mesh);
-        if mesh != expected.mesh {
-            return Err(bad(
-                format!("mesh id {:#x} (same store key prefix)", expected.mesh),
-                format!("{mesh:#x}"),
-            ));
-        }
-        if u32_at(16) != expected.world_size {
-            return Err(bad(
-                format!("world size {}", expected.world_size),
-                u32_at(16).to_string(),
-            ));
-        }
-        Ok(u32_at(20) as usize)
+        Err(match (self.token.is_some(), theirs.has_token) {
+            (true, false) => Refusal::TokenMissing,
+            (false, true) => Refusal::TokenUnexpected,
+            _ => Refusal::TokenWrong,
+        })
     }
+}
+
+/// Checks the magic and version of a hello's first [`HEAD_LEN`] bytes;
+/// `Err((expected, found))` otherwise.
+fn check_head(head: &[u8; HEAD_LEN]) -> std::result::Result<(), (String, String)> {
+    if &head[0..4] != MAGIC {
+        return Err((
+            format!("a tensorcomm transport hello starting with {MAGIC:?}"),
+            format!("{:?}", &head[0..4]),
+        ));
+    }
+    let version = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if version != VERSION {
+        return Err((
+            format!("transport protocol version {VERSION}"),
+            version.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The fields after the head (bytes [`HEAD_LEN`]..[`HELLO_LEN`]).
+fn parse_rest(rest: &[u8; HELLO_LEN - HEAD_LEN]) -> Hello {
+    let at = |i: usize| i - HEAD_LEN;
+    let u32_at = |i: usize| {
+        let i = at(i);
+        u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]])
+    };
+    let mut mesh = [0u8; 8];
+    mesh.copy_from_slice(&rest[at(8)..at(16)]);
+    let mut tag = [0u8; 32];
+    tag.copy_from_slice(&rest[at(32)..at(64)]);
+    Hello {
+        mesh: u64::from_le_bytes(mesh),
+        world_size: u32_at(16),
+        rank: u32_at(20),
+        verdict: u32_at(24),
+        has_token: u32_at(28) != 0,
+        tag,
+    }
+}
+
+/// Reads a whole hello; a wrong head is [`Error::PeerProtocol`].
+fn read_hello(half: &mut Half, cx: &Context<'_>) -> Result<Hello> {
+    let mut head = [0u8; HEAD_LEN];
+    read_exact(half, &mut head, &cx.part(cx.what, HEAD_LEN))?;
+    check_head(&head).map_err(|(expected, found)| Error::PeerProtocol {
+        peer: cx.peer,
+        expected,
+        found,
+    })?;
+    let mut rest = [0u8; HELLO_LEN - HEAD_LEN];
+    read_exact(half, &mut rest, &cx.part(cx.what, HELLO_LEN - HEAD_LEN))?;
+    Ok(parse_rest(&rest))
 }
 
 /// FNV-1a of the key prefix: connections of different meshes never mix.
@@ -82,6 +212,18 @@ fn mesh_id(key_prefix: &str) -> u64 {
     })
 }
 
+/// How one mesh is set up.
+pub(super) struct MeshOptions<'a> {
+    /// The address other ranks reach this one at.
+    pub(super) advertise_host: &'a str,
+    /// Listen on every interface instead of `advertise_host` only.
+    pub(super) bind_all: bool,
+    /// The job's token, which every connection proves.
+    pub(super) token: Option<&'a JobToken>,
+    /// How long set-up waits for the other ranks.
+    pub(super) timeout: Duration,
+}
+
 /// Connects this rank to every other rank; entry `p` of the result is the
 /// stream to rank `p` (`None` for this rank).
 pub(super) fn build_mesh(
@@ -89,37 +231,40 @@ pub(super) fn build_mesh(
     key_prefix: &str,
     rank: usize,
     world_size: usize,
-    advertise_host: &str,
-    timeout: Duration,
+    options: &MeshOptions<'_>,
 ) -> Result<Vec<Option<TcpStream>>> {
     let started = Instant::now();
-    let deadline = started + timeout;
-    let me = Hello {
+    let deadline = started + options.timeout;
+    let me = Me {
         mesh: mesh_id(key_prefix),
         world_size: world_size as u32,
         rank: rank as u32,
+        token: options.token,
     };
     let mut streams: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
     if world_size == 1 {
         return Ok(streams);
     }
-    let loopback = advertise_host == "localhost"
-        || advertise_host.starts_with("127.")
-        || advertise_host == "::1";
-    let bind_host = match (loopback, advertise_host.contains(':')) {
-        (true, _) => advertise_host,
-        (false, true) => "::",
-        (false, false) => "0.0.0.0",
-    };
-    let listener = TcpListener::bind(join(bind_host, 0))
-        .map_err(|e| Error::io(format!("binding a transport listener on {bind_host}"), e))?;
+    let advertise_host = options.advertise_host;
+    let bind_host = crate::listen_address::listen_host(advertise_host, options.bind_all);
+    let bind_addr = join(bind_host, 0);
+    let listener = TcpListener::bind(&bind_addr).map_err(|e| {
+        let what = format!("rank {rank}'s transport");
+        let told = format!("the advertised address {advertise_host}");
+        match e.kind() {
+            ErrorKind::AddrNotAvailable => {
+                crate::listen_address::not_here(&what, &bind_addr, &told)
+            }
+            _ => Error::io(format!("binding a transport listener on {bind_host}"), e),
+        }
+    })?;
     let port = listener
         .local_addr()
         .map_err(|e| Error::io("reading the transport listener's port", e))?
         .port();
     let addr = join(advertise_host, port);
     store.set(&format!("{key_prefix}/addr/{rank}"), addr.as_bytes())?;
-    tracing::debug!(rank, %addr, "transport listening");
+    tracing::debug!(rank, %addr, bind = %bind_host, "transport listening");
 
     for (peer, slot) in streams.iter_mut().enumerate().take(rank) {
         *slot = Some(connect_to(store, key_prefix, peer, &me, started, deadline)?);
@@ -136,16 +281,23 @@ fn join(host: &str, port: u16) -> String {
     }
 }
 
-fn exchange_hello(
-    stream: TcpStream,
-    me: &Hello,
-    peer: usize,
-    started: Instant,
-    deadline: Instant,
-) -> Result<(TcpStream, usize)> {
+fn nodelay(stream: &TcpStream, peer: usize) -> Result<()> {
     stream
         .set_nodelay(true)
-        .map_err(|e| Error::io(format!("turning off Nagle for rank {peer}"), e))?;
+        .map_err(|e| Error::io(format!("turning off Nagle for rank {peer}"), e))
+}
+
+/// The connecting side's hello: send ours, read the answer, and check
+/// that it comes from rank `peer` of this job and accepted us.
+fn hello_as_connector(
+    stream: TcpStream,
+    me: &Me<'_>,
+    peer: usize,
+    addr: &str,
+    started: Instant,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    nodelay(&stream, peer)?;
     let mut half = Half::new(stream);
     let cx = Context {
         peer,
@@ -154,18 +306,50 @@ fn exchange_hello(
         started,
         deadline,
     };
-    write_all(&mut half, &me.encode(), &cx)?;
-    let mut theirs = [0u8; HELLO_LEN];
-    read_exact(&mut half, &mut theirs, &cx)?;
-    let their_rank = Hello::decode(&theirs, me, peer)?;
-    Ok((half.stream, their_rank))
+    write_all(&mut half, &me.encode(Role::Connecting, None), &cx)?;
+    let theirs = read_hello(&mut half, &cx)?;
+    if theirs.verdict != 0 {
+        let reason = Refusal::from_code(theirs.verdict).map_or_else(
+            || format!("refusal code {}", theirs.verdict),
+            Refusal::describe,
+        );
+        return Err(Error::PeerRefused {
+            peer,
+            addr: addr.to_string(),
+            reason,
+        });
+    }
+    let bad = |expected: String, found: String| Error::PeerProtocol {
+        peer,
+        expected,
+        found,
+    };
+    if let Err(refusal) = me.authenticate(&theirs, Role::Accepting) {
+        return Err(bad(
+            format!("an answer from rank {peer} of this job at {addr}"),
+            format!("one that fails the check: {}", refusal.describe()),
+        ));
+    }
+    if theirs.world_size != me.world_size {
+        return Err(bad(
+            format!("world size {}", me.world_size),
+            theirs.world_size.to_string(),
+        ));
+    }
+    if theirs.rank as usize != peer {
+        return Err(bad(
+            format!("rank {peer} listening at {addr}"),
+            format!("rank {}", theirs.rank),
+        ));
+    }
+    Ok(half.stream)
 }
 
 fn connect_to(
     store: &dyn Store,
     key_prefix: &str,
     peer: usize,
-    me: &Hello,
+    me: &Me<'_>,
     started: Instant,
     deadline: Instant,
 ) -> Result<TcpStream> {
@@ -202,14 +386,7 @@ fn connect_to(
         }
         match TcpStream::connect_timeout(&sock, remaining) {
             Ok(stream) => {
-                let (stream, their_rank) = exchange_hello(stream, me, peer, started, deadline)?;
-                if their_rank != peer {
-                    return Err(Error::PeerProtocol {
-                        peer,
-                        expected: format!("rank {peer} listening at {addr}"),
-                        found: format!("rank {their_rank}"),
-                    });
-                }
+                let stream = hello_as_connector(stream, me, peer, &addr, started, deadline)?;
                 tracing::debug!(rank = me.rank, peer, %addr, "transport connected");
                 return Ok(stream);
             }
@@ -236,9 +413,78 @@ fn connect_to(
     }
 }
 
+/// What became of one accepted connection.
+enum Accepted {
+    /// Rank `.1` of this job, connected.
+    Peer(TcpStream, usize),
+    /// Not proven part of this job: closed; set-up goes on.
+    Refused(String),
+}
+
+/// The accepting side's hello: read the newcomer's first and answer only
+/// once it proved itself part of this job. `waiting` are the ranks still
+/// awaited (the first is charged with errors until the hello names one).
+fn hello_as_acceptor(
+    stream: TcpStream,
+    from: SocketAddr,
+    me: &Me<'_>,
+    waiting: &[usize],
+    started: Instant,
+    deadline: Instant,
+) -> Result<Accepted> {
+    let first = waiting[0];
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| Error::io(format!("accepting a connection from {from}"), e))?;
+    nodelay(&stream, first)?;
+    let mut half = Half::new(stream);
+    let cx = Context {
+        peer: first,
+        what: "reading a transport hello",
+        len: HELLO_LEN,
+        started,
+        deadline: deadline.min(Instant::now() + HELLO_WAIT),
+    };
+    let theirs = match read_hello(&mut half, &cx) {
+        Ok(theirs) => theirs,
+        Err(e) => return Ok(Accepted::Refused(format!("{from}: no valid hello ({e})"))),
+    };
+    let answer = |half: &mut Half, refusal: Option<Refusal>| {
+        write_all(half, &me.encode(Role::Accepting, refusal), &cx)
+    };
+    if let Err(refusal) = me.authenticate(&theirs, Role::Connecting) {
+        // Best effort: it learns why; it is closed either way.
+        let _ = answer(&mut half, Some(refusal));
+        let claimed = theirs.rank;
+        return Ok(Accepted::Refused(format!(
+            "{from} (claiming rank {claimed}): {}",
+            refusal.describe().replacen("it ", "this rank ", 1)
+        )));
+    }
+    let their_rank = theirs.rank as usize;
+    if theirs.world_size != me.world_size {
+        let _ = answer(&mut half, Some(Refusal::WorldSize));
+        return Err(Error::PeerProtocol {
+            peer: their_rank,
+            expected: format!("world size {}", me.world_size),
+            found: format!("{} from {from}", theirs.world_size),
+        });
+    }
+    if !waiting.contains(&their_rank) {
+        let _ = answer(&mut half, Some(Refusal::RankNotAwaited));
+        return Err(Error::PeerProtocol {
+            peer: their_rank,
+            expected: format!("a hello from one of ranks {waiting:?}"),
+            found: format!("rank {their_rank} from {from}"),
+        });
+    }
+    answer(&mut half, None)?;
+    Ok(Accepted::Peer(half.stream, their_rank))
+}
+
 fn accept_higher(
     listener: &TcpListener,
-    me: &Hello,
+    me: &Me<'_>,
     streams: &mut [Option<TcpStream>],
     started: Instant,
     deadline: Instant,
@@ -252,6 +498,8 @@ fn accept_higher(
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("making the transport listener non-blocking", e))?;
+    let mut refused: Vec<String> = Vec::new();
+    let mut refused_count = 0usize;
     let mut backoff = Duration::from_micros(50);
     loop {
         let waiting = missing(streams);
@@ -261,27 +509,33 @@ fn accept_higher(
         match listener.accept() {
             Ok((stream, from)) => {
                 backoff = Duration::from_micros(50);
-                stream
-                    .set_nonblocking(false)
-                    .map_err(|e| Error::io(format!("accepting a connection from {from}"), e))?;
-                // Until the hello arrives, errors are charged to the lowest
-                // rank still missing.
-                let (stream, their_rank) = exchange_hello(stream, me, first, started, deadline)?;
-                if !waiting.contains(&their_rank) {
-                    return Err(Error::PeerProtocol {
-                        peer: their_rank,
-                        expected: format!("a hello from one of ranks {waiting:?}"),
-                        found: format!("rank {their_rank} from {from}"),
-                    });
+                match hello_as_acceptor(stream, from, me, &waiting, started, deadline)? {
+                    Accepted::Peer(stream, their_rank) => {
+                        tracing::debug!(rank, peer = their_rank, %from, "transport accepted");
+                        streams[their_rank] = Some(stream);
+                    }
+                    Accepted::Refused(why) => {
+                        tracing::warn!(rank, "transport refused a connection from {why}");
+                        refused_count += 1;
+                        if refused.len() < REFUSALS_KEPT {
+                            refused.push(why);
+                        }
+                    }
                 }
-                tracing::debug!(rank, peer = their_rank, %from, "transport accepted");
-                streams[their_rank] = Some(stream);
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
                 if Instant::now() >= deadline {
+                    let mut during =
+                        format!("waiting for ranks {waiting:?} to connect to rank {rank}");
+                    if refused_count > 0 {
+                        during.push_str(&format!(
+                            " (refused {refused_count} connection(s) not proven part of this job: {})",
+                            refused.join("; ")
+                        ));
+                    }
                     return Err(Error::PeerTimeout {
                         peer: first,
-                        during: format!("waiting for ranks {waiting:?} to connect to rank {rank}"),
+                        during,
                         timeout: deadline.saturating_duration_since(started),
                     });
                 }
