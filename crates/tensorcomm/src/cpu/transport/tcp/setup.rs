@@ -12,19 +12,19 @@ use super::io::{read_exact, write_all, Context, Half};
 use crate::store::Store;
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 4] = b"TCMH";
-const VERSION: u32 = 1;
-const HELLO_LEN: usize = 24;
+pub(crate) const MAGIC: &[u8; 4] = b"TCMH";
+pub(crate) const VERSION: u32 = 1;
+pub(crate) const HELLO_LEN: usize = 24;
 
 /// Who is on the other end of a connection, as the hello says.
-struct Hello {
-    mesh: u64,
-    world_size: u32,
-    rank: u32,
+pub(crate) struct Hello {
+    pub(crate) mesh: u64,
+    pub(crate) world_size: u32,
+    pub(crate) rank: u32,
 }
 
 impl Hello {
-    fn encode(&self) -> [u8; HELLO_LEN] {
+    pub(crate) fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..4].copy_from_slice(MAGIC);
         out[4..8].copy_from_slice(&VERSION.to_le_bytes());
@@ -36,7 +36,7 @@ impl Hello {
 
     /// Parses and checks a hello against what this rank expects; `peer` is
     /// the rank named in errors (the expected one, when known).
-    fn decode(bytes: &[u8; HELLO_LEN], expected: &Hello, peer: usize) -> Result<usize> {
+    pub(crate) fn decode(bytes: &[u8; HELLO_LEN], expected: &Hello, peer: usize) -> Result<usize> {
         let u32_at =
             |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         let bad = |expected: String, found: String| Error::PeerProtocol {
