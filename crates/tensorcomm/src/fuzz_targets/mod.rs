@@ -42,9 +42,12 @@ pub use store_codec::store_codec;
 pub use store_server::store_server;
 pub use transport_frames::transport_frames;
 
+/// A fuzz target's body.
+pub type Body = fn(&[u8]);
+
 /// Every target: its name (the `cargo fuzz` target and corpus folder) and
 /// its body.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("store_server", store_server),
     ("store_codec", store_codec),
     ("transport_frames", transport_frames),
