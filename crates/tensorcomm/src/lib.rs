@@ -54,6 +54,8 @@ pub mod cuda;
 pub mod ddp;
 pub mod env_vars;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod group;
 pub mod init;
 pub mod job_token;

@@ -27,7 +27,7 @@ pub(crate) mod setup_watch;
 pub mod transport;
 
 mod monitored_barrier;
-mod p2p;
+pub(crate) mod p2p;
 mod sparse_all_reduce;
 
 pub use helper_threads::HelperThreads;

@@ -108,6 +108,13 @@ impl InitMethod {
             })
         };
         let host = required("MASTER_ADDR")?;
+        if host.trim().is_empty() {
+            return Err(Error::BadValue {
+                name: "MASTER_ADDR".into(),
+                expected: "the host name or address of rank 0".into(),
+                found: format!("{host:?}"),
+            });
+        }
         let port = parse_number::<u16>(
             "MASTER_PORT",
             &required("MASTER_PORT")?,
@@ -445,5 +452,20 @@ mod tests {
         assert!(err.to_string().contains("at least 1"), "{err}");
         let err = InitMethod::parse("mpi://", |_| None).unwrap_err();
         assert!(matches!(err, Error::UnsupportedInitMethod { .. }));
+    }
+
+    #[test]
+    fn an_empty_master_addr_is_refused() {
+        // Found by fuzzing: env:// accepted MASTER_ADDR="" as the host.
+        for empty in ["", "  "] {
+            let env = env_of(&[
+                ("MASTER_ADDR", empty),
+                ("MASTER_PORT", "29500"),
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+            ]);
+            let err = InitMethod::parse("env://", env).unwrap_err().to_string();
+            assert!(err.contains("MASTER_ADDR"), "{err}");
+        }
     }
 }

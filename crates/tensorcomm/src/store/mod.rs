@@ -29,7 +29,7 @@ mod file;
 mod hash;
 mod prefix;
 pub(crate) mod state;
-mod tcp;
+pub(crate) mod tcp;
 mod timeout;
 
 use std::time::Duration;

@@ -22,7 +22,7 @@
 //! sequence number.
 
 mod mailbox;
-mod message;
+pub(crate) mod message;
 
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -40,6 +40,9 @@ use crate::{Error, Result};
 
 /// Messages up to this size go out in one write with their header.
 const COMBINE_MAX: usize = 4 << 10;
+
+/// The least a message's buffer grows by at once.
+const READ_CHUNK: usize = 64 << 10;
 
 /// How long a reader thread waits for a peer's next message in one call
 /// (it simply waits again afterwards): "forever", in practical terms.
@@ -80,37 +83,51 @@ impl Link {
 
     /// Reads `peer`'s messages into `mailbox` until the connection closes.
     fn read_from(&self, peer: usize, mailbox: &Mailbox) {
-        let why = loop {
-            let mut header = [0u8; HEADER_LEN];
-            if let Err(e) = self
-                .transport
-                .recv(peer, &mut header, Instant::now() + READ_FOREVER)
-            {
-                break e.to_string();
-            }
-            let header = match Header::decode(&header, peer) {
-                Ok(h) => h,
-                Err(e) => break e.to_string(),
-            };
-            let mut payload = Vec::new();
-            let len = usize::try_from(header.len).ok();
-            if len.is_none_or(|n| payload.try_reserve_exact(n).is_err()) {
-                break format!(
-                    "rank {peer} announced a message of {} bytes, more than this rank can hold",
-                    header.len
-                );
-            }
-            payload.resize(len.unwrap_or(0), 0);
-            if let Err(e) = self
-                .transport
-                .recv(peer, &mut payload, Instant::now() + READ_FOREVER)
-            {
-                break e.to_string();
-            }
-            mailbox.arrive(peer, header.channel, header.tag, payload);
-        };
+        let why = read_messages(&self.transport, peer, mailbox);
         tracing::debug!(rank = self.transport.rank(), peer, %why, "p2p connection closed");
         mailbox.close(peer, why);
+    }
+}
+
+/// Reads `peer`'s messages (header, then payload) from `transport` into
+/// `mailbox` until a read fails or a header does not decode; returns why
+/// it stopped.
+pub(crate) fn read_messages(transport: &dyn Transport, peer: usize, mailbox: &Mailbox) -> String {
+    loop {
+        let mut header = [0u8; HEADER_LEN];
+        if let Err(e) = transport.recv(peer, &mut header, Instant::now() + READ_FOREVER) {
+            return e.to_string();
+        }
+        let header = match Header::decode(&header, peer) {
+            Ok(h) => h,
+            Err(e) => return e.to_string(),
+        };
+        let Ok(len) = usize::try_from(header.len) else {
+            return format!(
+                "rank {peer} announced a message of {} bytes, more than this rank can hold",
+                header.len
+            );
+        };
+        // The buffer grows with the bytes that arrive, never to what the
+        // header announces before they do: a peer that announces more
+        // than it sends costs this rank what it sent.
+        let mut payload = Vec::new();
+        while payload.len() < len {
+            let start = payload.len();
+            let end = len.min(start.saturating_mul(2).max(READ_CHUNK));
+            if payload.try_reserve_exact(end - start).is_err() {
+                return format!(
+                    "rank {peer} sent {start} bytes of a message of {len} bytes, more than this \
+                     rank can hold"
+                );
+            }
+            payload.resize(end, 0);
+            let deadline = Instant::now() + READ_FOREVER;
+            if let Err(e) = transport.recv(peer, &mut payload[start..], deadline) {
+                return e.to_string();
+            }
+        }
+        mailbox.arrive(peer, header.channel, header.tag, payload);
     }
 }
 

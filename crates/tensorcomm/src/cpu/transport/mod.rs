@@ -41,7 +41,7 @@ mod choice;
 mod host_identity;
 mod routed;
 pub mod shm;
-mod tcp;
+pub(crate) mod tcp;
 
 use std::time::Instant;
 

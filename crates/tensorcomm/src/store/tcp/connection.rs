@@ -19,8 +19,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
@@ -157,9 +158,9 @@ pub(crate) async fn refuse(
 /// Reads the hello and answers it. When accepted, returns the number of
 /// joined clients if this one asked to be counted (it is counted before the
 /// welcome goes out, so a client whose `connect` returned is counted).
-async fn handshake(
-    rd: &mut BufReader<OwnedReadHalf>,
-    wr: &mut OwnedWriteHalf,
+pub(crate) async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
     state: &ServerState,
     config: &ServerConfig,
 ) -> Result<Option<usize>, String> {
@@ -249,9 +250,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Answers requests one after another until the client closes (`Ok`) or
 /// sends something that is not a valid request (`Err`, after a `Failed`
 /// reply where possible).
-async fn serve_requests(
-    rd: &mut BufReader<OwnedReadHalf>,
-    wr: &mut OwnedWriteHalf,
+pub(crate) async fn serve_requests<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
     state: &Arc<ServerState>,
     config: &ServerConfig,
 ) -> Result<(), String> {
@@ -366,7 +367,7 @@ async fn read_body<R: AsyncRead + Unpin>(
 }
 
 /// Sends a best-effort `Failed` reply; returns the reason for the log.
-async fn fail(wr: &mut OwnedWriteHalf, out: &mut Vec<u8>, err: Error) -> String {
+async fn fail<W: AsyncWrite + Unpin>(wr: &mut W, out: &mut Vec<u8>, err: Error) -> String {
     let reason = err.to_string();
     Response::Failed(reason.clone()).encode_frame(out);
     let _ = wr.write_all(out).await;
@@ -375,7 +376,7 @@ async fn fail(wr: &mut OwnedWriteHalf, out: &mut Vec<u8>, err: Error) -> String 
 
 /// Resolves when a client with a pending blocking request closes its
 /// connection (`Ok`) or sends more bytes before its reply (`Err`).
-async fn client_activity(rd: &mut BufReader<OwnedReadHalf>) -> Result<(), String> {
+async fn client_activity<R: AsyncBufRead + Unpin>(rd: &mut R) -> Result<(), String> {
     match rd.fill_buf().await {
         Ok([]) => Ok(()),
         Ok(_) => Err("expected no bytes while a blocking request is pending, found more".into()),

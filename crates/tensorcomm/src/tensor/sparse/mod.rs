@@ -271,6 +271,11 @@ impl SparseTensor {
         let row_bytes = source.values.nbytes().checked_div(nnz).unwrap_or(0);
         dense.with_bytes_mut(|out| {
             source.values.with_bytes(|rows| {
+                // A dense dimension of size 0: the rows are empty and the
+                // strides (which count a size 0 as 1) point past the end.
+                if row_bytes == 0 {
+                    return;
+                }
                 for j in 0..nnz {
                     // Coordinates were checked to be in range, so they are
                     // non-negative and the element offset fits the tensor.
@@ -427,5 +432,16 @@ mod tests {
         let s = SparseTensor::new(vec![], values, &[2]).unwrap();
         assert_eq!((s.sparse_dim(), s.nnz(), s.is_coalesced()), (0, 2, false));
         assert_eq!(s.to_dense().unwrap().to_vec::<i64>().unwrap(), [4, 6]);
+    }
+
+    #[test]
+    fn an_empty_dense_dimension_gives_an_empty_dense_tensor() {
+        // Found by fuzzing: entry (0, 2) of sizes [5, 3, 0] indexed past
+        // the end of the empty dense tensor.
+        let values = Tensor::from_vec(Vec::<i64>::new(), &[1, 0]).unwrap();
+        let s = SparseTensor::new(vec![0, 2], values, &[5, 3, 0]).unwrap();
+        let dense = s.to_dense().unwrap();
+        assert_eq!(dense.shape(), [5, 3, 0]);
+        assert!(dense.to_vec::<i64>().unwrap().is_empty());
     }
 }

@@ -9,7 +9,7 @@
 //! helper threads (see `striped.rs`).
 
 mod io;
-mod setup;
+pub(crate) mod setup;
 mod striped;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

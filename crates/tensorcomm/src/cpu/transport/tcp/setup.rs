@@ -28,7 +28,7 @@ const VERSION: u32 = 2;
 /// Magic and version: read first, so garbage and other versions are told
 /// apart before anything else is read.
 const HEAD_LEN: usize = 8;
-const HELLO_LEN: usize = 64;
+pub(crate) const HELLO_LEN: usize = 64;
 /// How long an accepted connection has to send its hello (a real peer
 /// sends it at once).
 const HELLO_WAIT: Duration = Duration::from_secs(10);
@@ -203,6 +203,47 @@ fn read_hello(half: &mut Half, cx: &Context<'_>) -> Result<Hello> {
     let mut rest = [0u8; HELLO_LEN - HEAD_LEN];
     read_exact(half, &mut rest, &cx.part(cx.what, HELLO_LEN - HEAD_LEN))?;
     Ok(parse_rest(&rest))
+}
+
+/// The fuzz target's view of a hello (`fuzz_targets::transport_frames`):
+/// `bytes` as a connecting rank's hello to rank 0 of a 4-rank mesh whose
+/// id is `mesh` and whose token is `token`; `Some(claimed rank)` when it
+/// passes the head check and authentication.
+pub(crate) fn accepted_hello(
+    bytes: &[u8; HELLO_LEN],
+    mesh: u64,
+    token: Option<&JobToken>,
+) -> Option<u32> {
+    let mut head = [0u8; HEAD_LEN];
+    head.copy_from_slice(&bytes[..HEAD_LEN]);
+    check_head(&head).ok()?;
+    let mut rest = [0u8; HELLO_LEN - HEAD_LEN];
+    rest.copy_from_slice(&bytes[HEAD_LEN..]);
+    let hello = parse_rest(&rest);
+    let me = Me {
+        mesh,
+        world_size: 4,
+        rank: 0,
+        token,
+    };
+    me.authenticate(&hello, Role::Connecting).ok()?;
+    Some(hello.rank)
+}
+
+/// A connecting rank's hello, as [`accepted_hello`] reads it.
+pub(crate) fn connecting_hello(
+    mesh: u64,
+    world_size: u32,
+    rank: u32,
+    token: Option<&JobToken>,
+) -> [u8; HELLO_LEN] {
+    Me {
+        mesh,
+        world_size,
+        rank,
+        token,
+    }
+    .encode(Role::Connecting, None)
 }
 
 /// FNV-1a of the key prefix: connections of different meshes never mix.
