@@ -173,6 +173,7 @@ fn connect_shm(
         &ShmTransportOptions {
             capacity: options.shm_capacity.unwrap_or(defaults.capacity),
             timeout,
+            ..defaults
         },
     )
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::group_segment::{connect_group_segment, Purpose};
 use super::segment::Segment;
-use super::wait::Backoff;
+use super::wait::{Backoff, ShmWait};
 use crate::cpu::reduce_kernels::{reduce_into, ReduceOp};
 use crate::store::Store;
 use crate::tensor::DType;
@@ -113,6 +113,9 @@ pub struct ShmArena {
     /// Set by an algorithm that leaves without a closing barrier, taken by
     /// one that relies on one (see [`ShmArena::take_unfenced`]).
     unfenced: AtomicBool,
+    /// How waits on the counters go: they have no futex to sleep on, but
+    /// with more ranks than cores they stop spinning sooner ([`ShmWait`]).
+    wait: ShmWait,
     segment: Segment,
 }
 
@@ -164,6 +167,7 @@ impl ShmArena {
             chunk,
             steps: AtomicUsize::new(0),
             unfenced: AtomicBool::new(false),
+            wait: ShmWait::Auto.resolve(world_size, crate::cpu::host_cores()),
             segment,
         })
     }
@@ -230,7 +234,7 @@ impl ShmArena {
             return Ok(true);
         }
         let started = Instant::now();
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with(self.wait);
         let mut asked = started;
         loop {
             if counter.load(Ordering::Acquire) > step {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::layout::{data_offset, total_size, Header, HEADER_SIZE};
 use super::ring::{wake_all, Ring};
 use super::segment::{self, Segment};
-use super::wait::Backoff;
+use super::wait::{Backoff, ShmWait};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -23,7 +23,9 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// Bytes arrive in order and exactly once; there are no message
 /// boundaries, so both sides agree on sizes (as with a TCP stream). `send`
 /// and `recv` block until done, spinning briefly before yielding and then
-/// sleeping; `try_send_some` and `try_recv_some` never block. Concurrent
+/// sleeping (or, with [`ShmWait::Sleep`], sleeping after a short spin: see
+/// [`set_wait`](Self::set_wait)); `try_send_some` and `try_recv_some`
+/// never block. Concurrent
 /// sends (or recvs) from several threads are serialised, never interleaved.
 /// A call blocked on a peer that drops its link or whose process exits
 /// fails within a few milliseconds with [`Error::PeerClosed`]; one that
@@ -64,6 +66,8 @@ pub struct ShmLink {
     chunk: usize,
     tx: Mutex<Ring>,
     rx: Mutex<Ring>,
+    /// How blocked calls wait: `Spin` or `Sleep`, never `Auto`.
+    wait: ShmWait,
     epoch: Instant,
     next_probe_ns: AtomicU64,
     /// Last, so the rings' pointers never outlive the mapping.
@@ -297,6 +301,7 @@ impl ShmLink {
             chunk: (capacity / 4).max(64 << 10).min(capacity),
             tx,
             rx,
+            wait: ShmWait::Auto.resolve(2, crate::cpu::host_cores()),
             epoch: Instant::now(),
             next_probe_ns: AtomicU64::new(0),
             segment,
@@ -427,7 +432,7 @@ impl ShmLink {
         if let Some(reason) = self.peer_gone(false) {
             return Err(self.died(during(), reason));
         }
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with(self.wait);
         while sent < data.len() {
             let end = (sent + self.chunk).min(data.len());
             let n = tx.write(&data[sent..end]);
@@ -459,7 +464,7 @@ impl ShmLink {
         let mut rx = Self::lock(&self.rx);
         let len = buf.len();
         let mut got = 0;
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with(self.wait);
         while got < len {
             let end = (got + self.chunk).min(len);
             let n = rx.read(&mut buf[got..end]);
@@ -634,6 +639,34 @@ impl ShmLink {
     /// The rank at the other end.
     pub fn peer_rank(&self) -> usize {
         self.peer_rank
+    }
+
+    /// Sets how blocked calls wait for the peer ([`ShmWait`]); `Auto`
+    /// counts the two ranks of this link against the host's cores, which
+    /// is also how a new link waits. A group's transport sets every link
+    /// from the group's count of ranks on this host.
+    pub fn set_wait(&mut self, wait: ShmWait) {
+        self.wait = wait.resolve(2, crate::cpu::host_cores());
+    }
+
+    /// How blocked calls wait: [`ShmWait::Spin`] or [`ShmWait::Sleep`].
+    pub fn wait(&self) -> ShmWait {
+        self.wait
+    }
+
+    /// Sleeps up to `timeout` unless bytes from the peer are there or
+    /// either side has closed the link; returns early when the peer
+    /// writes (or closes). For a caller that waits with its own
+    /// [`Backoff`] on non-blocking calls.
+    pub(super) fn sleep_for_data(&self, timeout: Duration) {
+        Self::lock(&self.rx).sleep_for_data(|| self.closed_either(), timeout);
+    }
+
+    /// Sleeps up to `timeout` unless the ring to the peer has space or
+    /// either side has closed the link; returns early when the peer reads
+    /// (or closes).
+    pub(super) fn sleep_for_space(&self, timeout: Duration) {
+        Self::lock(&self.tx).sleep_for_space(|| self.closed_either(), timeout);
     }
 }
 

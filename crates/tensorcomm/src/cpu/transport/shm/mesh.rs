@@ -6,11 +6,15 @@
 //! more than a ring holds (or every rank of a ring) always progress. The
 //! links are set up pair by pair in (lower rank, higher rank) order, the
 //! same order on every rank, so setup cannot deadlock.
+//!
+//! The transport counts its ranks on this host (itself and its peers)
+//! against the cores the process may use and, with more ranks than cores,
+//! makes every wait sleep soon ([`ShmWait`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::wait::Backoff;
+use super::wait::{Backoff, ShmWait, MAX_SLEEP};
 use super::{ShmLink, DEFAULT_CAPACITY};
 use crate::cpu::transport::{check_peer, Transport};
 use crate::store::Store;
@@ -23,6 +27,9 @@ pub struct ShmTransportOptions {
     pub capacity: usize,
     /// How long setup waits for each peer.
     pub timeout: Duration,
+    /// How blocked calls wait; `Auto` (the default) sleeps soon when this
+    /// rank and its peers outnumber the cores the process may use.
+    pub wait: ShmWait,
 }
 
 impl Default for ShmTransportOptions {
@@ -30,6 +37,7 @@ impl Default for ShmTransportOptions {
         ShmTransportOptions {
             capacity: DEFAULT_CAPACITY,
             timeout: Duration::from_secs(300),
+            wait: ShmWait::Auto,
         }
     }
 }
@@ -62,6 +70,8 @@ pub struct ShmTransport {
     rank: usize,
     world_size: usize,
     links: Vec<Option<ShmLink>>,
+    /// How blocked calls wait: `Spin` or `Sleep`, never `Auto`.
+    wait: ShmWait,
     aborted: AtomicBool,
 }
 
@@ -111,11 +121,13 @@ impl ShmTransport {
         let mut sorted = peers.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
+        let local_ranks = sorted.len() + 1;
+        let wait = options.wait.resolve(local_ranks, crate::cpu::host_cores());
         // Pairs (min, max) in lexicographic order on every rank: lower
         // peers first (ascending), then higher ones.
         for peer in sorted {
             check_peer(rank, world_size, peer, "ShmTransport::connect")?;
-            let link = ShmLink::connect(
+            let mut link = ShmLink::connect(
                 store,
                 key_prefix,
                 rank,
@@ -123,12 +135,15 @@ impl ShmTransport {
                 options.capacity,
                 options.timeout,
             )?;
+            link.set_wait(wait);
             links[peer] = Some(link);
         }
+        tracing::debug!(rank, local_ranks, ?wait, "shm transport connected");
         Ok(ShmTransport {
             rank,
             world_size,
             links,
+            wait,
             aborted: AtomicBool::new(false),
         })
     }
@@ -139,6 +154,11 @@ impl ShmTransport {
             .iter()
             .enumerate()
             .filter_map(|(i, l)| l.as_ref().map(|_| i))
+    }
+
+    /// How blocked calls wait: [`ShmWait::Spin`] or [`ShmWait::Sleep`].
+    pub fn wait(&self) -> ShmWait {
+        self.wait
     }
 
     fn link(&self, peer: usize, op: &str) -> Result<&ShmLink> {
@@ -200,7 +220,7 @@ impl Transport for ShmTransport {
         let inp = self.link(from, "send_recv")?;
         let started = Instant::now();
         let (mut sent, mut got) = (0, 0);
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with(self.wait);
         while sent < data.len() || got < buf.len() {
             let mut progress = false;
             if sent < data.len() {
@@ -230,7 +250,15 @@ impl Transport for ShmTransport {
                     timeout: now - started,
                 });
             }
-            backoff.snooze();
+            // Sleep on the one ring this call waits for; when it waits for
+            // both, a read by `to` (space) wakes nobody, so that sleep is
+            // kept as short as a plain one.
+            let (sending, receiving) = (sent < data.len(), got < buf.len());
+            backoff.snooze_on(|d| match (sending, receiving) {
+                (true, false) => out.sleep_for_space(d),
+                (false, _) => inp.sleep_for_data(d),
+                (true, true) => inp.sleep_for_data(d.min(MAX_SLEEP)),
+            });
         }
         Ok(())
     }

@@ -9,7 +9,9 @@
 //! with Acquire (`ring.rs`).
 //!
 //! A blocked call spins on the counters for ~50 µs, then yields until
-//! ~2 ms, then sleeps up to 1 ms at a time (`wait.rs`). While it waits it
+//! ~2 ms, then sleeps (`wait.rs`); on a host running more of the group's
+//! ranks than it has cores it spins ~5 µs and then sleeps on a futex that
+//! the peer's next write wakes ([`ShmWait`], `signal.rs`). While it waits it
 //! watches the peer's `closed` flag (set when the peer drops its link) and,
 //! every 5 ms, asks the kernel whether the peer's process still holds its
 //! lock on the segment (`segment.rs` says why a lock and not `kill(pid, 0)`).
@@ -50,6 +52,7 @@ pub use mesh::{ShmTransport, ShmTransportOptions};
 pub use reclaim::{reclaim_orphans, remove_segments_of};
 pub use symmetric::{SymmetricMemory, SymmetricRegistry};
 pub(crate) use wait::Backoff;
+pub use wait::ShmWait;
 
 /// A good ring capacity per direction: 4 MiB, enough to stream large
 /// messages without the two sides waiting on each other.

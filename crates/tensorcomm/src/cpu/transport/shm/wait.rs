@@ -9,6 +9,16 @@
 //! (or read) wakes it at once, so those sleeps may grow longer, to
 //! [`MAX_SIGNAL_SLEEP`], and an idle reader wakes a few dozen times a
 //! second.
+//!
+//! That suits a host with a core for every rank. When a host runs more of
+//! a group's ranks than the process may use cores ([`ShmWait::Auto`]
+//! resolving to [`ShmWait::Sleep`]), the peer being waited for is often not
+//! running at all: it waits for the core this rank is spinning on, so
+//! spinning for 50 µs and then yielding only delays it (4 ranks on the
+//! 2-core VM took 130-195 µs per 8-byte all-reduce that way). A sleeping
+//! wait then spins only [`SLEEP_SPIN_FOR`] and goes to sleep on the ring's
+//! signal, which the peer's write wakes; waits without a signal still
+//! yield before they sleep.
 
 use std::time::{Duration, Instant};
 
@@ -23,52 +33,138 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_millis(1);
 /// The longest sleep on a ring's signal, which bounds how late a waiter
 /// notices a peer that died without a word (new data wakes it at once).
 pub(super) const MAX_SIGNAL_SLEEP: Duration = Duration::from_millis(20);
+/// With [`ShmWait::Sleep`]: spin this long before sleeping, enough to catch
+/// a peer that is running on another core and answers at once.
+pub(super) const SLEEP_SPIN_FOR: Duration = Duration::from_micros(5);
+/// With [`ShmWait::Sleep`]: the first sleep on a signal. The peer's move
+/// wakes the sleeper; the timeout only bounds how late a dead peer is
+/// noticed, so it need not start short (short ones wake for nothing and
+/// take the core from the peers).
+const SLEEP_FIRST_SIGNAL_SLEEP: Duration = Duration::from_micros(100);
+
+/// How the ranks of a shared-memory transport wait for each other.
+///
+/// ```
+/// use tensorcomm::cpu::transport::shm::ShmWait;
+///
+/// // 4 ranks on 2 cores: sleep soon; 2 ranks on 2 cores: spin first.
+/// assert_eq!(ShmWait::Auto.resolve(4, 2), ShmWait::Sleep);
+/// assert_eq!(ShmWait::Auto.resolve(2, 2), ShmWait::Spin);
+/// // An explicit choice stays.
+/// assert_eq!(ShmWait::Spin.resolve(8, 2), ShmWait::Spin);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShmWait {
+    /// [`Sleep`](Self::Sleep) when the host runs more of the group's ranks
+    /// than this process may use cores, [`Spin`](Self::Spin) otherwise.
+    #[default]
+    Auto,
+    /// Spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency
+    /// while every rank has a core of its own.
+    Spin,
+    /// Spin ~5 µs, then sleep on the ring's futex, which the peer wakes:
+    /// for more ranks than cores.
+    Sleep,
+}
+
+impl ShmWait {
+    /// The policy for `local_ranks` ranks of a group on a host whose
+    /// processes may use `cores` cores: `Spin` or `Sleep`, never `Auto`.
+    pub fn resolve(self, local_ranks: usize, cores: usize) -> ShmWait {
+        match self {
+            ShmWait::Auto if local_ranks > cores => ShmWait::Sleep,
+            ShmWait::Auto => ShmWait::Spin,
+            chosen => chosen,
+        }
+    }
+}
 
 /// The waiting state of one blocked call.
 pub(crate) struct Backoff {
+    wait: ShmWait,
     since: Instant,
-    sleep: Duration,
+    /// Sleeps taken since the last progress (each doubles the next).
+    slept: u32,
 }
 
 impl Backoff {
+    /// Waiting as on a host with a core per rank ([`ShmWait::Spin`]).
     pub fn new() -> Backoff {
+        Backoff::with(ShmWait::Spin)
+    }
+
+    /// Waiting by `wait` (`Auto` counts as `Spin`: resolve it first).
+    pub fn with(wait: ShmWait) -> Backoff {
         Backoff {
+            wait,
             since: Instant::now(),
-            sleep: FIRST_SLEEP,
+            slept: 0,
         }
     }
 
     /// Called after progress: the next wait spins again.
     pub fn reset(&mut self) {
         self.since = Instant::now();
-        self.sleep = FIRST_SLEEP;
+        self.slept = 0;
     }
 
     /// Waits a little, more the longer nothing has happened.
     pub fn snooze(&mut self) {
-        self.snooze_with(std::thread::sleep, MAX_SLEEP);
+        self.snooze_with(std::thread::sleep, false);
     }
 
     /// [`snooze`](Self::snooze), but a sleep is `sleep(duration)`, which
     /// returns early when what the caller waits for happens (a ring's
-    /// signal), so sleeps grow to [`MAX_SIGNAL_SLEEP`].
+    /// signal), so sleeps grow to [`MAX_SIGNAL_SLEEP`]; with
+    /// [`ShmWait::Sleep`] they come right after a short spin.
     pub fn snooze_on(&mut self, sleep: impl FnOnce(Duration)) {
-        self.snooze_with(sleep, MAX_SIGNAL_SLEEP);
+        self.snooze_with(sleep, true);
     }
 
-    fn snooze_with(&mut self, sleep: impl FnOnce(Duration), longest: Duration) {
-        let idle = self.since.elapsed();
-        if idle < SPIN_FOR {
-            for _ in 0..32 {
-                std::hint::spin_loop();
+    /// What the next snooze does, `idle` after the last progress.
+    fn phase(&self, idle: Duration, on_signal: bool) -> Phase {
+        let (spin_for, yield_until) = match (self.wait, on_signal) {
+            (ShmWait::Sleep, true) => (SLEEP_SPIN_FOR, SLEEP_SPIN_FOR),
+            (ShmWait::Sleep, false) => (SLEEP_SPIN_FOR, YIELD_UNTIL),
+            _ => (SPIN_FOR, YIELD_UNTIL),
+        };
+        if idle < spin_for {
+            return Phase::Spin;
+        }
+        if idle < yield_until {
+            return Phase::Yield;
+        }
+        let (first, longest) = match (self.wait, on_signal) {
+            (ShmWait::Sleep, true) => (SLEEP_FIRST_SIGNAL_SLEEP, MAX_SIGNAL_SLEEP),
+            (_, true) => (FIRST_SLEEP, MAX_SIGNAL_SLEEP),
+            (_, false) => (FIRST_SLEEP, MAX_SLEEP),
+        };
+        let doubled = first.saturating_mul(1u32 << self.slept.min(16));
+        Phase::Sleep(doubled.min(longest))
+    }
+
+    fn snooze_with(&mut self, sleep: impl FnOnce(Duration), on_signal: bool) {
+        match self.phase(self.since.elapsed(), on_signal) {
+            Phase::Spin => {
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
             }
-        } else if idle < YIELD_UNTIL {
-            std::thread::yield_now();
-        } else {
-            sleep(self.sleep);
-            self.sleep = (self.sleep * 2).min(longest);
+            Phase::Yield => std::thread::yield_now(),
+            Phase::Sleep(d) => {
+                sleep(d);
+                self.slept = self.slept.saturating_add(1);
+            }
         }
     }
+}
+
+/// One round of a [`Backoff`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Spin,
+    Yield,
+    Sleep(Duration),
 }
 
 #[cfg(test)]
@@ -79,16 +175,67 @@ mod tests {
     fn sleeps_grow_to_max_sleep_and_progress_starts_over() {
         let mut b = Backoff::new();
         b.snooze(); // spinning: no sleep taken yet
-        assert_eq!(b.sleep, FIRST_SLEEP);
+        assert_eq!(b.slept, 0);
         std::thread::sleep(YIELD_UNTIL);
         for _ in 0..8 {
             b.snooze();
         }
-        assert_eq!(b.sleep, MAX_SLEEP);
+        assert_eq!(b.phase(YIELD_UNTIL, false), Phase::Sleep(MAX_SLEEP));
         let t = Instant::now();
         b.snooze();
         assert!(t.elapsed() >= MAX_SLEEP);
         b.reset();
-        assert_eq!(b.sleep, FIRST_SLEEP);
+        assert_eq!(b.slept, 0);
+        assert_eq!(b.phase(YIELD_UNTIL, false), Phase::Sleep(FIRST_SLEEP));
+    }
+
+    #[test]
+    fn spin_spins_then_yields_before_any_sleep() {
+        let b = Backoff::with(ShmWait::Spin);
+        for on_signal in [false, true] {
+            assert_eq!(b.phase(Duration::ZERO, on_signal), Phase::Spin);
+            assert_eq!(b.phase(SLEEP_SPIN_FOR * 2, on_signal), Phase::Spin);
+            assert_eq!(b.phase(SPIN_FOR, on_signal), Phase::Yield);
+        }
+        assert_eq!(b.phase(YIELD_UNTIL, true), Phase::Sleep(FIRST_SLEEP));
+    }
+
+    #[test]
+    fn sleep_spins_briefly_then_sleeps_on_a_signal_without_yielding() {
+        let b = Backoff::with(ShmWait::Sleep);
+        assert_eq!(b.phase(Duration::ZERO, true), Phase::Spin);
+        assert_eq!(
+            b.phase(SLEEP_SPIN_FOR, true),
+            Phase::Sleep(SLEEP_FIRST_SIGNAL_SLEEP)
+        );
+        // Without a signal nobody would wake it: it yields first.
+        assert_eq!(b.phase(SLEEP_SPIN_FOR, false), Phase::Yield);
+        assert_eq!(b.phase(YIELD_UNTIL, false), Phase::Sleep(FIRST_SLEEP));
+    }
+
+    #[test]
+    fn a_sleeping_wait_calls_the_signal_sleep_within_microseconds() {
+        let mut b = Backoff::with(ShmWait::Sleep);
+        let started = Instant::now();
+        let mut asked = None;
+        while asked.is_none() {
+            b.snooze_on(|d| asked = Some(d));
+            assert!(started.elapsed() < Duration::from_secs(5), "never slept");
+        }
+        assert_eq!(asked, Some(SLEEP_FIRST_SIGNAL_SLEEP));
+        // Later sleeps double up to the signal's longest.
+        for _ in 0..20 {
+            b.snooze_on(|d| asked = Some(d));
+        }
+        assert_eq!(asked, Some(MAX_SIGNAL_SLEEP));
+    }
+
+    #[test]
+    fn auto_sleeps_only_with_more_ranks_than_cores() {
+        assert_eq!(ShmWait::Auto.resolve(2, 2), ShmWait::Spin);
+        assert_eq!(ShmWait::Auto.resolve(3, 2), ShmWait::Sleep);
+        assert_eq!(ShmWait::Auto.resolve(8, 32), ShmWait::Spin);
+        assert_eq!(ShmWait::Sleep.resolve(2, 32), ShmWait::Sleep);
+        assert_eq!(ShmWait::Spin.resolve(64, 1), ShmWait::Spin);
     }
 }
