@@ -1,7 +1,10 @@
 //! Where a listening socket binds: the one address peers are told to reach
 //! it at (rank 0's store on `MASTER_ADDR`'s interface, a CPU transport on
 //! its advertised address), not every interface of the host, unless
-//! `TENSORCOMM_BIND_ALL=1` asks for every interface.
+//! `TENSORCOMM_BIND_ALL=1` asks for every interface. A `MASTER_ADDR` that
+//! is a host name binds loopback when it resolves to loopback here, and
+//! every interface otherwise (a name can stand for several addresses, and
+//! resolve differently on other nodes).
 //!
 //! An address that is not one of this host's interfaces cannot be bound:
 //! that is an error naming the address and what to set instead
@@ -52,6 +55,15 @@ pub fn listen_host(host: &str, bind_all: bool) -> &str {
     }
 }
 
+/// Whether `host` is an IP address (IPv6 with or without brackets), not a
+/// name.
+fn is_ip_literal(host: &str) -> bool {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .is_ok()
+}
+
 /// Whether a `host:port` resolves only to loopback addresses (`false` when
 /// it does not resolve: binding then says why).
 pub(crate) fn resolves_to_loopback(addr: &str) -> bool {
@@ -75,6 +87,19 @@ pub(crate) fn store_listen_address(
     let addr = crate::rendezvous::host_port(listen_host(host, bind_all), port);
     if bind_all {
         return Ok(addr);
+    }
+    if !is_ip_literal(host) && !resolves_to_loopback(&addr) {
+        // A host name may stand for several addresses (IPv4 and IPv6, a
+        // management and a data interface) and resolve differently on the
+        // other nodes, or not yet resolve at all: binding one of them could
+        // shut out ranks that reach another, so a name that is not
+        // loopback here listens on every interface, as before.
+        tracing::debug!(
+            host,
+            "MASTER_ADDR is a host name: the store listens on every interface (an IP address \
+             as MASTER_ADDR narrows it to that interface)"
+        );
+        return Ok(crate::rendezvous::host_port(listen_host(host, true), port));
     }
     if let Some((world, local)) = nodes.filter(|&(world, local)| local < world) {
         if resolves_to_loopback(&addr) {
@@ -123,6 +148,26 @@ pub(crate) fn not_here(what: &str, addr: &str, told: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_name_listens_on_loopback_or_everywhere_and_an_ip_on_itself() {
+        assert!(is_ip_literal("10.0.0.7") && is_ip_literal("[fe80::1]") && is_ip_literal("::1"));
+        assert!(!is_ip_literal("localhost") && !is_ip_literal("node-3.cluster"));
+        assert_eq!(
+            store_listen_address("10.0.0.7", 29500, None, false).unwrap(),
+            "10.0.0.7:29500"
+        );
+        assert_eq!(
+            store_listen_address("localhost", 29500, Some((2, 2)), false).unwrap(),
+            "localhost:29500"
+        );
+        // `.invalid` never resolves (RFC 6761): a name that is not (yet)
+        // loopback here listens everywhere.
+        assert_eq!(
+            store_listen_address("node-3.invalid", 29500, None, false).unwrap(),
+            "0.0.0.0:29500"
+        );
+    }
 
     #[test]
     fn bind_all_parses_0_and_1_and_names_anything_else() {
