@@ -43,3 +43,24 @@ pub fn host_cores() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
+
+/// The CPUs online on this host, read once: what ranks of one host share,
+/// whichever CPUs each of them is pinned to (a rank pinned to one core
+/// sees one in [`host_cores`], though its peers have cores of their own).
+/// Shared-memory waits sleep sooner when a host's ranks outnumber them.
+///
+/// ```
+/// assert!(tensorcomm::cpu::host_cpus_online() >= 1);
+/// ```
+pub fn host_cpus_online() -> usize {
+    static ONLINE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ONLINE.get_or_init(|| {
+        // SAFETY: sysconf reads a system value; no pointers.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        usize::try_from(online)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(host_cores)
+            .max(host_cores())
+    })
+}

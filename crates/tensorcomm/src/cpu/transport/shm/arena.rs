@@ -167,7 +167,7 @@ impl ShmArena {
             chunk,
             steps: AtomicUsize::new(0),
             unfenced: AtomicBool::new(false),
-            wait: ShmWait::Auto.resolve(world_size, crate::cpu::host_cores()),
+            wait: ShmWait::Auto.resolve(world_size, crate::cpu::host_cpus_online()),
             segment,
         })
     }

@@ -301,7 +301,7 @@ impl ShmLink {
             chunk: (capacity / 4).max(64 << 10).min(capacity),
             tx,
             rx,
-            wait: ShmWait::Auto.resolve(2, crate::cpu::host_cores()),
+            wait: ShmWait::Auto.resolve(2, crate::cpu::host_cpus_online()),
             epoch: Instant::now(),
             next_probe_ns: AtomicU64::new(0),
             segment,
@@ -646,7 +646,7 @@ impl ShmLink {
     /// is also how a new link waits. A group's transport sets every link
     /// from the group's count of ranks on this host.
     pub fn set_wait(&mut self, wait: ShmWait) {
-        self.wait = wait.resolve(2, crate::cpu::host_cores());
+        self.wait = wait.resolve(2, crate::cpu::host_cpus_online());
     }
 
     /// How blocked calls wait: [`ShmWait::Spin`] or [`ShmWait::Sleep`].

@@ -122,7 +122,9 @@ impl ShmTransport {
         sorted.sort_unstable();
         sorted.dedup();
         let local_ranks = sorted.len() + 1;
-        let wait = options.wait.resolve(local_ranks, crate::cpu::host_cores());
+        let wait = options
+            .wait
+            .resolve(local_ranks, crate::cpu::host_cpus_online());
         // Pairs (min, max) in lexicographic order on every rank: lower
         // peers first (ascending), then higher ones.
         for peer in sorted {

@@ -11,7 +11,7 @@
 //! second.
 //!
 //! That suits a host with a core for every rank. When a host runs more of
-//! a group's ranks than the process may use cores ([`ShmWait::Auto`]
+//! a group's ranks than it has CPUs online ([`ShmWait::Auto`]
 //! resolving to [`ShmWait::Sleep`]), the peer being waited for is often not
 //! running at all: it waits for the core this rank is spinning on, so
 //! spinning for 50 µs and then yielding only delays it (4 ranks on the
@@ -56,7 +56,9 @@ const SLEEP_FIRST_SIGNAL_SLEEP: Duration = Duration::from_micros(100);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ShmWait {
     /// [`Sleep`](Self::Sleep) when the host runs more of the group's ranks
-    /// than this process may use cores, [`Spin`](Self::Spin) otherwise.
+    /// than it has CPUs online ([`host_cpus_online`](crate::cpu::host_cpus_online):
+    /// not this process's share, which is one core for a rank pinned to
+    /// one), [`Spin`](Self::Spin) otherwise.
     #[default]
     Auto,
     /// Spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency
@@ -68,8 +70,8 @@ pub enum ShmWait {
 }
 
 impl ShmWait {
-    /// The policy for `local_ranks` ranks of a group on a host whose
-    /// processes may use `cores` cores: `Spin` or `Sleep`, never `Auto`.
+    /// The policy for `local_ranks` ranks of a group on a host with
+    /// `cores` CPUs: `Spin` or `Sleep`, never `Auto`.
     pub fn resolve(self, local_ranks: usize, cores: usize) -> ShmWait {
         match self {
             ShmWait::Auto if local_ranks > cores => ShmWait::Sleep,
