@@ -86,6 +86,33 @@ impl Refusal {
     }
 }
 
+impl Refusal {
+    /// Why, as the accepting rank logs it.
+    fn describe_here(self) -> String {
+        let token = crate::env_vars::STORE_TOKEN.name;
+        match self {
+            Refusal::OtherMesh => {
+                "the connection belongs to another mesh (another job or group)".into()
+            }
+            Refusal::WorldSize => "the connection has another world size".into(),
+            Refusal::TokenMissing => {
+                format!(
+                    "this rank expects the job's token and the connection presented none ({token})"
+                )
+            }
+            Refusal::TokenWrong => {
+                format!("this rank expects the job's token and the connection presented a different one ({token})")
+            }
+            Refusal::TokenUnexpected => {
+                format!("this rank has no token and the connection presented one ({token} is set on one side only)")
+            }
+            Refusal::RankNotAwaited => {
+                "this rank does not await a connection from that rank".into()
+            }
+        }
+    }
+}
+
 /// This rank's side of every hello.
 struct Me<'a> {
     mesh: u64,
@@ -474,10 +501,13 @@ fn hello_as_acceptor(
     deadline: Instant,
 ) -> Result<Accepted> {
     let first = waiting[0];
-    stream
+    // A connection reset before it is set up is a stray's, not an error.
+    if let Err(e) = stream
         .set_nonblocking(false)
-        .map_err(|e| Error::io(format!("accepting a connection from {from}"), e))?;
-    nodelay(&stream, first)?;
+        .and_then(|()| stream.set_nodelay(true))
+    {
+        return Ok(Accepted::Refused(format!("{from}: closed at once ({e})")));
+    }
     let mut half = Half::new(stream);
     let cx = Context {
         peer: first,
@@ -499,7 +529,7 @@ fn hello_as_acceptor(
         let claimed = theirs.rank;
         return Ok(Accepted::Refused(format!(
             "{from} (claiming rank {claimed}): {}",
-            refusal.describe().replacen("it ", "this rank ", 1)
+            refusal.describe_here()
         )));
     }
     let their_rank = theirs.rank as usize;
@@ -547,6 +577,25 @@ fn accept_higher(
         let Some(&first) = waiting.first() else {
             return Ok(());
         };
+        // Checked on every pass, so that connections arriving without end
+        // (strays, each refused) cannot keep set-up past its deadline.
+        if Instant::now() >= deadline {
+            let mut during = format!("waiting for ranks {waiting:?} to connect to rank {rank}");
+            if refused_count > 0 {
+                during.push_str(&format!(
+                    " (refused {refused_count} connection(s) not proven part of this job: {})",
+                    refused.join("; ")
+                ));
+            }
+            return Err(Error::PeerTimeout {
+                peer: first,
+                during,
+                timeout: deadline.saturating_duration_since(started),
+            });
+        }
+        crate::cpu::setup_watch::check(|| {
+            format!("ranks {waiting:?} to connect to rank {rank}'s transport")
+        })?;
         match listener.accept() {
             Ok((stream, from)) => {
                 backoff = Duration::from_micros(50);
@@ -564,25 +613,9 @@ fn accept_higher(
                     }
                 }
             }
+            // A connection that went away while queued is a stray's.
+            Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                if Instant::now() >= deadline {
-                    let mut during =
-                        format!("waiting for ranks {waiting:?} to connect to rank {rank}");
-                    if refused_count > 0 {
-                        during.push_str(&format!(
-                            " (refused {refused_count} connection(s) not proven part of this job: {})",
-                            refused.join("; ")
-                        ));
-                    }
-                    return Err(Error::PeerTimeout {
-                        peer: first,
-                        during,
-                        timeout: deadline.saturating_duration_since(started),
-                    });
-                }
-                crate::cpu::setup_watch::check(|| {
-                    format!("ranks {waiting:?} to connect to rank {rank}'s transport")
-                })?;
                 // Setup only: a listener has no accept-with-timeout in std.
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(5));
