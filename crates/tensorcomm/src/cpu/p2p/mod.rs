@@ -44,6 +44,12 @@ const COMBINE_MAX: usize = 4 << 10;
 /// The least a message's buffer grows by at once.
 const READ_CHUNK: usize = 64 << 10;
 
+/// Capacity reserved for a message before its bytes arrive, at most: up
+/// to glibc's largest heap allocations (larger ones are mapped, and grow
+/// by remapping, without copying), and below the fuzz smoke test's
+/// 64 MiB bound on one allocation.
+const RESERVE_AHEAD: usize = 32 << 20;
+
 /// How long a reader thread waits for a peer's next message in one call
 /// (it simply waits again afterwards): "forever", in practical terms.
 const READ_FOREVER: Duration = Duration::from_secs(24 * 3600);
@@ -110,12 +116,20 @@ pub(crate) fn read_messages(transport: &dyn Transport, peer: usize, mailbox: &Ma
         };
         // The buffer grows with the bytes that arrive, never to what the
         // header announces before they do: a peer that announces more
-        // than it sends costs this rank what it sent.
+        // than it sends costs this rank what it sent. Up to RESERVE_AHEAD
+        // the capacity is reserved at once (reserving commits no memory
+        // until it is written), so messages up to that size grow in place
+        // without reallocating and copying.
         let mut payload = Vec::new();
+        if payload.try_reserve_exact(len.min(RESERVE_AHEAD)).is_err() {
+            return format!(
+                "rank {peer} announced a message of {len} bytes, more than this rank can hold"
+            );
+        }
         while payload.len() < len {
             let start = payload.len();
             let end = len.min(start.saturating_mul(2).max(READ_CHUNK));
-            if payload.try_reserve_exact(end - start).is_err() {
+            if payload.capacity() < end && payload.try_reserve_exact(end - start).is_err() {
                 return format!(
                     "rank {peer} sent {start} bytes of a message of {len} bytes, more than this \
                      rank can hold"
