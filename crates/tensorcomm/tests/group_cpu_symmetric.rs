@@ -350,16 +350,22 @@ fn a_symmetric_tensor_cannot_be_taken_as_a_vec() {
 #[test]
 fn over_tcp_symmetric_zeros_gives_an_ordinary_tensor() {
     let pgs = groups(3, TransportChoice::Tcp);
+    // Repeated: the group's thread once still held the tensor for a moment
+    // after `wait` returned, and `into_vec` found its storage shared.
     let results = on_every_rank(&pgs, |pg| {
-        let t = pg.symmetric_zeros(&[5000], DType::I32).unwrap();
-        t.fill(pg.rank() as i32 + 1).unwrap();
-        pg.all_reduce(&t, ReduceOp::Sum, None)
-            .unwrap()
-            .wait()
-            .unwrap();
-        t.into_vec::<i32>().unwrap()
+        (0..50)
+            .map(|_| {
+                let t = pg.symmetric_zeros(&[5000], DType::I32).unwrap();
+                t.fill(pg.rank() as i32 + 1).unwrap();
+                pg.all_reduce(&t, ReduceOp::Sum, None)
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+                t.into_vec::<i32>().unwrap()
+            })
+            .collect::<Vec<_>>()
     });
-    for got in results {
+    for got in results.into_iter().flatten() {
         assert_eq!(got, vec![6; 5000]);
     }
 }

@@ -191,6 +191,8 @@ impl Engine {
         let (work, completion) = Work::new();
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
+            // Device work keeps its tensors until the job ends, as before.
+            let mut kept = None;
             let hooks = {
                 let _turn = shared.turn.wait_for(fingerprint.seq);
                 let call = Call::new(fingerprint, deadline)
@@ -201,6 +203,15 @@ impl Engine {
                     Err(e) => (Err(e), None),
                 };
                 shared.recorder.finished(fingerprint.seq, &outcome);
+                // Host-only work lets go of its tensors before the waiter
+                // hears of it, so that a caller back from `wait` holds the
+                // only handle (as `Tensor::into_vec` needs); device work
+                // keeps them until the job ends, as before.
+                if event.is_some() {
+                    kept = Some(collective);
+                } else {
+                    drop(collective);
+                }
                 // Complete before the turn passes on (when `_turn` drops),
                 // so no later collective (a barrier) can finish while this
                 // one's Work is not complete. A host backend may leave
@@ -212,6 +223,7 @@ impl Engine {
             // The futures' callbacks run after the turn has passed on, so
             // one may wait on another collective of this group.
             hooks.run();
+            drop(kept);
         });
         let job = Arc::new(QueuedJob {
             job: Mutex::new(Some(job)),
