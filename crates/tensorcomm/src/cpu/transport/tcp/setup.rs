@@ -67,47 +67,30 @@ impl Refusal {
         .find(|r| *r as u32 == code)
     }
 
-    fn describe(self) -> String {
+    /// Why, as the end `speaker` of the connection words it: the
+    /// connecting rank (told by the answer) or the accepting one (its log).
+    fn describe(self, speaker: Role) -> String {
         let token = crate::env_vars::STORE_TOKEN.name;
+        // The accepting rank, the connection, the connecting rank, and
+        // the other end, as `speaker` names them.
+        let (acceptor, connection, connector, other) = match speaker {
+            Role::Connecting => ("it", "this connection", "this rank", "it"),
+            Role::Accepting => ("this rank", "the connection", "that rank", "the connection"),
+        };
         match self {
-            Refusal::OtherMesh => "it belongs to another mesh (another job or group)".into(),
-            Refusal::WorldSize => "it has another world size".into(),
-            Refusal::TokenMissing => {
-                format!("it expects the job's token and this connection presented none (set {token} on every rank)")
-            }
-            Refusal::TokenWrong => {
-                format!("it expects the job's token and this connection presented a different one ({token} differs)")
-            }
-            Refusal::TokenUnexpected => {
-                format!("it has no token and this connection presented one ({token} is set on one side only)")
-            }
-            Refusal::RankNotAwaited => "it does not await a connection from this rank".into(),
-        }
-    }
-}
-
-impl Refusal {
-    /// Why, as the accepting rank logs it.
-    fn describe_here(self) -> String {
-        let token = crate::env_vars::STORE_TOKEN.name;
-        match self {
-            Refusal::OtherMesh => {
-                "the connection belongs to another mesh (another job or group)".into()
-            }
-            Refusal::WorldSize => "the connection has another world size".into(),
-            Refusal::TokenMissing => {
-                format!(
-                    "this rank expects the job's token and the connection presented none ({token})"
-                )
-            }
-            Refusal::TokenWrong => {
-                format!("this rank expects the job's token and the connection presented a different one ({token})")
-            }
-            Refusal::TokenUnexpected => {
-                format!("this rank has no token and the connection presented one ({token} is set on one side only)")
-            }
+            Refusal::OtherMesh => format!("{other} belongs to another mesh (another job or group)"),
+            Refusal::WorldSize => format!("{other} has another world size"),
+            Refusal::TokenMissing => format!(
+                "{acceptor} expects the job's token and {connection} presented none (set {token} on every rank)"
+            ),
+            Refusal::TokenWrong => format!(
+                "{acceptor} expects the job's token and {connection} presented a different one ({token} differs)"
+            ),
+            Refusal::TokenUnexpected => format!(
+                "{acceptor} has no token and {connection} presented one ({token} is set on one side only)"
+            ),
             Refusal::RankNotAwaited => {
-                "this rank does not await a connection from that rank".into()
+                format!("{acceptor} does not await a connection from {connector}")
             }
         }
     }
@@ -379,7 +362,7 @@ fn hello_as_connector(
     if theirs.verdict != 0 {
         let reason = Refusal::from_code(theirs.verdict).map_or_else(
             || format!("refusal code {}", theirs.verdict),
-            Refusal::describe,
+            |r| r.describe(Role::Connecting),
         );
         return Err(Error::PeerRefused {
             peer,
@@ -395,7 +378,10 @@ fn hello_as_connector(
     if let Err(refusal) = me.authenticate(&theirs, Role::Accepting) {
         return Err(bad(
             format!("an answer from rank {peer} of this job at {addr}"),
-            format!("one that fails the check: {}", refusal.describe()),
+            format!(
+                "one that fails the check: {}",
+                refusal.describe(Role::Connecting)
+            ),
         ));
     }
     if theirs.world_size != me.world_size {
@@ -529,7 +515,7 @@ fn hello_as_acceptor(
         let claimed = theirs.rank;
         return Ok(Accepted::Refused(format!(
             "{from} (claiming rank {claimed}): {}",
-            refusal.describe_here()
+            refusal.describe(Role::Accepting)
         )));
     }
     let their_rank = theirs.rank as usize;
