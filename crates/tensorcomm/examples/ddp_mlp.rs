@@ -155,19 +155,6 @@ fn sample(rng: &mut Lcg) -> ([f32; INPUTS], f32) {
     (x, dot.sin() + 0.5 * x[0] * x[1])
 }
 
-/// `t` on `device`: `t` itself on the host, else a copy there.
-fn on(device: Device, t: Tensor<'static>) -> Result<Tensor<'static>> {
-    match device {
-        Device::Cpu => Ok(t),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(_) => t.to_device(device),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(Error::NoCuda {
-            reason: "tensorcomm was built without its `cuda` feature".into(),
-        }),
-    }
-}
-
 /// Trains on `group`: rank r draws its batches from its own stream.
 pub fn train(group: Arc<dyn ProcessGroup>, config: &Config) -> Result<Trained> {
     let rank = group.rank();
@@ -178,7 +165,7 @@ pub fn train(group: Arc<dyn ProcessGroup>, config: &Config) -> Result<Trained> {
     // host tensors themselves on the host).
     let shared = tensors
         .iter()
-        .map(|t| on(device, t.clone()))
+        .map(|t| t.clone().into_device(device))
         .collect::<Result<Vec<_>>>()?;
     broadcast_coalesced(&*group, &shared, 1 << 20, 0)?;
     if device.is_cuda() {
@@ -203,10 +190,8 @@ pub fn train(group: Arc<dyn ProcessGroup>, config: &Config) -> Result<Trained> {
         let batch: Vec<_> = (0..config.batch).map(|_| sample(&mut data)).collect();
         let loss = step(&model, &batch, &mut reducer, device)?;
         // The loss over every rank's batch.
-        let global = on(
-            device,
-            Tensor::from_vec(vec![loss / group.size() as f32], &[1])?,
-        )?;
+        let global =
+            Tensor::from_vec(vec![loss / group.size() as f32], &[1])?.into_device(device)?;
         group
             .all_reduce(&global, ReduceOp::Sum, None)?
             .synchronize()?;
@@ -240,7 +225,8 @@ fn step(
     reducer: &mut Reducer,
     device: Device,
 ) -> Result<f32> {
-    let grad = |values: Vec<f32>, shape: &[usize]| on(device, Tensor::from_vec(values, shape)?);
+    let grad =
+        |values: Vec<f32>, shape: &[usize]| Tensor::from_vec(values, shape)?.into_device(device);
     let (w1, b1) = (model.w1.to_vec::<f32>()?, model.b1.to_vec::<f32>()?);
     let (w2, b2) = (model.w2.to_vec::<f32>()?, model.b2.to_vec::<f32>()?[0]);
     let n = batch.len() as f32;

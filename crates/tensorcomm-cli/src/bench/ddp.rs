@@ -210,14 +210,6 @@ fn device_and_group(args: &BenchArgs) -> tensorcomm::Result<(Device, Arc<dyn Pro
     ))
 }
 
-/// `t` on `device`: itself on the host, else a copy there.
-fn placed(t: Tensor<'static>, device: Device) -> tensorcomm::Result<Tensor<'static>> {
-    match device {
-        Device::Cpu => Ok(t),
-        Device::Cuda(_) => t.to_device(device),
-    }
-}
-
 /// The hooks `--hook` names.
 pub(super) fn build_hook(name: &str, powersgd_rank: usize) -> Result<Arc<dyn CommHook>, String> {
     Ok(match name {
@@ -389,12 +381,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     let shapes = model.shapes();
     let grads: Vec<Tensor<'static>> = shapes
         .iter()
-        .map(|s| {
-            placed(
-                Tensor::from_vec(vec![1.0f32; s.iter().product()], s)?,
-                device,
-            )
-        })
+        .map(|s| Tensor::from_vec(vec![1.0f32; s.iter().product()], s)?.into_device(device))
         .collect::<tensorcomm::Result<_>>()?;
     let timeline = Arc::new(Mutex::new(Timeline::default()));
     let timed = Arc::new(TimedHook {
@@ -467,13 +454,11 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             exposed.push((end - ready).as_secs_f64() * 1e6);
         }
     }
-    let slowest = placed(
-        Tensor::from_vec(
-            vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
-            &[3],
-        )?,
-        device,
-    )?;
+    let slowest = Tensor::from_vec(
+        vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
+        &[3],
+    )?
+    .into_device(device)?;
     pg.all_reduce(&slowest, ReduceOp::Max, None)?
         .synchronize()?;
     let [step_us, comm_us, exposed_us]: [f64; 3] = slowest

@@ -24,23 +24,6 @@ pub(crate) fn zeros_on(numel: usize, dtype: DType, device: Device) -> Result<Ten
     }
 }
 
-/// `t` itself when it is on `device`, else a copy of it there: a hook's
-/// communication tensors go where its bucket lives (a NCCL group takes
-/// only CUDA tensors; a CPU group takes both).
-pub(crate) fn moved_to(t: Tensor<'static>, device: Device) -> Result<Tensor<'static>> {
-    if t.device() == device {
-        return Ok(t);
-    }
-    #[cfg(feature = "cuda")]
-    {
-        t.to_device(device)
-    }
-    #[cfg(not(feature = "cuda"))]
-    Err(Error::NoCuda {
-        reason: "tensorcomm was built without the `cuda` feature".into(),
-    })
-}
-
 /// Sets every element of `t` to zero, on the host or on a GPU (through a
 /// copy of host zeros: [`Tensor::fill_zeros`] reaches host memory only).
 pub(crate) fn zero_fill(t: &Tensor<'_>) -> Result<()> {
@@ -239,7 +222,7 @@ mod tests {
         let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
         zero_fill(&t.narrow(0, 1, 2).unwrap()).unwrap();
         assert_eq!(t.to_vec::<f32>().unwrap(), [1.0, 0.0, 0.0, 4.0]);
-        let same = moved_to(t.clone(), Device::Cpu).unwrap();
+        let same = t.clone().into_device(Device::Cpu).unwrap();
         assert!(same.shares_storage(&t));
     }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use self::linalg::{mul, mul_a_bt, mul_at_b, orthogonalize};
 use self::random::SplitMix64;
 use super::comm_hook::all_reduce_mean;
-use super::flat_buffer::{moved_to, read_floats, write_floats, zeros_on};
+use super::flat_buffer::{read_floats, write_floats, zeros_on};
 use super::{CommHook, GradBucket};
 use crate::group::{ProcessGroup, ReduceOp, Work, WorkFuture};
 use crate::tensor::Tensor;
@@ -345,7 +345,7 @@ impl CommHook for PowerSgdHook {
             None
         } else {
             let p_len = ps.len();
-            let p = moved_to(Tensor::from_vec(ps, &[p_len])?, buffer.device())?;
+            let p = Tensor::from_vec(ps, &[p_len])?.into_device(buffer.device())?;
             let work = group.all_reduce(&p, ReduceOp::Sum, None)?;
             Some((p, work))
         };
@@ -418,7 +418,7 @@ impl Finish {
                 p_at += c.n * c.r;
             }
             let q_len = qs.len();
-            let q = moved_to(Tensor::from_vec(qs, &[q_len])?, self.buffer.device())?;
+            let q = Tensor::from_vec(qs, &[q_len])?.into_device(self.buffer.device())?;
             self.group
                 .all_reduce(&q, ReduceOp::Sum, None)?
                 .synchronize()?;

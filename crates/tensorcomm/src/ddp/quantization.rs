@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::flat_buffer::{moved_to, read_floats, settle, write_floats, zeros_on};
+use super::flat_buffer::{read_floats, settle, write_floats, zeros_on};
 use super::{CommHook, GradBucket};
 use crate::group::{ProcessGroup, WorkFuture};
 use crate::tensor::{DType, Tensor};
@@ -77,9 +77,9 @@ impl CommHook for QuantizePerTensorHook {
         // The messages live where the bucket does (a NCCL group takes only
         // CUDA tensors); the maths stays on the host.
         let device = buffer.device();
-        let my_params = moved_to(Tensor::from_vec(vec![scale, zero_point], &[2])?, device)?;
+        let my_params = Tensor::from_vec(vec![scale, zero_point], &[2])?.into_device(device)?;
         let all_params = zeros_on(2 * world, DType::F32, device)?;
-        let my_codes = moved_to(Tensor::from_vec(codes, &[n])?, device)?;
+        let my_codes = Tensor::from_vec(codes, &[n])?.into_device(device)?;
         let all_codes = zeros_on(world * n, DType::U8, device)?;
         let params_work = group.all_gather_into_tensor(&all_params, &my_params, None)?;
         let codes_work = group.all_gather_into_tensor(&all_codes, &my_codes, None)?;

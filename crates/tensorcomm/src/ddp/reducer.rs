@@ -9,7 +9,7 @@ mod tests;
 use std::sync::Arc;
 
 use self::layout::BucketLayout;
-use super::flat_buffer::{copy_unless_same, moved_to, zero_fill};
+use super::flat_buffer::{copy_unless_same, zero_fill};
 use super::{CommHook, TensorSpec, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES};
 use crate::group::{Backend, ProcessGroup, ReduceOp, WorkFuture};
 use crate::tensor::{Device, Tensor};
@@ -466,10 +466,8 @@ impl Reducer {
     /// rank produced its gradient.
     fn agree_on_used(&self, used: &[bool]) -> Result<Vec<bool>> {
         let mask: Vec<i32> = used.iter().map(|&u| i32::from(u)).collect();
-        let mask = moved_to(
-            Tensor::from_vec(mask, &[used.len()])?,
-            control_device(&self.group, &self.params),
-        )?;
+        let mask = Tensor::from_vec(mask, &[used.len()])?
+            .into_device(control_device(&self.group, &self.params))?;
         self.group
             .all_reduce(&mask, ReduceOp::Sum, None)?
             .synchronize()?;
@@ -480,10 +478,8 @@ impl Reducer {
     /// rank builds the same buckets), carrying the gradients over.
     fn rebuild(&mut self, arrival: &[usize]) -> Result<()> {
         let order: Vec<i64> = arrival.iter().map(|&p| p as i64).collect();
-        let order = moved_to(
-            Tensor::from_vec(order, &[arrival.len()])?,
-            control_device(&self.group, &self.params),
-        )?;
+        let order = Tensor::from_vec(order, &[arrival.len()])?
+            .into_device(control_device(&self.group, &self.params))?;
         self.group.broadcast(&order, 0, None)?.synchronize()?;
         let order: Vec<usize> = order
             .to_vec::<i64>()?

@@ -1,9 +1,37 @@
-//! Where a tensor's memory lives.
+//! Where a tensor's memory lives, and moving a tensor there.
 
 use std::fmt;
 use std::str::FromStr;
 
+use super::dense::Tensor;
 use crate::{Error, Result};
+
+impl Tensor<'static> {
+    /// This tensor on `device`: itself when it is already there, else a
+    /// copy there ([`Tensor::to_device`]). [`Error::NoCuda`] for a GPU
+    /// when tensorcomm was built without its `cuda` feature.
+    ///
+    /// ```
+    /// use tensorcomm::tensor::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?;
+    /// let same = t.clone().into_device(Device::Cpu)?;
+    /// assert!(same.shares_storage(&t));
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    pub fn into_device(self, device: Device) -> Result<Tensor<'static>> {
+        if self.device() == device {
+            return Ok(self);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            self.to_device(device)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err(Error::NoCuda {
+            reason: "tensorcomm was built without its `cuda` feature".into(),
+        })
+    }
+}
 
 /// The device holding a tensor's storage: host memory or one CUDA GPU.
 ///

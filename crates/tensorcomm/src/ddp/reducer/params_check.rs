@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::ddp::flat_buffer::{moved_to, zeros_on};
+use crate::ddp::flat_buffer::zeros_on;
 use crate::ddp::TensorSpec;
 use crate::group::ProcessGroup;
 use crate::tensor::{DType, Device, Tensor};
@@ -18,7 +18,7 @@ pub(super) fn check_same_params(
     device: Device,
 ) -> Result<()> {
     let mine = [params.len() as i64, digest(params) as i64];
-    let input = moved_to(Tensor::from_vec(mine.to_vec(), &[2])?, device)?;
+    let input = Tensor::from_vec(mine.to_vec(), &[2])?.into_device(device)?;
     let all = zeros_on(2 * group.size(), DType::I64, device)?;
     group
         .all_gather_into_tensor(&all, &input, None)?
