@@ -555,7 +555,8 @@ pub(super) fn copy_between(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
             let stream = dctx.stream()?;
             // After the caller's work on both GPUs (what wrote the source,
             // what still reads the destination), as PyTorch's `copy_` is.
-            for gpu in [s, d] {
+            let gpus: &[usize] = if s == d { &[d] } else { &[s, d] };
+            for &gpu in gpus {
                 let caller = runtime::current_stream(gpu)?;
                 if !caller.same_as(stream) {
                     stream.wait(&caller.record()?)?;
