@@ -293,7 +293,10 @@ fn a_parameter_one_rank_skipped_gets_the_other_ranks_gradient() {
 
 /// A linear model `y = W x + b` (W: 2x3, b: 2) with loss
 /// `mean over the batch of 0.5 * |y - t|^2`; its gradients over `samples`.
-fn linear_grads(w: &[f32], b: &[f32], samples: &[([f32; 3], [f32; 2])]) -> (Vec<f32>, Vec<f32>) {
+/// One training sample: an input and its target.
+type Sample = ([f32; 3], [f32; 2]);
+
+fn linear_grads(w: &[f32], b: &[f32], samples: &[Sample]) -> (Vec<f32>, Vec<f32>) {
     let mut gw = [0.0f32; 6];
     let mut gb = [0.0f32; 2];
     for (x, t) in samples {
@@ -313,7 +316,7 @@ fn linear_grads(w: &[f32], b: &[f32], samples: &[([f32; 3], [f32; 2])]) -> (Vec<
     )
 }
 
-fn dataset() -> Vec<([f32; 3], [f32; 2])> {
+fn dataset() -> Vec<Sample> {
     (0..12)
         .map(|k| {
             let k = k as f32;
@@ -338,21 +341,43 @@ fn train_single_process() -> (Vec<f32>, Vec<f32>) {
     (w, b)
 }
 
+/// Rank `pg.rank()`'s share of the data set and its parameters W and b,
+/// broadcast from rank 0 (only rank 0 starts from the right values).
+fn rank_start(
+    pg: &Arc<dyn ProcessGroup>,
+    world: usize,
+) -> (Vec<Sample>, Tensor<'static>, Tensor<'static>) {
+    let rank = pg.rank();
+    let data = dataset();
+    let per_rank = data.len() / world;
+    let mine = data[rank * per_rank..(rank + 1) * per_rank].to_vec();
+    let init: f32 = if rank == 0 { 0.1 } else { 7.0 };
+    let w = Tensor::from_vec(vec![init; 6], &[2, 3]).unwrap();
+    let b = Tensor::from_vec(vec![init - 0.1; 2], &[2]).unwrap();
+    broadcast_coalesced(&**pg, &[w.clone(), b.clone()], 1 << 20, 0).unwrap();
+    (mine, w, b)
+}
+
+/// One SGD step of parameter `p` with gradient `g`.
+fn sgd(p: &Tensor<'static>, g: &Tensor<'static>) {
+    let v: Vec<f32> = p
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .zip(g.to_vec::<f32>().unwrap())
+        .map(|(p, g)| p - LR * g)
+        .collect();
+    p.copy_from(&Tensor::from_vec(v, p.shape()).unwrap())
+        .unwrap();
+}
+
 fn train_data_parallel(
     world: usize,
     hook: Arc<dyn CommHook>,
     prefix: &str,
 ) -> Vec<(Vec<f32>, Vec<f32>)> {
     on_ranks(ranks(world, prefix), move |pg| {
-        let rank = pg.rank();
-        let data = dataset();
-        let per_rank = data.len() / world;
-        let mine = &data[rank * per_rank..(rank + 1) * per_rank];
-        // Only rank 0 starts from the right values: broadcast makes them common.
-        let init: f32 = if rank == 0 { 0.1 } else { 7.0 };
-        let w = Tensor::from_vec(vec![init; 6], &[2, 3]).unwrap();
-        let b = Tensor::from_vec(vec![init - 0.1; 2], &[2]).unwrap();
-        broadcast_coalesced(&*pg, &[w.clone(), b.clone()], 1 << 20, 0).unwrap();
+        let (mine, w, b) = rank_start(&pg, world);
         let params = vec![TensorSpec::of(&w), TensorSpec::of(&b)];
         // 8-byte buckets: b and W in buckets of their own.
         let options = ReducerOptions {
@@ -363,7 +388,7 @@ fn train_data_parallel(
         let mut reducer = Reducer::new(pg, params, hook.clone(), options).unwrap();
         for _ in 0..STEPS {
             let (wv, bv) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-            let (gw, gb) = linear_grads(&wv, &bv, mine);
+            let (gw, gb) = linear_grads(&wv, &bv, &mine);
             let (gw, gb) = (
                 Tensor::from_vec(gw, &[2, 3]).unwrap(),
                 Tensor::from_vec(gb, &[2]).unwrap(),
@@ -371,19 +396,8 @@ fn train_data_parallel(
             reducer.mark_ready(1, &gb).unwrap(); // backward: the bias first
             reducer.mark_ready(0, &gw).unwrap();
             reducer.finish().unwrap();
-            let step = |p: &Tensor<'static>, g: &Tensor<'static>| {
-                let v: Vec<f32> = p
-                    .to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .zip(g.to_vec::<f32>().unwrap())
-                    .map(|(p, g)| p - LR * g)
-                    .collect();
-                p.copy_from(&Tensor::from_vec(v, p.shape()).unwrap())
-                    .unwrap();
-            };
-            step(&w, &gw);
-            step(&b, &gb);
+            sgd(&w, &gw);
+            sgd(&b, &gb);
         }
         (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap())
     })
@@ -427,14 +441,7 @@ fn data_parallel_training_matches_single_process_training() {
 /// (`gradient_as_bucket_view`: nothing is copied in or back).
 fn train_in_bucket_views(world: usize, prefix: &str) -> Vec<(Vec<f32>, Vec<f32>)> {
     on_ranks(ranks(world, prefix), move |pg| {
-        let rank = pg.rank();
-        let data = dataset();
-        let per_rank = data.len() / world;
-        let mine = &data[rank * per_rank..(rank + 1) * per_rank];
-        let init: f32 = if rank == 0 { 0.1 } else { 7.0 };
-        let w = Tensor::from_vec(vec![init; 6], &[2, 3]).unwrap();
-        let b = Tensor::from_vec(vec![init - 0.1; 2], &[2]).unwrap();
-        broadcast_coalesced(&*pg, &[w.clone(), b.clone()], 1 << 20, 0).unwrap();
+        let (mine, w, b) = rank_start(&pg, world);
         let params = vec![TensorSpec::of(&w), TensorSpec::of(&b)];
         let options = ReducerOptions {
             bucket_cap_bytes: 8,
@@ -447,7 +454,7 @@ fn train_in_bucket_views(world: usize, prefix: &str) -> Vec<(Vec<f32>, Vec<f32>)
         for step in 0..STEPS {
             let (gw_view, gb_view) = (reducer.gradient(0).unwrap(), reducer.gradient(1).unwrap());
             let (wv, bv) = (w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-            let (gw, gb) = linear_grads(&wv, &bv, mine);
+            let (gw, gb) = linear_grads(&wv, &bv, &mine);
             gb_view
                 .copy_from(&Tensor::from_vec(gb, &[2]).unwrap())
                 .unwrap();
@@ -457,17 +464,6 @@ fn train_in_bucket_views(world: usize, prefix: &str) -> Vec<(Vec<f32>, Vec<f32>)
                 .unwrap();
             reducer.mark_ready(0, &gw_view).unwrap();
             reducer.finish().unwrap();
-            let sgd = |p: &Tensor<'static>, g: &Tensor<'static>| {
-                let v: Vec<f32> = p
-                    .to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .zip(g.to_vec::<f32>().unwrap())
-                    .map(|(p, g)| p - LR * g)
-                    .collect();
-                p.copy_from(&Tensor::from_vec(v, p.shape()).unwrap())
-                    .unwrap();
-            };
             sgd(&w, &gw_view);
             sgd(&b, &gb_view);
             if step == 0 {

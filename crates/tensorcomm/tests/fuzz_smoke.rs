@@ -18,6 +18,9 @@ use std::time::Instant;
 
 use tensorcomm::fuzz_targets::TARGETS;
 
+mod rng;
+use rng::Rng;
+
 /// The largest single allocation one input may cause.
 const MAX_ALLOCATION: usize = 64 << 20;
 
@@ -63,21 +66,6 @@ fn note(size: usize) {
 
 #[global_allocator]
 static ALLOCATOR: Watching = Watching;
-
-/// xorshift64*: the same inputs on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Values that find edge cases in length fields.
 const INTERESTING: &[u64] = &[

@@ -12,6 +12,9 @@ use tensorcomm::cpu::transport::shm::{ShmLink, DEFAULT_CAPACITY};
 use tensorcomm::store::{FileStore, HashStore, Store};
 use tensorcomm::Error;
 
+mod rng;
+use rng::Rng;
+
 const LONG: Duration = Duration::from_secs(60);
 
 fn after(d: Duration) -> Instant {
@@ -27,28 +30,6 @@ fn pair(prefix: &str, capacity: usize) -> (ShmLink, ShmLink) {
     let zero = ShmLink::connect(&*store, prefix, 0, 1, capacity, LONG).expect("rank 0 connects");
     let one = one.join().unwrap().expect("rank 1 connects");
     (zero, one)
-}
-
-/// xorshift64*: deterministic bytes and sizes.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut v: Vec<u8> = Vec::with_capacity(len + 8);
-        while v.len() < len {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(len);
-        v
-    }
 }
 
 /// FNV-1a over the bytes.
