@@ -16,18 +16,12 @@ check and a total; the exit status is 1 if any check failed on any rank.
 Needs PyTorch and the tensorcomm wheel.
 """
 
-import argparse
-import datetime
-import json
-import os
-import socket
 import sys
-import tempfile
-import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+import suite_runner
 
 CHECKS = []
 HAS_CUDA = torch.cuda.is_available()
@@ -366,63 +360,19 @@ def send_recv_on_side_stream(r, n):
 
 # ---------------------------------------------------------------- runner
 def worker(rank, n, port, out_dir):
-    import tensorcomm.torch  # noqa: F401  registers the backend
-
     if HAS_CUDA:
         torch.cuda.set_device(dev(rank))
-    dist.init_process_group("tensorcomm", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=120))
-    results = []
-    for fn in CHECKS:
-        if fn.needs_cuda and not HAS_CUDA:
-            results.append((fn.__name__, "SKIP", "torch.cuda.is_available() is false"))
-            continue
-        try:
-            note = fn(rank, n)
-            results.append((fn.__name__, "PASS", note or ""))
-        except BaseException as e:  # noqa: BLE001
-            results.append((fn.__name__, "FAIL", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    suite_runner.run_rank(
+        rank, n, port, out_dir, CHECKS,
+        skip=lambda fn: "torch.cuda.is_available() is false" if fn.needs_cuda and not HAS_CUDA else None)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=2)
-    args = ap.parse_args()
-    n = args.ranks
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(worker, args=(n, free_port(), out_dir), nprocs=n, join=True)
-        per_rank = []
-        for rank in range(n):
-            with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-                per_rank.append(json.load(f))
-    failed = skipped = 0
-    for i, (name, _, _) in enumerate(per_rank[0]):
-        outcomes = [res[i] for res in per_rank]
-        bad = [(rank, o[2]) for rank, o in enumerate(outcomes) if o[1] == "FAIL"]
-        if bad:
-            failed += 1
-            print(f"FAIL {name} ({n} ranks)")
-            for rank, why in bad:
-                print(f"  rank {rank}: {why.strip()}")
-        elif outcomes[0][1] == "SKIP":
-            skipped += 1
-            print(f"SKIP {name}: {outcomes[0][2]}")
-        else:
-            note = outcomes[0][2]
-            print(f"PASS {name} ({n} ranks){': ' + note if note else ''}")
-    total = len(per_rank[0])
+    n = suite_runner.ranks_from_args(__doc__.splitlines()[0])
+    passed, failed, skipped = suite_runner.report(suite_runner.collect(worker, n), n)
     gpus = torch.cuda.device_count() if HAS_CUDA else 0
     print(f"cuda suite, {n} ranks, {gpus} GPUs, torch {torch.__version__}: "
-          f"{total - failed - skipped} passed, {failed} failed, {skipped} skipped")
+          f"{passed} passed, {failed} failed, {skipped} skipped")
     sys.exit(1 if failed else 0)
 
 
