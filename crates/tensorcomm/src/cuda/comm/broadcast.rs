@@ -1,10 +1,11 @@
 //! broadcast, broadcast_out, broadcast_coalesced.
 
 use crate::cuda::kernels;
-use crate::cuda::runtime;
+use crate::cuda::runtime::{self, DevicePtr};
 use crate::tensor::{Device, Tensor};
 use crate::Result;
 
+use super::chain;
 use super::copy::{byte_copyable, copy_pairs, output_like, span, Queue};
 use super::group::{take_kinds, Kind};
 use super::sparse::CommTensor;
@@ -48,8 +49,11 @@ pub fn broadcast<'a>(tensor: &Tensor<'a>, devices: &[i64]) -> Result<Vec<Tensor<
             outs.push(Some(t));
         }
     }
-    let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = fresh.iter().map(|o| (o, tensor)).collect();
-    copy_pairs(&pairs, &|_| None)?;
+    let targets: Vec<&Tensor<'_>> = fresh.iter().collect();
+    if !chain::try_broadcast(tensor, &targets)? {
+        let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = fresh.iter().map(|o| (o, tensor)).collect();
+        copy_pairs(&pairs, &|_| None)?;
+    }
     Ok(outs
         .into_iter()
         .map(|o| o.unwrap_or_else(|| tensor.clone()))
@@ -91,6 +95,10 @@ pub fn broadcast_out(tensor: &Tensor<'_>, outs: &[Tensor<'_>]) -> Result<()> {
                 format!("dtype {}", out.dtype()),
             ));
         }
+    }
+    let targets: Vec<&Tensor<'_>> = outs.iter().collect();
+    if chain::try_broadcast(tensor, &targets)? {
+        return Ok(());
     }
     let pairs: Vec<(&Tensor<'_>, &Tensor<'_>)> = outs.iter().map(|o| (o, tensor)).collect();
     copy_pairs(&pairs, &|_| None)
@@ -222,6 +230,17 @@ fn broadcast_items<'a>(
         .map(|_| vec![None; tensors.len()])
         .collect();
     let specs: Vec<(Kind, usize)> = tensors.iter().map(|t| (t.kind(), t.nbytes())).collect();
+    // Three or more GPUs and enough bytes: the copies flow down a chain of
+    // the GPUs instead of all leaving the root (`chained[i]`: tensor i's
+    // address on each GPU of the chain so far).
+    let tuning = super::copy::tuning()?;
+    let total: usize = specs.iter().map(|s| s.1).sum();
+    let chain = if chain::worth_it(total, devices.len() - 1, tuning) {
+        chain::gpus(&devices)?
+    } else {
+        None
+    };
+    let mut chained: Vec<Vec<DevicePtr>> = vec![Vec::new(); tensors.len()];
     let mut queue = Queue::default();
     let mut spans = Vec::new();
     let mut ready = 0usize;
@@ -237,8 +256,12 @@ fn broadcast_items<'a>(
                         let dst = output_like(src, Device::Cuda(d))?;
                         if dst.numel() > 0 {
                             if byte_copyable(&dst, src) {
-                                ready += src.nbytes();
-                                spans.push(span(&dst, src)?);
+                                if chain.is_some() {
+                                    link(&mut chained[i], src, &dst)?;
+                                } else {
+                                    ready += src.nbytes();
+                                    spans.push(span(&dst, src)?);
+                                }
                             } else {
                                 strided.push((k, i));
                             }
@@ -249,8 +272,12 @@ fn broadcast_items<'a>(
                         // Values are contiguous: always one byte range.
                         let values = output_like(src.values(), Device::Cuda(d))?;
                         if values.numel() > 0 {
-                            ready += values.nbytes();
-                            spans.push(span(&values, src.values())?);
+                            if chain.is_some() {
+                                link(&mut chained[i], src.values(), &values)?;
+                            } else {
+                                ready += values.nbytes();
+                                spans.push(span(&values, src.values())?);
+                            }
                         }
                         CommTensor::Sparse(src.with_values(values))
                     }
@@ -266,6 +293,21 @@ fn broadcast_items<'a>(
     }
     queue.push(&spans, &|_| None)?;
     queue.finish()?;
+    if let Some(chain) = &chain {
+        let items: Vec<chain::Item> = chained
+            .into_iter()
+            .zip(tensors)
+            .filter(|(ptrs, _)| !ptrs.is_empty())
+            .map(|(ptrs, t)| chain::Item {
+                ptrs,
+                bytes: t.as_dense().map_or_else(
+                    || t.as_sparse().map_or(0, |s| s.values().nbytes()),
+                    Tensor::nbytes,
+                ),
+            })
+            .collect();
+        chain::broadcast(chain, &items, tuning)?;
+    }
     let mut outputs: Vec<Vec<CommTensor<'a>>> = Vec::with_capacity(devices.len());
     outputs.push(tensors.to_vec());
     for outs in fresh {
@@ -283,6 +325,15 @@ fn broadcast_items<'a>(
         .collect();
     copy_pairs(&pairs, &|_| None)?;
     Ok(outputs)
+}
+
+/// Adds `dst`'s address to a chained tensor's list (the source's first).
+fn link(ptrs: &mut Vec<DevicePtr>, src: &Tensor<'_>, dst: &Tensor<'_>) -> Result<()> {
+    if ptrs.is_empty() {
+        ptrs.push(src.cuda_ptr()?.1);
+    }
+    ptrs.push(dst.cuda_ptr()?.1);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -37,13 +37,18 @@ pub(crate) enum Method {
 /// between two GPUs that `auto` gives the copy engines), `TENSORCOMM_CUDA_CE_STREAMS`
 /// (streams a copy-engine range is spread over, 1 to 4) and
 /// `TENSORCOMM_CUDA_ONE_LAUNCH_MAX` (calls moving at most this many bytes
-/// by kernel use a single launch on one GPU that reaches every buffer).
+/// by kernel use a single launch on one GPU that reaches every buffer),
+/// `TENSORCOMM_CUDA_CHAIN_MIN` (the smallest broadcast or reduce_add over
+/// three or more GPUs that moves along a chain of GPUs; `off` never) and
+/// `TENSORCOMM_CUDA_CHAIN_CHUNK` (the chain's chunk; default by size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Tuning {
     pub strategy: Strategy,
     pub ce_min_bytes: usize,
     pub ce_streams: usize,
     pub one_launch_max: usize,
+    pub chain_min_bytes: usize,
+    pub chain_chunk: Option<usize>,
 }
 
 /// Internal streams used for kernel launches (0 and 1); copy-engine pieces
@@ -59,6 +64,8 @@ impl Default for Tuning {
             ce_min_bytes: 4 << 20,
             ce_streams: 1,
             one_launch_max: 4 << 20,
+            chain_min_bytes: 8 << 20,
+            chain_chunk: None,
         }
     }
 }
@@ -99,6 +106,21 @@ impl Tuning {
         }
         if let Some(b) = bytes("TENSORCOMM_CUDA_ONE_LAUNCH_MAX")? {
             t.one_launch_max = b;
+        }
+        if var("TENSORCOMM_CUDA_CHAIN_MIN").is_some_and(|v| v.trim() == "off") {
+            t.chain_min_bytes = usize::MAX;
+        } else if let Some(b) = bytes("TENSORCOMM_CUDA_CHAIN_MIN")? {
+            t.chain_min_bytes = b;
+        }
+        match bytes("TENSORCOMM_CUDA_CHAIN_CHUNK")? {
+            Some(0) => {
+                return Err(bad(
+                    "TENSORCOMM_CUDA_CHAIN_CHUNK",
+                    "a positive size such as 8M",
+                    "0".into(),
+                ))
+            }
+            chunk => t.chain_chunk = chunk.or(t.chain_chunk),
         }
         Ok(t)
     }
@@ -395,15 +417,25 @@ mod tests {
             ("TENSORCOMM_CUDA_CE_MIN", "4M"),
             ("TENSORCOMM_CUDA_CE_STREAMS", "9"),
             ("TENSORCOMM_CUDA_ONE_LAUNCH_MAX", "64k"),
+            ("TENSORCOMM_CUDA_CHAIN_MIN", "16M"),
+            ("TENSORCOMM_CUDA_CHAIN_CHUNK", "2M"),
         ]))
         .unwrap();
+        assert_eq!(
+            (t.chain_min_bytes, t.chain_chunk),
+            (16 << 20, Some(2 << 20))
+        );
+        let off = Tuning::from_vars(&vars(&[("TENSORCOMM_CUDA_CHAIN_MIN", "off")])).unwrap();
+        assert_eq!(off.chain_min_bytes, usize::MAX);
         assert_eq!(t.strategy, Strategy::CopyEngine);
         assert_eq!(t.ce_min_bytes, 4 << 20);
         assert_eq!(t.ce_streams, runtime::COPY_STREAMS - KERNEL_STREAMS);
         assert_eq!(t.one_launch_max, 64 << 10);
-        const BAD: [(&str, &str); 2] = [
+        const BAD: [(&str, &str); 4] = [
             ("TENSORCOMM_CUDA_COPY", "fast"),
             ("TENSORCOMM_CUDA_CE_MIN", "lots"),
+            ("TENSORCOMM_CUDA_CHAIN_MIN", "never"),
+            ("TENSORCOMM_CUDA_CHAIN_CHUNK", "0"),
         ];
         for (i, &(name, value)) in BAD.iter().enumerate() {
             match Tuning::from_vars(&vars(&BAD[i..=i])) {

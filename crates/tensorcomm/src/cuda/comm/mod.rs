@@ -57,6 +57,7 @@
 //! ```
 
 mod broadcast;
+mod chain;
 mod copy;
 mod gather;
 mod group;

@@ -85,7 +85,9 @@ pub fn reduce_add<'a>(inputs: &[Tensor<'a>], destination: usize) -> Result<Tenso
         return Ok(inputs[0].clone());
     }
     let out = output_like(&inputs[root], Device::Cuda(destination))?;
-    sum_into(&out, &refs)?;
+    if !super::chain::try_reduce_add(&out, &refs, root)? {
+        sum_into(&out, &refs)?;
+    }
     Ok(out)
 }
 

@@ -1,0 +1,408 @@
+//! Pipelined chains over three or more GPUs: a large broadcast flows down
+//! a chain of GPUs and a large reduce_add flows up one, in chunks, so each
+//! GPU's links carry the message about once instead of the source (or the
+//! destination) carrying it once per peer.
+//!
+//! Hop `h` of a broadcast copies chunk `c` from GPU `h` to GPU `h + 1`
+//! after hop `h - 1` has delivered it (an event between the two GPUs'
+//! streams), so all hops run at once on different chunks. A reduction runs
+//! the other way: GPU `k` adds its input's chunk to GPU `k + 1`'s partial
+//! sum (read over NVLink) into a small ring of chunk slots, and the
+//! destination adds the last partial into the output.
+
+use std::sync::Arc;
+
+use crate::cuda::kernels::{self, CopyDesc};
+use crate::cuda::runtime::{self, Context, DevicePtr, Event, Stream};
+use crate::tensor::{DType, Device, Layout, Tensor};
+use crate::Result;
+
+use super::copy::{Method, Tuning};
+
+/// The internal stream each GPU runs its hop on: the last copy stream,
+/// apart from the fan-out path's kernel and first copy-engine streams.
+const CHAIN_STREAM: usize = runtime::COPY_STREAMS - 1;
+
+/// Chunk slots each middle GPU of a reduction holds partial sums in.
+const SLOTS: usize = 4;
+
+/// Chunks are multiples of this (keeps 16-byte vector access aligned).
+const ALIGN: usize = 64 << 10;
+
+/// One tensor's bytes on every GPU of a chain: `ptrs[k]` on GPU `k`.
+pub(crate) struct Item {
+    pub ptrs: Vec<DevicePtr>,
+    pub bytes: usize,
+}
+
+/// The chunk a chain moving `bytes` in all uses: the tuning's, else about
+/// a 16th of the message (the pipeline's fill and drain cost a few hops'
+/// chunks), between 4 MiB (smaller chunks leave the GPUs waiting for the
+/// host to queue them) and 32 MiB.
+pub(crate) fn chunk_bytes(bytes: usize, tuning: &Tuning) -> usize {
+    tuning
+        .chain_chunk
+        .unwrap_or((bytes / 16).clamp(4 << 20, 32 << 20))
+        .next_multiple_of(ALIGN)
+}
+
+/// True when a call moving `bytes` to or from `others` other GPUs takes a
+/// chain: at least two others (with one, the chain is the direct copy)
+/// and at least the tuning's minimum.
+pub(crate) fn worth_it(bytes: usize, others: usize, tuning: &Tuning) -> bool {
+    others >= 2 && bytes >= tuning.chain_min_bytes
+}
+
+/// True when each GPU of `chain` can reach the next one's memory.
+pub(crate) fn linked(chain: &[Arc<Context>]) -> Result<bool> {
+    for pair in chain.windows(2) {
+        if !runtime::enable_peer_access(pair[0].ordinal(), pair[1].ordinal())?
+            || !runtime::enable_peer_access(pair[1].ordinal(), pair[0].ordinal())?
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The GPUs of a chain and one tensor's address on each.
+type Placed = (Vec<Arc<Context>>, Vec<DevicePtr>);
+
+/// The GPUs and addresses of `tensors` as a chain (in order), when each
+/// is a CUDA tensor on a GPU of its own and each GPU reaches the next
+/// one's memory; else `None`.
+fn chain_of<I>(tensors: I) -> Result<Option<Placed>>
+where
+    I: IntoIterator<Item = (Device, Result<(Arc<Context>, DevicePtr)>)>,
+{
+    let (mut chain, mut ptrs): (Vec<Arc<Context>>, Vec<DevicePtr>) = (Vec::new(), Vec::new());
+    for (device, cuda) in tensors {
+        if !device.is_cuda() {
+            return Ok(None);
+        }
+        let (ctx, ptr) = cuda?;
+        if chain.iter().any(|c| c.ordinal() == ctx.ordinal()) {
+            return Ok(None);
+        }
+        chain.push(ctx);
+        ptrs.push(ptr);
+    }
+    Ok(if linked(&chain)? {
+        Some((chain, ptrs))
+    } else {
+        None
+    })
+}
+
+/// GPUs `ordinals` as a chain, when they are distinct and each reaches the
+/// next one's memory; else `None`.
+pub(crate) fn gpus(ordinals: &[usize]) -> Result<Option<Vec<Arc<Context>>>> {
+    for (i, d) in ordinals.iter().enumerate() {
+        if ordinals[..i].contains(d) {
+            return Ok(None);
+        }
+    }
+    let chain = ordinals
+        .iter()
+        .map(|&d| runtime::context(d))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(if linked(&chain)? { Some(chain) } else { None })
+}
+
+/// `t`'s device and (for a CUDA tensor) GPU address, for [`chain_of`].
+fn place(t: &Tensor<'_>) -> (Device, Result<(Arc<Context>, DevicePtr)>) {
+    let device = t.device();
+    let cuda = if device.is_cuda() {
+        t.cuda_ptr()
+    } else {
+        Err(crate::Error::InvalidArgument("not a CUDA tensor".into()))
+    };
+    (device, cuda)
+}
+
+/// Copies `src` into every tensor of `outs` along a chain when that pays
+/// ([`worth_it`]) and each is on a GPU of its own in the same dense layout;
+/// returns false, having done nothing, when the caller should copy
+/// directly instead.
+pub(crate) fn try_broadcast(src: &Tensor<'_>, outs: &[&Tensor<'_>]) -> Result<bool> {
+    let tuning = super::copy::tuning()?;
+    if !worth_it(src.nbytes(), outs.len(), tuning)
+        || !outs.iter().all(|o| super::copy::byte_copyable(o, src))
+    {
+        return Ok(false);
+    }
+    let all = std::iter::once(place(src)).chain(outs.iter().map(|o| place(o)));
+    let Some((chain, ptrs)) = chain_of(all)? else {
+        return Ok(false);
+    };
+    let item = Item {
+        ptrs,
+        bytes: src.nbytes(),
+    };
+    broadcast(&chain, &[item], tuning)?;
+    Ok(true)
+}
+
+/// Sums `inputs` into `out` (on the GPU of `inputs[root]`) along a chain
+/// when that pays ([`worth_it`]) and every input is on a GPU of its own in
+/// `out`'s dense layout; returns false, having done nothing, when the
+/// caller should sum directly instead.
+pub(crate) fn try_reduce_add(
+    out: &Tensor<'_>,
+    inputs: &[&Tensor<'_>],
+    root: usize,
+) -> Result<bool> {
+    let tuning = super::copy::tuning()?;
+    if !worth_it(out.nbytes(), inputs.len() - 1, tuning)
+        || !inputs.iter().all(|t| super::copy::byte_copyable(out, t))
+    {
+        return Ok(false);
+    }
+    let others = inputs.iter().enumerate().filter(|&(i, _)| i != root);
+    let ordered = std::iter::once(place(inputs[root])).chain(others.map(|(_, t)| place(t)));
+    let Some((chain, ptrs)) = chain_of(ordered)? else {
+        return Ok(false);
+    };
+    reduce_add(
+        &chain,
+        &ptrs,
+        out.cuda_ptr()?.1,
+        out.dtype(),
+        out.numel(),
+        tuning,
+    )?;
+    Ok(true)
+}
+
+/// The steps of a broadcast of `items`: each a list of (item, offset,
+/// length) pieces of about `chunk` bytes in all, in order; items larger
+/// than a chunk are cut.
+fn steps(items: &[Item], chunk: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let mut steps = Vec::new();
+    let mut step = Vec::new();
+    let mut filled = 0;
+    for (i, item) in items.iter().enumerate() {
+        let mut at = 0;
+        while at < item.bytes {
+            let len = (chunk - filled).min(item.bytes - at);
+            step.push((i, at, len));
+            filled += len;
+            at += len;
+            if filled >= chunk {
+                steps.push(std::mem::take(&mut step));
+                filled = 0;
+            }
+        }
+    }
+    if !step.is_empty() {
+        steps.push(step);
+    }
+    steps
+}
+
+/// The streams a chain queued work on; waits for them when dropped, so no
+/// buffer is freed while a hop may still touch it (also on an error).
+struct Hops(Vec<Stream>);
+
+impl Hops {
+    fn on(chain: &[Arc<Context>]) -> Result<Hops> {
+        Ok(Hops(
+            chain
+                .iter()
+                .map(|c| c.copy_stream(CHAIN_STREAM).cloned())
+                .collect::<Result<_>>()?,
+        ))
+    }
+
+    fn finish(mut self) -> Result<()> {
+        for s in std::mem::take(&mut self.0) {
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Hops {
+    fn drop(&mut self) {
+        for s in self.0.drain(..) {
+            let _ = s.synchronize();
+        }
+    }
+}
+
+/// Copies every item from `chain[0]` to every other GPU of `chain` (each
+/// item's `ptrs[k]` on `chain[k]`) and waits. Each hop runs on its source
+/// GPU: pieces the tuning gives the copy engines move by
+/// `cuMemcpyPeerAsync`, the rest of a step by one multi-tensor copy launch
+/// writing into the next GPU. Needs peer access along the chain
+/// ([`linked`]).
+pub(crate) fn broadcast(chain: &[Arc<Context>], items: &[Item], tuning: &Tuning) -> Result<()> {
+    let total: usize = items.iter().map(|i| i.bytes).sum();
+    let hops = Hops::on(chain)?;
+    // `arrived[h]`: the event of the last step hop h delivered.
+    let mut arrived: Vec<Option<Event>> = (0..chain.len()).map(|_| None).collect();
+    for step in steps(items, chunk_bytes(total, tuning)) {
+        for h in 0..chain.len() - 1 {
+            let (from, to) = (&chain[h], &chain[h + 1]);
+            let stream = &hops.0[h];
+            if let Some(ev) = h.checked_sub(1).and_then(|p| arrived[p].as_ref()) {
+                stream.wait(ev)?;
+            }
+            let mut descs = Vec::new();
+            for &(i, at, len) in &step {
+                let (src, dst) = (items[i].ptrs[h].offset(at), items[i].ptrs[h + 1].offset(at));
+                if tuning.method(len, false, true) == Method::CopyEngine {
+                    runtime::copy_dtod_async(to, dst, from, src, len, stream)?;
+                } else {
+                    descs.push(CopyDesc::new(src, dst, len));
+                }
+            }
+            if !descs.is_empty() {
+                kernels::multi_copy(from, &[stream], &descs)?;
+            }
+            if h + 2 < chain.len() {
+                arrived[h] = Some(stream.record()?);
+            }
+        }
+    }
+    hops.finish()
+}
+
+/// `out = inputs[0] + inputs[1] + ...` of `numel` elements of `dtype`,
+/// `inputs[k]` and `out` dense on `chain[k]` (`out` on `chain[0]`), summed
+/// as `inputs[0] + (inputs[1] + (... + inputs[last]))`; waits. Needs peer
+/// access along the chain ([`linked`]).
+pub(crate) fn reduce_add(
+    chain: &[Arc<Context>],
+    inputs: &[DevicePtr],
+    out: DevicePtr,
+    dtype: DType,
+    numel: usize,
+    tuning: &Tuning,
+) -> Result<()> {
+    let size = dtype.size();
+    let last = chain.len() - 1;
+    let chunk = (chunk_bytes(numel * size, tuning) / size).max(1);
+    let steps = numel.div_ceil(chunk);
+    // Ring buffers of partial sums on the middle GPUs (index k for GPU k).
+    let mut slots = Vec::with_capacity(last);
+    for (k, ctx) in chain.iter().enumerate() {
+        slots.push(if k == 0 || k == last {
+            None
+        } else {
+            Some(Tensor::uninit_cuda(
+                Layout::contiguous(&[SLOTS * chunk]),
+                dtype,
+                ctx,
+            )?)
+        });
+    }
+    let slot_ptr = |k: usize, c: usize| -> Result<DevicePtr> {
+        let t = slots[k].as_ref().expect("middle GPUs have slots");
+        Ok(t.cuda_ptr()?.1.offset((c % SLOTS) * chunk * size))
+    };
+    let hops = Hops::on(chain)?;
+    // `done[k][c]`: GPU k has summed chunk c (so also read GPU k + 1's slot).
+    let mut done: Vec<Vec<Event>> = (0..chain.len())
+        .map(|_| Vec::with_capacity(steps))
+        .collect();
+    for c in 0..steps {
+        let at = c * chunk;
+        let n = chunk.min(numel - at);
+        for k in (0..last).rev() {
+            let stream = &hops.0[k];
+            let partial = if k + 1 == last {
+                inputs[last].offset(at * size)
+            } else {
+                stream.wait(&done[k + 1][c])?;
+                slot_ptr(k + 1, c)?
+            };
+            let dst = if k == 0 {
+                out.offset(at * size)
+            } else {
+                if c >= SLOTS {
+                    // The slot's previous chunk has been read by GPU k - 1.
+                    stream.wait(&done[k - 1][c - SLOTS])?;
+                }
+                slot_ptr(k, c)?
+            };
+            let own = inputs[k].offset(at * size);
+            kernels::reduce_add(&chain[k], stream, dtype, dst, &[own, partial], n)?;
+            done[k].push(stream.record()?);
+        }
+    }
+    let result = hops.finish();
+    drop(slots);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(bytes: usize) -> Item {
+        Item {
+            ptrs: Vec::new(),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn steps_cover_every_byte_once_in_order() {
+        let items = [item(5), item(0), item(23), item(1), item(9)];
+        for chunk in [1, 4, 8, 64] {
+            let steps = steps(&items, chunk);
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            for step in &steps {
+                let bytes: usize = step.iter().map(|p| p.2).sum();
+                assert!(bytes <= chunk && bytes > 0, "chunk {chunk}: {steps:?}");
+                for &(i, at, len) in step {
+                    assert!(len > 0);
+                    match seen.last_mut() {
+                        Some((j, end)) if *j == i => {
+                            assert_eq!(*end, at);
+                            *end += len;
+                        }
+                        _ => {
+                            assert_eq!(at, 0, "item {i} starts at 0");
+                            seen.push((i, len));
+                        }
+                    }
+                }
+            }
+            assert_eq!(seen, [(0, 5), (2, 23), (3, 1), (4, 9)], "chunk {chunk}");
+            // Every step but the last is full.
+            for step in &steps[..steps.len() - 1] {
+                assert_eq!(step.iter().map(|p| p.2).sum::<usize>(), chunk);
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_grow_with_the_message_within_bounds() {
+        let t = Tuning::default();
+        assert_eq!(chunk_bytes(1 << 20, &t), 4 << 20);
+        assert_eq!(chunk_bytes(256 << 20, &t), 16 << 20);
+        assert_eq!(chunk_bytes(4 << 30, &t), 32 << 20);
+        assert_eq!(chunk_bytes(100_000_003, &t) % ALIGN, 0);
+        let fixed = Tuning {
+            chain_chunk: Some(3 << 20),
+            ..t
+        };
+        assert_eq!(chunk_bytes(1 << 30, &fixed), 3 << 20);
+    }
+
+    #[test]
+    fn only_large_calls_to_two_or_more_other_gpus_chain() {
+        let t = Tuning::default();
+        let min = t.chain_min_bytes;
+        assert!(worth_it(min, 2, &t) && worth_it(min * 64, 7, &t));
+        assert!(!worth_it(min - 1, 3, &t));
+        assert!(!worth_it(min * 64, 1, &t), "one other GPU: the direct copy");
+        let off = Tuning {
+            chain_min_bytes: usize::MAX,
+            ..t
+        };
+        assert!(!worth_it(1 << 40, 7, &off));
+    }
+}
