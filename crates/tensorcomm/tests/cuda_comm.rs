@@ -1,4 +1,5 @@
-//! `cuda::comm` on two GPUs: semantics, errors, aliasing, layouts,
+//! `cuda::comm` on two GPUs (and on every pair and all GPUs where there
+//! are more): semantics, errors, aliasing, layouts,
 //! zero-size tensors, mixed dtypes. Each test prints a line and returns when
 //! the machine has no CUDA driver or fewer than two GPUs.
 #![cfg(feature = "cuda")]
@@ -570,4 +571,158 @@ fn reduce_add_coalesced_sums_lists_in_buckets() {
         comm::reduce_add_coalesced(&[make(1.0, 0), short], 0, 1024),
         Err(Error::CommArgument { index: Some(1), .. })
     ));
+}
+
+/// The GPU count, or `None` (having said why) where there are fewer than
+/// `least`.
+fn gpus(test: &str, least: usize) -> Option<usize> {
+    match runtime::device_count() {
+        Ok(n) if n >= least => Some(n),
+        Ok(n) => {
+            skip::skipped(test, format!("needs {least} GPUs, found {n}"));
+            None
+        }
+        Err(e) => {
+            skip::skipped(test, e);
+            None
+        }
+    }
+}
+
+/// `n` small integers (exact in every float dtype when summed a few times).
+fn ints(n: usize, seed: i32) -> Vec<f32> {
+    (0..n as i32)
+        .map(|i| ((i * 31 + seed) % 97) as f32)
+        .collect()
+}
+
+#[test]
+fn every_pair_of_gpus_broadcasts_scatters_gathers_and_reduces() {
+    const TEST: &str = "every_pair_of_gpus_broadcasts_scatters_gathers_and_reduces";
+    let Some(n) = gpus(TEST, 2) else {
+        return;
+    };
+    // A kernel-copied size and one the copy engines take (4 MiB and more).
+    for numel in [1001, (5 << 20) / 4 + 3] {
+        let x = Tensor::from_vec(ints(numel, 1), &[numel]).unwrap();
+        let y = Tensor::from_vec(ints(numel, 2), &[numel]).unwrap();
+        let sum: Vec<f32> = ints(numel, 1)
+            .iter()
+            .zip(ints(numel, 2))
+            .map(|(a, b)| a + b)
+            .collect();
+        for a in 0..n {
+            for b in (0..n).filter(|&b| b != a) {
+                let what = format!("cuda:{a} -> cuda:{b}, {numel} elements");
+                let (xa, yb) = (on(&x, a), on(&y, b));
+                let out = comm::broadcast(&xa, &[a as i64, b as i64]).unwrap();
+                assert!(out[0].shares_storage(&xa), "{what}");
+                assert_eq!(out[1].device(), Device::Cuda(b), "{what}");
+                assert_eq!(out[1].to_vec::<f32>().unwrap(), ints(numel, 1), "{what}");
+                let parts = comm::scatter(&xa, &[b as i64, a as i64], None, 0, None).unwrap();
+                assert_eq!(parts[0].device(), Device::Cuda(b), "{what}");
+                let back = comm::gather(&parts, 0, Device::Cuda(b)).unwrap();
+                assert_eq!(back.to_vec::<f32>().unwrap(), ints(numel, 1), "{what}");
+                let s = comm::reduce_add(&[xa, yb], b).unwrap();
+                assert_eq!(s.device(), Device::Cuda(b), "{what}");
+                assert_eq!(s.to_vec::<f32>().unwrap(), sum, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn all_gpus_of_the_process_broadcast_and_reduce_along_a_chain() {
+    const TEST: &str = "all_gpus_of_the_process_broadcast_and_reduce_along_a_chain";
+    let Some(n) = gpus(TEST, 3) else {
+        return;
+    };
+    // Below the chain's 8 MiB (fan-out), just above it (two 4 MiB chunks
+    // and a bit), and 72 MiB + 3 elements: 16 chunks and a ragged tail, so
+    // the reduction's ring of slots wraps several times.
+    for numel in [4099, (8 << 20) / 4 + 5, (72 << 20) / 4 + 3] {
+        let x = Tensor::from_vec(ints(numel, 3), &[numel]).unwrap();
+        for root in [0, n - 1] {
+            // The root first, then the others in an order that is not
+            // the GPUs' own.
+            let mut devices: Vec<i64> = vec![root as i64];
+            devices.extend((0..n).rev().filter(|&d| d != root).map(|d| d as i64));
+            let what = format!("{numel} elements from cuda:{root} to {devices:?}");
+            let src = on(&x, root);
+            let out = comm::broadcast(&src, &devices).unwrap();
+            assert!(out[0].shares_storage(&src), "{what}");
+            for (o, &d) in out.iter().zip(&devices) {
+                assert_eq!(o.device(), Device::Cuda(d as usize), "{what}");
+                assert_eq!(o.to_vec::<f32>().unwrap(), ints(numel, 3), "{what}");
+            }
+            // broadcast_out into tensors of every GPU but the root's.
+            let outs: Vec<Tensor<'static>> = devices[1..]
+                .iter()
+                .map(|&d| Tensor::zeros_on(&[numel], DType::F32, Device::Cuda(d as usize)).unwrap())
+                .collect();
+            comm::broadcast_out(&src, &outs).unwrap();
+            for o in &outs {
+                assert_eq!(o.to_vec::<f32>().unwrap(), ints(numel, 3), "out: {what}");
+            }
+            // reduce_add of one input per GPU, in `devices` order, onto the root.
+            let inputs: Vec<Tensor<'static>> = devices
+                .iter()
+                .map(|&d| {
+                    on(
+                        &Tensor::from_vec(ints(numel, d as i32), &[numel]).unwrap(),
+                        d as usize,
+                    )
+                })
+                .collect();
+            let want: Vec<f32> = (0..numel)
+                .map(|i| (0..n as i32).map(|d| ints(numel, d)[i]).sum())
+                .collect();
+            let s = comm::reduce_add(&inputs, root).unwrap();
+            assert_eq!(s.device(), Device::Cuda(root), "sum: {what}");
+            assert_eq!(s.to_vec::<f32>().unwrap(), want, "sum: {what}");
+            // bf16 (small integers stay exact), onto the last input's GPU.
+            let bf = |v: f32| half::bf16::from_f32(v);
+            let halves: Vec<Tensor<'static>> = devices
+                .iter()
+                .map(|&d| {
+                    let v = (0..numel)
+                        .map(|i| bf(((i + d as usize) % 5) as f32))
+                        .collect();
+                    on(&Tensor::from_vec(v, &[numel]).unwrap(), d as usize)
+                })
+                .collect();
+            let dest = *devices.last().unwrap() as usize;
+            let s = comm::reduce_add(&halves, dest).unwrap();
+            let got = s.to_vec::<half::bf16>().unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let want: usize = (0..n).map(|d| (i + d) % 5).sum();
+                assert_eq!(g.to_f32(), want as f32, "bf16 sum at {i}: {what}");
+            }
+        }
+    }
+    // broadcast_coalesced of a model-like set (about 14 MiB: chained) to
+    // every GPU, with a strided tensor among them.
+    let mut params: Vec<Tensor<'static>> = (0..12)
+        .map(|i| {
+            let numel = 300_000 + i * 1001;
+            on(
+                &Tensor::from_vec(ints(numel, i as i32), &[numel]).unwrap(),
+                0,
+            )
+        })
+        .collect();
+    params.push(on(&seq(64, &[8, 8], 5), 0).permute(&[1, 0]).unwrap());
+    let devices: Vec<i64> = (0..n as i64).collect();
+    let copies = comm::broadcast_coalesced(&params, &devices, 1 << 20).unwrap();
+    for (k, list) in copies.iter().enumerate() {
+        for (p, c) in params.iter().zip(list) {
+            assert_eq!(c.device(), Device::Cuda(k), "coalesced copy on GPU {k}");
+            assert_eq!(c.shape(), p.shape());
+            assert_eq!(
+                c.to_vec::<f32>().unwrap(),
+                p.to_vec::<f32>().unwrap(),
+                "GPU {k}"
+            );
+        }
+    }
 }
