@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Times PyTorch's torch.cuda.comm on the shapes `tensorcomm bench --backend cuda-comm` uses
-(2 GPUs, f32) and writes JSON lines {"op", "bytes", "time_us"} (median wall
+"""Times PyTorch's torch.cuda.comm on the shapes `tensorcomm bench --backend cuda-comm -n N` uses
+(GPUs 0 to N-1, --gpus N, default 2; f32) and writes JSON lines {"op", "bytes", "time_us"} (median wall
 time per call, both GPUs synchronised), for its `--torch FILE`."""
 import argparse, json, time
 import torch
@@ -21,9 +21,12 @@ def median_us(fn, warmup, iters):
     return ts[len(ts) // 2]
 
 
+GPUS = 2
+
+
 def sync():
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
+    for d in range(GPUS):
+        torch.cuda.synchronize(d)
 
 
 def main():
@@ -31,34 +34,40 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sizes", default="1024,1048576,268435456,1073741824")
+    ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
+    global GPUS
+    GPUS = a.gpus
+    devs = list(range(GPUS))
     rows = []
-    d0, d1 = torch.device("cuda:0"), torch.device("cuda:1")
+    d1 = torch.device("cuda:1")
     for nbytes in [int(s) for s in a.sizes.split(",")]:
-        n = nbytes // 4
+        n = max(nbytes // 4, GPUS)
         iters = min(a.iters, 10) if nbytes >= 1 << 28 else a.iters
-        x = torch.randint(0, 255, (n,), device=d0).float()
-        y = torch.randint(0, 255, (n,), device=d1).float()
+        ys = [torch.randint(0, 255, (n,), device=f"cuda:{d}").float() for d in devs]
+        x = ys[0]
+        each = -(-n // GPUS)
+        parts = [ys[k][k * each : min((k + 1) * each, n)] for k in devs]
         dst = torch.empty(n, device=d1)
         cases = {
             "peer_copy": lambda: dst.copy_(x, non_blocking=True),
-            "broadcast": lambda: comm.broadcast(x, [0, 1]),
-            "scatter": lambda: comm.scatter(x, [0, 1], dim=0),
-            "gather": lambda: comm.gather([x[: n // 2], y[: n - n // 2]], 0, destination=0),
-            "reduce_add": lambda: comm.reduce_add([x, y], destination=0),
+            "broadcast": lambda: comm.broadcast(x, devs),
+            "scatter": lambda: comm.scatter(x, devs, dim=0),
+            "gather": lambda: comm.gather(parts, 0, destination=0),
+            "reduce_add": lambda: comm.reduce_add(ys, destination=0),
         }
         for op, fn in cases.items():
             t = median_us(fn, a.warmup, iters)
             rows.append({"op": op, "bytes": nbytes, "time_us": t})
             print(f"torch {op:>26} {nbytes:>12} B {t:>11.1f} us", flush=True)
-        del x, y, dst
+        del x, ys, parts, dst
         torch.cuda.empty_cache()
     shapes = [(64, 3, 7, 7)] + [(256, 256, 3, 3)] * 40 + [(256,)] * 100 + [(1000, 2048)] * 4
-    params = [torch.randn(s, device=d0) for s in shapes]
+    params = [torch.randn(s, device="cuda:0") for s in shapes]
     total = sum(p.numel() * 4 for p in params)
     for mib in (25, 1):
-        t = median_us(lambda: comm.broadcast_coalesced(params, [0, 1], buffer_size=mib << 20), a.warmup, a.iters)
+        t = median_us(lambda: comm.broadcast_coalesced(params, devs, buffer_size=mib << 20), a.warmup, a.iters)
         op = f"broadcast_coalesced/{mib}MiB"
         rows.append({"op": op, "bytes": total, "time_us": t})
         print(f"torch {op:>26} {total:>12} B {t:>11.1f} us", flush=True)

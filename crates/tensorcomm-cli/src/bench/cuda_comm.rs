@@ -1,5 +1,5 @@
-//! `tensorcomm bench --backend cuda-comm`: times `cuda::comm` between
-//! cuda:0 and cuda:1 in this process, checks every result against the
+//! `tensorcomm bench --backend cuda-comm`: times `cuda::comm` on GPUs 0 to
+//! `-n` - 1 (default 2) of this process, checks every result against the
 //! inputs (read back to the host, compared element by element), and, given
 //! PyTorch's timings of the same cases (`bench/cuda_comm_torch.py --json
 //! FILE`, passed as `--torch FILE`), prints PyTorch's time and the ratio.
@@ -8,8 +8,9 @@
 //! (every `cuda::comm` call has finished its GPU work when it returns;
 //! sizes from 256 MiB use at most 10 iterations, as the PyTorch script
 //! does). Rows: `peer_copy` (one `Tensor::copy_from` cuda:0 -> cuda:1, the
-//! link's reference), then
-//! `broadcast`, `scatter`, `gather`, `reduce_add` per size, then
+//! link's reference), then `broadcast` from cuda:0 to every GPU,
+//! `scatter` from cuda:0, `gather` and `reduce_add` of one input per GPU
+//! onto cuda:0, per size, then
 //! `broadcast_coalesced/<N>MiB` of the model-shaped set per `--buffers`.
 
 use std::collections::HashMap;
@@ -92,64 +93,81 @@ fn same(a: &Tensor<'_>, b: &Tensor<'_>) -> Result<bool> {
     Ok(a.to_vec::<f32>()? == b.to_vec::<f32>()?)
 }
 
-/// Runs the selected cases, handing each row to `emit` as it is measured;
-/// needs two GPUs.
+/// Runs the selected cases on GPUs 0 to `-n` - 1, handing each row to
+/// `emit` as it is measured; needs `-n` GPUs (at least 2).
 pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<()> {
-    let n = tensorcomm::cuda::runtime::device_count()?;
-    if n < 2 {
+    let found = tensorcomm::cuda::runtime::device_count()?;
+    let gpus = args.nproc;
+    if gpus < 2 || found < gpus {
         return Err(Error::NoCuda {
-            reason: format!("the cuda-comm bench needs 2 GPUs, found {n}"),
+            reason: format!(
+                "the cuda-comm bench with -n {gpus} needs {} GPUs, found {found}",
+                gpus.max(2)
+            ),
         });
     }
+    let devices: Vec<i64> = (0..gpus as i64).collect();
     let (w, it) = (args.warmup, args.iters);
     let mut push = |op: &str, bytes: usize, count: usize, time_us: f64, correct: bool| {
-        emit(Row::new(bytes, count, "f32", op, 2, time_us, correct));
+        emit(Row::new(bytes, count, "f32", op, gpus, time_us, correct));
     };
     let has = |op: &str| ops.contains(&op);
     for bytes in super::sizes(args) {
-        let numel = (bytes / 4).max(2);
+        let numel = (bytes / 4).max(gpus);
         let bytes = numel * 4;
-        let x = filled(numel, &[numel], 1, 0)?;
-        let y = filled(numel, &[numel], 2, 1)?;
+        // One input per GPU; `x` is GPU 0's.
+        let ys = (0..gpus)
+            .map(|d| filled(numel, &[numel], d as u32 + 1, d))
+            .collect::<Result<Vec<_>>>()?;
+        let x = &ys[0];
         let iters = if bytes >= 1 << 28 { it.min(10) } else { it };
+        // Element ranges of `numel` cut into `gpus` parts as scatter and
+        // torch.chunk cut them (the last parts may be shorter).
+        let each = numel.div_ceil(gpus);
+        let part = |k: usize| (k * each).min(numel)..((k + 1) * each).min(numel);
 
         if has("peer_copy") {
             let dst = Tensor::zeros_on(&[numel], DType::F32, Device::Cuda(1))?;
-            let t = median_us(|| dst.copy_from(&x), w, iters)?;
-            push("peer_copy", bytes, numel, t, same(&dst, &x)?);
+            let t = median_us(|| dst.copy_from(x), w, iters)?;
+            push("peer_copy", bytes, numel, t, same(&dst, x)?);
         }
         if has("broadcast") {
             let mut out = Vec::new();
             let t = median_us(
                 || {
-                    out = comm::broadcast(&x, &[0, 1])?;
+                    out = comm::broadcast(x, &devices)?;
                     Ok(())
                 },
                 w,
                 iters,
             )?;
-            let ok = out[0].shares_storage(&x) && same(&out[1], &x)?;
+            let mut ok = out.len() == gpus && out[0].shares_storage(x);
+            for (k, o) in out.iter().enumerate().skip(1) {
+                ok &= o.device() == Device::Cuda(k) && same(o, x)?;
+            }
             push("broadcast", bytes, numel, t, ok);
         }
         if has("scatter") {
             let mut out = Vec::new();
             let t = median_us(
                 || {
-                    out = comm::scatter(&x, &[0, 1], None, 0, None)?;
+                    out = comm::scatter(x, &devices, None, 0, None)?;
                     Ok(())
                 },
                 w,
                 iters,
             )?;
-            let first = numel.div_ceil(2);
-            let ok = out[0].shares_storage(&x)
-                && out[1].device() == Device::Cuda(1)
-                && same(&out[1], &x.narrow(0, first, numel - first)?)?;
+            let mut ok = out.len() == gpus && out[0].shares_storage(x);
+            for (k, o) in out.iter().enumerate().skip(1) {
+                let r = part(k);
+                ok &= o.device() == Device::Cuda(k) && same(o, &x.narrow(0, r.start, r.len())?)?;
+            }
             push("scatter", bytes, numel, t, ok);
         }
         if has("gather") {
-            let half = numel / 2;
-            let parts = [x.narrow(0, 0, half)?, y.narrow(0, 0, numel - half)?];
+            let parts = (0..gpus)
+                .map(|k| ys[k].narrow(0, part(k).start, part(k).len()))
+                .collect::<Result<Vec<_>>>()?;
             let mut g = None;
             let t = median_us(
                 || {
@@ -162,8 +180,11 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
             let ok = match &g {
                 Some(g) => {
                     let v = g.to_vec::<f32>()?;
-                    v[..half] == parts[0].to_vec::<f32>()?[..]
-                        && v[half..] == parts[1].to_vec::<f32>()?[..]
+                    let mut ok = v.len() == numel;
+                    for (k, p) in parts.iter().enumerate() {
+                        ok &= v[part(k)] == p.to_vec::<f32>()?[..];
+                    }
+                    ok
                 }
                 None => false,
             };
@@ -171,10 +192,9 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
         }
         if has("reduce_add") {
             let mut s = None;
-            let inputs = [x.clone(), y.clone()];
             let t = median_us(
                 || {
-                    s = Some(comm::reduce_add(&inputs, 0)?);
+                    s = Some(comm::reduce_add(&ys, 0)?);
                     Ok(())
                 },
                 w,
@@ -182,8 +202,13 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
             )?;
             let ok = match &s {
                 Some(s) => {
-                    let (a, b, r) = (x.to_vec::<f32>()?, y.to_vec::<f32>()?, s.to_vec::<f32>()?);
-                    a.iter().zip(&b).zip(&r).all(|((a, b), r)| a + b == *r)
+                    let mut want = vec![0f32; numel];
+                    for y in &ys {
+                        for (w, v) in want.iter_mut().zip(y.to_vec::<f32>()?) {
+                            *w += v;
+                        }
+                    }
+                    s.to_vec::<f32>()? == want
                 }
                 None => false,
             };
@@ -204,15 +229,18 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
         let mut out = Vec::new();
         let t = median_us(
             || {
-                out = comm::broadcast_coalesced(&params, &[0, 1], buffer)?;
+                out = comm::broadcast_coalesced(&params, &devices, buffer)?;
                 Ok(())
             },
             w,
             it,
         )?;
-        let mut ok = out.len() == 2 && out[0].iter().zip(&params).all(|(o, p)| o.shares_storage(p));
-        for (p, o) in params.iter().zip(&out[1]) {
-            ok &= o.device() == Device::Cuda(1) && !o.shares_storage(p) && same(o, p)?;
+        let mut ok =
+            out.len() == gpus && out[0].iter().zip(&params).all(|(o, p)| o.shares_storage(p));
+        for (k, copies) in out.iter().enumerate().skip(1) {
+            for (p, o) in params.iter().zip(copies) {
+                ok &= o.device() == Device::Cuda(k) && !o.shares_storage(p) && same(o, p)?;
+            }
         }
         push(&coalesced_name(buffer), total, params.len(), t, ok);
     }
@@ -274,7 +302,8 @@ pub fn main(args: &BenchArgs) -> ExitCode {
             header = false;
             let copy = std::env::var("TENSORCOMM_CUDA_COPY").unwrap_or_else(|_| "auto".into());
             println!(
-                "# tensorcomm bench: cuda-comm on cuda:0 and cuda:1 {}(TENSORCOMM_CUDA_COPY={copy}), median of {} iterations after {} warm-up",
+                "# tensorcomm bench: cuda-comm on cuda:0 to cuda:{} {}(TENSORCOMM_CUDA_COPY={copy}), median of {} iterations after {} warm-up",
+                args.nproc.saturating_sub(1),
                 if args.label.is_empty() { String::new() } else { format!("{} ", args.label) },
                 args.iters,
                 args.warmup

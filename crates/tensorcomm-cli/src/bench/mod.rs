@@ -33,10 +33,11 @@
 //! (`nccl.rs`).
 //!
 //! `--backend cuda-comm` times `cuda::comm` (broadcast, scatter, gather,
-//! reduce_add, broadcast_coalesced and a plain peer copy) between cuda:0
-//! and cuda:1 in this one process (`cuda_comm.rs`), with the same columns
-//! plus, given `--torch FILE` (from `bench/cuda_comm_torch.py`), PyTorch's
-//! time and the ratio. Without two GPUs it fails with a NoCuda error.
+//! reduce_add, broadcast_coalesced and a plain peer copy) over GPUs 0 to
+//! `-n` - 1 in this one process (`cuda_comm.rs`), with the same columns
+//! plus, given `--torch FILE` (from `bench/cuda_comm_torch.py --gpus N`),
+//! PyTorch's time and the ratio. Without `-n` GPUs it fails with a NoCuda
+//! error.
 //!
 //! `--op ddp` times a simulated backward pass through the DDP Reducer
 //! (`--model`, `--hook`, `--compute-us`, `--bucket-cap`): step time,
@@ -442,6 +443,7 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
             cuda_comm::main(&BenchArgs {
                 backend: BenchBackend::CudaComm,
                 op: Vec::new(),
+                nproc: n,
                 ..args
             })
         }
