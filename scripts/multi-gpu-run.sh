@@ -2,7 +2,7 @@
 # Issue 15's run on a machine with several GPUs, from a bundle made by
 # gpu-bundle.sh: the GPU test binaries, then each comparison against PyTorch
 # in the same call. STAGES picks and orders the parts (default: all of
-# tests,cuda-comm,nccl-launch,nccl,intranode,cpu-cuda,gloo-cuda); RANKS the world sizes
+# tests,cuda-comm,nccl-launch,nccl,intranode,cpu-cuda,gloo-cuda,ddp,faults); RANKS the world sizes
 # (default: 2 up to the GPU count, doubling). Each part's output goes to
 # $OUT/<part>.txt (OUT defaults to /tmp).
 #   STAGES=tests,nccl bash .gpu/multi-gpu-run.sh
@@ -38,9 +38,25 @@ stage_tests() {
 }
 
 stage_cuda_comm() {
-  lim python3 "$dir/cuda_comm_torch.py" --json "$out/torch-cuda-comm.json" > "$out/torch-cuda-comm.log" 2>&1 \
-    || { echo "torch bench failed"; tail -5 "$out/torch-cuda-comm.log"; }
-  lim "$tc" bench --backend cuda-comm --sizes 1K,1M,256M,1G --torch "$out/torch-cuda-comm.json"
+  # Every GPU count of RANKS (GPUs of this one process); from 3 GPUs also
+  # with the chain off (every copy from the root), the fan-out baseline.
+  for n in $RANKS; do
+    echo "## $n GPUs: PyTorch, then tensorcomm"
+    lim python3 "$dir/cuda_comm_torch.py" --gpus "$n" --sizes "${CC_SIZES:-1024,1048576,4194304,16777216,67108864,268435456,1073741824}" \
+      --json "$out/torch-cuda-comm-$n.json" > "$out/torch-cuda-comm-$n.log" 2>&1 \
+      || { echo "torch bench failed"; tail -5 "$out/torch-cuda-comm-$n.log"; }
+    lim "$tc" bench --backend cuda-comm -n "$n" --sizes "${CC_SIZES:-1K,1M,4M,16M,64M,256M,1G}" --torch "$out/torch-cuda-comm-$n.json"
+    if [ "$n" -ge 3 ]; then
+      echo "## $n GPUs, TENSORCOMM_CUDA_CHAIN_MIN=off"
+      TENSORCOMM_CUDA_CHAIN_MIN=off lim "$tc" bench --backend cuda-comm -n "$n" --op broadcast,reduce_add,broadcast_coalesced \
+        --sizes "${CC_SIZES:-1K,1M,4M,16M,64M,256M,1G}" --torch "$out/torch-cuda-comm-$n.json"
+      for chunk in ${CHAIN_CHUNKS:-2M 8M 32M}; do
+        echo "## $n GPUs, TENSORCOMM_CUDA_CHAIN_MIN=1M TENSORCOMM_CUDA_CHAIN_CHUNK=$chunk"
+        TENSORCOMM_CUDA_CHAIN_MIN=1M TENSORCOMM_CUDA_CHAIN_CHUNK=$chunk lim "$tc" bench --backend cuda-comm -n "$n" \
+          --op broadcast,reduce_add --sizes 4M,16M,64M,256M,1G --torch "$out/torch-cuda-comm-$n.json" | grep -v '^#'
+      done
+    fi
+  done
 }
 
 stage_nccl() {
@@ -103,7 +119,28 @@ stage_gloo_cuda() {
     --json-out "$out/gloo-cuda.jsonl")
 }
 
-for s in $(echo "${STAGES:-tests,cuda-comm,nccl-launch,nccl,intranode,cpu-cuda,gloo-cuda}" | tr , ' '); do
+stage_ddp() {
+  # The data-parallel example (the losses and checksums must match the
+  # host run's), then the ddp bench over NCCL with the all-reduce and
+  # no-op hooks (exposed communication is the difference of their tails).
+  for n in $RANKS; do
+    for a in "" "--device cuda --backend nccl" "--device cuda --backend nccl --hook fp16"; do
+      echo "## ddp_mlp, $n ranks: $a"
+      lim "$tc" run --nproc-per-node "$n" -- "$dir/ddp_mlp" --steps 20 $a 2>&1 | grep -E "step +(0|19) |checksum" | sort -u
+    done
+    for hook in allreduce noop; do
+      lim "$tc" bench --op ddp -n "$n" --device cuda --backend nccl --hook "$hook" --iters 20 --warmup 3
+    done
+  done
+}
+
+stage_faults() {
+  # The fault-injection suite on NCCL at the GPU count (one rank a GPU).
+  TENSORCOMM_BIN="$tc" TENSORCOMM_FAULT_SCENARIOS="${FAULT_SCENARIOS:-8}" LIMIT="${FAULT_LIMIT:-200}" \
+    lim "$dir/fault_injection" --exact fault_injection_on_nccl --nocapture 2>&1 | grep -E "^fault|test result|panicked"
+}
+
+for s in $(echo "${STAGES:-tests,cuda-comm,nccl-launch,nccl,intranode,cpu-cuda,gloo-cuda,ddp,faults}" | tr , ' '); do
   echo "=== $s ($(date +%T))"
   "stage_${s//-/_}" 2>&1 | tee "$out/$s.txt"
 done
