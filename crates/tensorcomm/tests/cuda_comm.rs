@@ -674,9 +674,12 @@ fn all_gpus_of_the_process_broadcast_and_reduce_along_a_chain() {
                     )
                 })
                 .collect();
-            let want: Vec<f32> = (0..numel)
-                .map(|i| (0..n as i32).map(|d| ints(numel, d)[i]).sum())
-                .collect();
+            let mut want = vec![0f32; numel];
+            for d in 0..n as i32 {
+                for (w, v) in want.iter_mut().zip(ints(numel, d)) {
+                    *w += v;
+                }
+            }
             let s = comm::reduce_add(&inputs, root).unwrap();
             assert_eq!(s.device(), Device::Cuda(root), "sum: {what}");
             assert_eq!(s.to_vec::<f32>().unwrap(), want, "sum: {what}");

@@ -20,7 +20,8 @@ use crate::Result;
 use super::copy::{Method, Tuning};
 
 /// The internal stream each GPU runs its hop on: the last copy stream,
-/// apart from the fan-out path's kernel and first copy-engine streams.
+/// apart from the fan-out path's kernel and first copy-engine streams (a
+/// reduction also sums on the one before it).
 const CHAIN_STREAM: usize = runtime::COPY_STREAMS - 1;
 
 /// Chunk slots each middle GPU of a reduction holds partial sums in.
@@ -36,13 +37,14 @@ pub(crate) struct Item {
 }
 
 /// The chunk a chain moving `bytes` in all uses: the tuning's, else about
-/// a 16th of the message (the pipeline's fill and drain cost a few hops'
-/// chunks), between 4 MiB (smaller chunks leave the GPUs waiting for the
-/// host to queue them) and 32 MiB.
+/// a 32nd of the message (the pipeline's fill and drain cost a few hops'
+/// chunks), between 8 MiB (smaller chunks leave the GPUs waiting for the
+/// host to queue them: 2 MiB chunks were slower than no chain on four
+/// H200s) and 32 MiB.
 pub(crate) fn chunk_bytes(bytes: usize, tuning: &Tuning) -> usize {
     tuning
         .chain_chunk
-        .unwrap_or((bytes / 16).clamp(4 << 20, 32 << 20))
+        .unwrap_or((bytes / 32).clamp(8 << 20, 32 << 20))
         .next_multiple_of(ALIGN)
 }
 
@@ -270,8 +272,13 @@ pub(crate) fn broadcast(chain: &[Arc<Context>], items: &[Item], tuning: &Tuning)
 
 /// `out = inputs[0] + inputs[1] + ...` of `numel` elements of `dtype`,
 /// `inputs[k]` and `out` dense on `chain[k]` (`out` on `chain[0]`), summed
-/// as `inputs[0] + (inputs[1] + (... + inputs[last]))`; waits. Needs peer
-/// access along the chain ([`linked`]).
+/// as `inputs[0] + (inputs[1] + (... + inputs[last]))`; waits.
+///
+/// For each chunk, GPU `k` pulls GPU `k + 1`'s partial sum into a slot of
+/// its own with the copy engines (the link's full speed; a kernel reading
+/// peer memory gets less), then adds its input to it locally, on a second
+/// stream so the next chunk's pull overlaps this chunk's sum. Partial sums
+/// and pulled chunks live in rings of [`SLOTS`] chunk slots per GPU.
 pub(crate) fn reduce_add(
     chain: &[Arc<Context>],
     inputs: &[DevicePtr],
@@ -284,55 +291,65 @@ pub(crate) fn reduce_add(
     let last = chain.len() - 1;
     let chunk = (chunk_bytes(numel * size, tuning) / size).max(1);
     let steps = numel.div_ceil(chunk);
-    // Ring buffers of partial sums on the middle GPUs (index k for GPU k).
-    let mut slots = Vec::with_capacity(last);
-    for (k, ctx) in chain.iter().enumerate() {
-        slots.push(if k == 0 || k == last {
-            None
-        } else {
-            Some(Tensor::uninit_cuda(
-                Layout::contiguous(&[SLOTS * chunk]),
-                dtype,
-                ctx,
-            )?)
-        });
+    let ring =
+        |ctx: &Arc<Context>| Tensor::uninit_cuda(Layout::contiguous(&[SLOTS * chunk]), dtype, ctx);
+    // GPU k < last pulls into `pulled[k]`; a middle GPU sums into `sums[k]`.
+    let mut pulled = Vec::with_capacity(last);
+    let mut sums = Vec::with_capacity(last);
+    for (k, ctx) in chain.iter().enumerate().take(last) {
+        pulled.push(ring(ctx)?);
+        sums.push(if k == 0 { None } else { Some(ring(ctx)?) });
     }
-    let slot_ptr = |k: usize, c: usize| -> Result<DevicePtr> {
-        let t = slots[k].as_ref().expect("middle GPUs have slots");
+    let slot = |t: &Tensor<'_>, c: usize| -> Result<DevicePtr> {
         Ok(t.cuda_ptr()?.1.offset((c % SLOTS) * chunk * size))
     };
-    let hops = Hops::on(chain)?;
-    // `done[k][c]`: GPU k has summed chunk c (so also read GPU k + 1's slot).
-    let mut done: Vec<Vec<Event>> = (0..chain.len())
-        .map(|_| Vec::with_capacity(steps))
-        .collect();
+    let pulls = Hops::on(chain)?;
+    let adds = Hops(
+        chain
+            .iter()
+            .map(|c| c.copy_stream(CHAIN_STREAM - 1).cloned())
+            .collect::<Result<_>>()?,
+    );
+    // `copied[k][c]`: GPU k has pulled chunk c; `added[k][c]`: and summed it.
+    let mut copied: Vec<Vec<Event>> = (0..last).map(|_| Vec::with_capacity(steps)).collect();
+    let mut added: Vec<Vec<Event>> = (0..last).map(|_| Vec::with_capacity(steps)).collect();
     for c in 0..steps {
         let at = c * chunk;
         let n = chunk.min(numel - at);
         for k in (0..last).rev() {
-            let stream = &hops.0[k];
+            let (pull, add) = (&pulls.0[k], &adds.0[k]);
+            // The partial sum of GPUs k + 1 .. last for this chunk.
             let partial = if k + 1 == last {
                 inputs[last].offset(at * size)
             } else {
-                stream.wait(&done[k + 1][c])?;
-                slot_ptr(k + 1, c)?
+                pull.wait(&added[k + 1][c])?;
+                slot(sums[k + 1].as_ref().expect("a middle GPU"), c)?
             };
-            let dst = if k == 0 {
-                out.offset(at * size)
-            } else {
-                if c >= SLOTS {
-                    // The slot's previous chunk has been read by GPU k - 1.
-                    stream.wait(&done[k - 1][c - SLOTS])?;
+            if c >= SLOTS {
+                // The pull slot's previous chunk has been summed.
+                pull.wait(&added[k][c - SLOTS])?;
+            }
+            let landed = slot(&pulled[k], c)?;
+            runtime::copy_dtod_async(&chain[k], landed, &chain[k + 1], partial, n * size, pull)?;
+            copied[k].push(pull.record()?);
+            add.wait(&copied[k][c])?;
+            let dst = match &sums[k] {
+                None => out.offset(at * size),
+                Some(ring) => {
+                    if c >= SLOTS {
+                        // GPU k - 1 has pulled the slot's previous chunk.
+                        add.wait(&copied[k - 1][c - SLOTS])?;
+                    }
+                    slot(ring, c)?
                 }
-                slot_ptr(k, c)?
             };
             let own = inputs[k].offset(at * size);
-            kernels::reduce_add(&chain[k], stream, dtype, dst, &[own, partial], n)?;
-            done[k].push(stream.record()?);
+            kernels::reduce_add(&chain[k], add, dtype, dst, &[own, landed], n)?;
+            added[k].push(add.record()?);
         }
     }
-    let result = hops.finish();
-    drop(slots);
+    let result = pulls.finish().and(adds.finish());
+    drop((pulled, sums));
     result
 }
 
@@ -381,8 +398,9 @@ mod tests {
     #[test]
     fn chunks_grow_with_the_message_within_bounds() {
         let t = Tuning::default();
-        assert_eq!(chunk_bytes(1 << 20, &t), 4 << 20);
-        assert_eq!(chunk_bytes(256 << 20, &t), 16 << 20);
+        assert_eq!(chunk_bytes(1 << 20, &t), 8 << 20);
+        assert_eq!(chunk_bytes(256 << 20, &t), 8 << 20);
+        assert_eq!(chunk_bytes(512 << 20, &t), 16 << 20);
         assert_eq!(chunk_bytes(4 << 30, &t), 32 << 20);
         assert_eq!(chunk_bytes(100_000_003, &t) % ALIGN, 0);
         let fixed = Tuning {
