@@ -84,8 +84,8 @@ impl NcclBackend {
     /// address and op resolved), makes this rank's own copies, then issues
     /// its NCCL calls as one group. `deadline` bounds waiting for a group
     /// that NCCL reports still in progress (ranks connecting).
-    pub(crate) fn queue(
-        &self,
+    pub(crate) fn queue<'c>(
+        &'c self,
         collective: &Collective,
         call: &'static str,
         deadline: Instant,
@@ -93,7 +93,7 @@ impl NcclBackend {
         // Collectives on the group's communicator; sends and receives on
         // its point-to-point one (the same unless launches block).
         let p2p = self.comm.p2p();
-        let plan_on = |comm: &Communicator| -> Result<Option<i32>> {
+        let plan_on = |comm: &'c Communicator| -> Result<Option<(Plan<'c>, i32)>> {
             let entered = comm.enter()?;
             let planner = Planner {
                 nccl: comm.nccl,
@@ -107,17 +107,36 @@ impl NcclBackend {
             if plan.has_p2p() && !std::ptr::eq(comm, p2p) {
                 return Ok(None);
             }
-            self.issue(&plan, entered.raw()).map(Some)
+            let ended = self.issue(&plan, entered.raw())?;
+            Ok(Some((plan, ended)))
         };
-        let (comm, ended) = match plan_on(&self.comm)? {
-            Some(ended) => (&self.comm, ended),
-            None => (
-                p2p,
-                plan_on(p2p)?.expect("planned on the point-to-point communicator"),
-            ),
+        let (comm, plan, ended) = match plan_on(&self.comm)? {
+            Some((plan, ended)) => (&self.comm, plan, ended),
+            None => {
+                let (plan, ended) =
+                    plan_on(p2p)?.expect("planned on the point-to-point communicator");
+                (p2p, plan, ended)
+            }
         };
+        // A non-blocking communicator may still be queuing the group's
+        // calls on NCCL's own thread, and they use the plan's reduce ops
+        // (a PremulSum op NCCL created for this call): destroying one then
+        // crashed a rank. So the plan goes only once NCCL is done queuing,
+        // inside the communicator's gate; where it never got done (a
+        // timeout, a broken communicator) its ops are left to NCCL.
         if ended == IN_PROGRESS {
-            comm.wait_queued("ncclGroupEnd", deadline)?;
+            if let Err(e) = comm.wait_queued("ncclGroupEnd", deadline) {
+                std::mem::forget(plan);
+                return Err(e);
+            }
+        }
+        match comm.enter() {
+            Ok(entered) => {
+                drop(plan);
+                drop(entered);
+            }
+            // Aborted meanwhile: the ops went with the communicator.
+            Err(_) => std::mem::forget(plan),
         }
         Ok(())
     }
