@@ -20,8 +20,7 @@ use crate::Result;
 use super::copy::{Method, Tuning};
 
 /// The internal stream each GPU runs its hop on: the last copy stream,
-/// apart from the fan-out path's kernel and first copy-engine streams (a
-/// reduction also sums on the one before it).
+/// apart from the fan-out path's kernel and first copy-engine streams.
 const CHAIN_STREAM: usize = runtime::COPY_STREAMS - 1;
 
 /// Chunk slots each middle GPU of a reduction holds partial sums in.
@@ -37,14 +36,14 @@ pub(crate) struct Item {
 }
 
 /// The chunk a chain moving `bytes` in all uses: the tuning's, else about
-/// a 32nd of the message (the pipeline's fill and drain cost a few hops'
+/// a 16th of the message (the pipeline's fill and drain cost a few hops'
 /// chunks), between 8 MiB (smaller chunks leave the GPUs waiting for the
 /// host to queue them: 2 MiB chunks were slower than no chain on four
 /// H200s) and 32 MiB.
 pub(crate) fn chunk_bytes(bytes: usize, tuning: &Tuning) -> usize {
     tuning
         .chain_chunk
-        .unwrap_or((bytes / 32).clamp(8 << 20, 32 << 20))
+        .unwrap_or((bytes / 16).clamp(8 << 20, 32 << 20))
         .next_multiple_of(ALIGN)
 }
 
@@ -274,11 +273,13 @@ pub(crate) fn broadcast(chain: &[Arc<Context>], items: &[Item], tuning: &Tuning)
 /// `inputs[k]` and `out` dense on `chain[k]` (`out` on `chain[0]`), summed
 /// as `inputs[0] + (inputs[1] + (... + inputs[last]))`; waits.
 ///
-/// For each chunk, GPU `k` pulls GPU `k + 1`'s partial sum into a slot of
-/// its own with the copy engines (the link's full speed; a kernel reading
-/// peer memory gets less), then adds its input to it locally, on a second
-/// stream so the next chunk's pull overlaps this chunk's sum. Partial sums
-/// and pulled chunks live in rings of [`SLOTS`] chunk slots per GPU.
+/// Partial sums flow towards `chain[0]` by stores into the next GPU's
+/// memory: for each chunk the last GPU copies its input into a slot of
+/// GPU `last - 1`, and each GPU `k` in between adds its input to what
+/// arrived in its own slot and writes the sum into a slot of GPU `k - 1`
+/// (remote stores over NVLink; only local memory is read); `chain[0]` adds
+/// its input to its slot into `out`. Each GPU holds a ring of [`SLOTS`]
+/// chunk slots.
 pub(crate) fn reduce_add(
     chain: &[Arc<Context>],
     inputs: &[DevicePtr],
@@ -291,65 +292,55 @@ pub(crate) fn reduce_add(
     let last = chain.len() - 1;
     let chunk = (chunk_bytes(numel * size, tuning) / size).max(1);
     let steps = numel.div_ceil(chunk);
-    let ring =
-        |ctx: &Arc<Context>| Tensor::uninit_cuda(Layout::contiguous(&[SLOTS * chunk]), dtype, ctx);
-    // GPU k < last pulls into `pulled[k]`; a middle GPU sums into `sums[k]`.
-    let mut pulled = Vec::with_capacity(last);
-    let mut sums = Vec::with_capacity(last);
-    for (k, ctx) in chain.iter().enumerate().take(last) {
-        pulled.push(ring(ctx)?);
-        sums.push(if k == 0 { None } else { Some(ring(ctx)?) });
-    }
-    let slot = |t: &Tensor<'_>, c: usize| -> Result<DevicePtr> {
-        Ok(t.cuda_ptr()?.1.offset((c % SLOTS) * chunk * size))
+    // `arrive[k]` on GPU k < last: where GPU k + 1's partial sums land.
+    let arrive = chain[..last]
+        .iter()
+        .map(|ctx| Tensor::uninit_cuda(Layout::contiguous(&[SLOTS * chunk]), dtype, ctx))
+        .collect::<Result<Vec<_>>>()?;
+    let slot = |k: usize, c: usize| -> Result<DevicePtr> {
+        Ok(arrive[k].cuda_ptr()?.1.offset((c % SLOTS) * chunk * size))
     };
-    let pulls = Hops::on(chain)?;
-    let adds = Hops(
-        chain
-            .iter()
-            .map(|c| c.copy_stream(CHAIN_STREAM - 1).cloned())
-            .collect::<Result<_>>()?,
-    );
-    // `copied[k][c]`: GPU k has pulled chunk c; `added[k][c]`: and summed it.
-    let mut copied: Vec<Vec<Event>> = (0..last).map(|_| Vec::with_capacity(steps)).collect();
-    let mut added: Vec<Vec<Event>> = (0..last).map(|_| Vec::with_capacity(steps)).collect();
+    let hops = Hops::on(chain)?;
+    // `done[k][c]`: GPU k has handled chunk c (read its slot, written on).
+    let mut done: Vec<Vec<Event>> = (0..chain.len())
+        .map(|_| Vec::with_capacity(steps))
+        .collect();
     for c in 0..steps {
         let at = c * chunk;
         let n = chunk.min(numel - at);
-        for k in (0..last).rev() {
-            let (pull, add) = (&pulls.0[k], &adds.0[k]);
-            // The partial sum of GPUs k + 1 .. last for this chunk.
-            let partial = if k + 1 == last {
-                inputs[last].offset(at * size)
-            } else {
-                pull.wait(&added[k + 1][c])?;
-                slot(sums[k + 1].as_ref().expect("a middle GPU"), c)?
-            };
-            if c >= SLOTS {
-                // The pull slot's previous chunk has been summed.
-                pull.wait(&added[k][c - SLOTS])?;
+        let own = |k: usize| inputs[k].offset(at * size);
+        for k in (0..=last).rev() {
+            let stream = &hops.0[k];
+            if k < last {
+                // GPU k + 1 has written this chunk's partial into the slot.
+                stream.wait(&done[k + 1][c])?;
             }
-            let landed = slot(&pulled[k], c)?;
-            runtime::copy_dtod_async(&chain[k], landed, &chain[k + 1], partial, n * size, pull)?;
-            copied[k].push(pull.record()?);
-            add.wait(&copied[k][c])?;
-            let dst = match &sums[k] {
-                None => out.offset(at * size),
-                Some(ring) => {
-                    if c >= SLOTS {
-                        // GPU k - 1 has pulled the slot's previous chunk.
-                        add.wait(&copied[k - 1][c - SLOTS])?;
-                    }
-                    slot(ring, c)?
-                }
-            };
-            let own = inputs[k].offset(at * size);
-            kernels::reduce_add(&chain[k], add, dtype, dst, &[own, landed], n)?;
-            added[k].push(add.record()?);
+            if k > 0 && c >= SLOTS {
+                // GPU k - 1 has read the slot this chunk's sum goes to.
+                stream.wait(&done[k - 1][c - SLOTS])?;
+            }
+            if k == last {
+                runtime::copy_dtod_async(
+                    &chain[k - 1],
+                    slot(k - 1, c)?,
+                    &chain[k],
+                    own(k),
+                    n * size,
+                    stream,
+                )?;
+            } else {
+                let dst = if k == 0 {
+                    out.offset(at * size)
+                } else {
+                    slot(k - 1, c)?
+                };
+                kernels::reduce_add(&chain[k], stream, dtype, dst, &[own(k), slot(k, c)?], n)?;
+            }
+            done[k].push(stream.record()?);
         }
     }
-    let result = pulls.finish().and(adds.finish());
-    drop((pulled, sums));
+    let result = hops.finish();
+    drop(arrive);
     result
 }
 
@@ -399,8 +390,8 @@ mod tests {
     fn chunks_grow_with_the_message_within_bounds() {
         let t = Tuning::default();
         assert_eq!(chunk_bytes(1 << 20, &t), 8 << 20);
-        assert_eq!(chunk_bytes(256 << 20, &t), 8 << 20);
-        assert_eq!(chunk_bytes(512 << 20, &t), 16 << 20);
+        assert_eq!(chunk_bytes(64 << 20, &t), 8 << 20);
+        assert_eq!(chunk_bytes(256 << 20, &t), 16 << 20);
         assert_eq!(chunk_bytes(4 << 30, &t), 32 << 20);
         assert_eq!(chunk_bytes(100_000_003, &t) % ALIGN, 0);
         let fixed = Tuning {
