@@ -26,7 +26,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS};
@@ -85,12 +85,17 @@ const FINALIZE_WITHIN: Duration = Duration::from_secs(10);
 
 /// An NCCL communicator on one GPU (see the module docs).
 ///
-/// Every use of the raw communicator holds a read guard of `gate`
-/// ([`Communicator::enter`]) and [`Communicator::abort`] takes it for
-/// writing, so no thread uses it while or after NCCL frees it.
+/// Every use of the raw communicator holds a read guard of `gate` and the
+/// `calls` lock ([`Communicator::enter`]), and [`Communicator::abort`]
+/// takes `gate` for writing, so no thread uses it while or after NCCL
+/// frees it, and NCCL gets one call at a time on it: it is not safe for
+/// concurrent calls on one communicator (the watchdog's
+/// `ncclCommGetAsyncError` during another thread's collective crashed
+/// NCCL, one rank in several runs at 4 ranks).
 pub(crate) struct Communicator {
     raw: RawComm,
     gate: RwLock<()>,
+    calls: Mutex<()>,
     /// The GPU's context, made current for every use.
     ctx: Arc<Context>,
     pub(crate) nccl: &'static Nccl,
@@ -196,6 +201,7 @@ impl Communicator {
         let comm = Communicator {
             raw,
             gate: RwLock::new(()),
+            calls: Mutex::new(()),
             ctx,
             nccl,
             device,
@@ -420,6 +426,7 @@ impl Communicator {
         let mut child = Communicator {
             raw,
             gate: RwLock::new(()),
+            calls: Mutex::new(()),
             ctx: self.ctx.clone(),
             nccl,
             device: self.device,
@@ -514,7 +521,9 @@ impl Communicator {
     }
 
     /// The communicator, for one use: refused once it is aborted; the
-    /// device's context is made current on the calling thread.
+    /// device's context is made current on the calling thread. Other
+    /// threads' uses wait until this one is dropped (hold it only around
+    /// NCCL calls, never while waiting for NCCL).
     pub(crate) fn enter(&self) -> Result<Entered<'_>> {
         let guard = self.gate.read().unwrap_or_else(PoisonError::into_inner);
         if self.is_aborted() {
@@ -524,9 +533,11 @@ impl Communicator {
                 message: "it was aborted after an earlier failure of its group".into(),
             });
         }
+        let call = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         self.ctx.bind()?;
         Ok(Entered {
             raw: self.raw,
+            _call: call,
             _guard: guard,
         })
     }
@@ -578,6 +589,7 @@ impl Communicator {
 /// A use of a communicator (see [`Communicator::enter`]).
 pub(crate) struct Entered<'a> {
     raw: RawComm,
+    _call: MutexGuard<'a, ()>,
     _guard: RwLockReadGuard<'a, ()>,
 }
 
