@@ -41,6 +41,14 @@
 //! with one kernel on the destination that reads the other GPUs' inputs
 //! directly (16-byte loads).
 //!
+//! Over three or more GPUs, a broadcast (`broadcast`, `broadcast_out`, or
+//! a `broadcast_coalesced` list in all) or a `reduce_add` of at least
+//! `TENSORCOMM_CUDA_CHAIN_MIN` (8 MiB) moves along a pipelined chain of the
+//! GPUs in chunks (`TENSORCOMM_CUDA_CHAIN_CHUNK`): copies hop from GPU to
+//! GPU, and partial sums flow towards the destination, each GPU adding its
+//! input, so every link carries the message about once. The chain's sum
+//! order is `inputs[dest] + (next + (... + last))`.
+//!
 //! ```no_run
 //! use tensorcomm::cuda::comm;
 //! use tensorcomm::tensor::{Device, Tensor};

@@ -51,8 +51,10 @@ impl AllReduceAlgo {
 ///
 /// At 2 ranks (two H100s over NVLink, `bench/results/multi-gpu-h100x2`)
 /// one-shot was faster than two-shot at every size up to 16 MiB; beyond
-/// 2 ranks each rank reads (world - 1) times the message, so its range is
-/// PyTorch's 256 KiB until measured.
+/// 2 ranks each rank reads (world - 1) times the message. At 4 ranks (four
+/// H200s, `bench/results/multi-gpu-h200x4`) one-shot was faster up to
+/// 256 KiB (14.2 against 19.0 µs) and two-shot from 1 MiB (21.9 against
+/// 23.7 µs); 3 and 5 to 8 ranks use the same 256 KiB, not yet measured.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::one_shot_max;
@@ -68,7 +70,9 @@ pub const fn one_shot_max(world: usize) -> usize {
 
 /// Largest message (bytes) two-shot takes by default in a group of
 /// `world` ranks (when the buffer region holds it; larger ones take the
-/// large path).
+/// large path). At 4 ranks two-shot beat NCCL at 4 MiB (39 against 43 µs)
+/// and lost at 16 MiB (125 against 100 µs; four H200s), where the NCCL
+/// group hands messages beyond this to NCCL.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::{one_shot_max, two_shot_max};
