@@ -188,6 +188,22 @@ pub const CUDA_ONE_LAUNCH_MAX: EnvVar = EnvVar {
     agreed: false,
 };
 
+/// `TENSORCOMM_CUDA_CHAIN_MIN`.
+pub const CUDA_CHAIN_MIN: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_CHAIN_MIN",
+    default: "8M",
+    doc: "smallest `cuda::comm` broadcast (`broadcast_out`, `broadcast_coalesced` in all) or reduce_add over three or more GPUs that moves along a pipelined chain of the GPUs; `off`: never (every copy leaves the source, every input is read by the destination)",
+    agreed: false,
+};
+
+/// `TENSORCOMM_CUDA_CHAIN_CHUNK`.
+pub const CUDA_CHAIN_CHUNK: EnvVar = EnvVar {
+    name: "TENSORCOMM_CUDA_CHAIN_CHUNK",
+    default: "a 16th of the message, 8M-32M",
+    doc: "the chain's chunk (smaller chunks leave the GPUs waiting for the host: 2M chunks were slower than no chain)",
+    agreed: false,
+};
+
 /// `TENSORCOMM_NCCL_LIBRARY`.
 pub const NCCL_LIBRARY: EnvVar = EnvVar {
     name: "TENSORCOMM_NCCL_LIBRARY",
@@ -248,6 +264,8 @@ pub const VARIABLES: &[EnvVar] = &[
     CUDA_CE_MIN,
     CUDA_CE_STREAMS,
     CUDA_ONE_LAUNCH_MAX,
+    CUDA_CHAIN_MIN,
+    CUDA_CHAIN_CHUNK,
     NCCL_LIBRARY,
     NCCL_LAUNCH,
     INTRANODE,
