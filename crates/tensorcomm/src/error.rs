@@ -220,7 +220,7 @@ pub enum Error {
     /// A collective queued on a device did not finish within `timeout`;
     /// `progress` says which ranks had and had not reached it (each rank's
     /// last started and completed sequence number) and `lagging` lists the
-    /// ranks behind the others.
+    /// ranks furthest behind (others behind them may be waiting on them).
     #[error("{what} did not finish on the device within {timeout:?}; {progress}")]
     CollectiveTimeout {
         what: String,

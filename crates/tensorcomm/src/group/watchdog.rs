@@ -505,7 +505,11 @@ impl ProgressKeys {
 }
 
 /// Says where every rank was when collective `seq` timed out, grouping
-/// ranks at the same point, and lists the ranks that never started it.
+/// ranks at the same point, and lists the ranks that never started it and
+/// are furthest behind: a rank that stopped early leaves the ranks after
+/// it stuck at later collectives (and timing out there), and naming those
+/// too would blame the ranks it held up (4 ranks on NCCL: rank 1 stopped
+/// at seq 1 and rank 2, waiting for it, stayed at seq 3).
 pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, Vec<usize>) {
     let mut groups: Vec<(Option<Progress>, Vec<usize>)> = Vec::new();
     for (rank, p) in all.iter().enumerate() {
@@ -542,11 +546,20 @@ pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, 
             }
         })
         .collect();
-    let lagging = all
+    // How far each rank got: `None` (nothing started, or no progress
+    // published) is furthest behind.
+    let reached = |p: &Option<Progress>| p.and_then(|p| p.started);
+    let behind: Vec<(usize, Option<u64>)> = all
         .iter()
         .enumerate()
-        .filter(|(_, p)| !matches!(p, Some(Progress { started: Some(s), .. }) if *s >= seq))
-        .map(|(r, _)| r)
+        .map(|(r, p)| (r, reached(p)))
+        .filter(|(_, at)| !matches!(at, Some(s) if *s >= seq))
+        .collect();
+    let furthest = behind.iter().map(|&(_, at)| at).min();
+    let lagging = behind
+        .iter()
+        .filter(|&&(_, at)| Some(at) == furthest)
+        .map(|&(r, _)| r)
         .collect();
     (parts.join("; "), lagging)
 }
@@ -571,6 +584,21 @@ mod tests {
              rank 1 last started seq 41, last completed seq 41"
         );
         assert_eq!(lagging, [1]);
+    }
+
+    #[test]
+    fn only_the_ranks_furthest_behind_are_blamed() {
+        // Rank 1 stopped at seq 1; rank 2 got stuck at seq 3 waiting for it.
+        let (text, lagging) = describe_progress(4, &[at(4, 3), at(1, 0), at(3, 2), at(4, 3)]);
+        assert!(text.contains("rank 1 last started seq 1"), "{text}");
+        assert!(text.contains("rank 2 last started seq 3"), "{text}");
+        assert_eq!(lagging, [1]);
+        // Two ranks stopped at the same point are both named; a rank that
+        // published nothing is behind every rank that did.
+        let (_, lagging) = describe_progress(5, &[at(5, 4), at(2, 1), at(2, 1), at(4, 3)]);
+        assert_eq!(lagging, [1, 2]);
+        let (_, lagging) = describe_progress(5, &[at(5, 4), at(2, 1), None]);
+        assert_eq!(lagging, [2]);
     }
 
     #[test]
