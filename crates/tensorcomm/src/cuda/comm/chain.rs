@@ -40,10 +40,13 @@ pub(crate) struct Item {
 /// chunks), between 8 MiB (smaller chunks leave the GPUs waiting for the
 /// host to queue them: 2 MiB chunks were slower than no chain on four
 /// H200s) and 32 MiB.
+/// Never more than the message (rounded up to [`ALIGN`]), so a reduction's
+/// slots hold no more than the message needs.
 pub(crate) fn chunk_bytes(bytes: usize, tuning: &Tuning) -> usize {
     tuning
         .chain_chunk
         .unwrap_or((bytes / 16).clamp(8 << 20, 32 << 20))
+        .min(bytes.max(1))
         .next_multiple_of(ALIGN)
 }
 
@@ -176,8 +179,10 @@ pub(crate) fn try_reduce_add(
 }
 
 /// The steps of a broadcast of `items`: each a list of (item, offset,
-/// length) pieces of about `chunk` bytes in all, in order; items larger
-/// than a chunk are cut.
+/// length) pieces of at most `chunk` bytes in all (a multiple of
+/// [`ALIGN`]), in order. Items that do not fit the rest of a step are cut
+/// at an [`ALIGN`] boundary of the item (so every piece keeps the item's
+/// alignment), or start the next step.
 fn steps(items: &[Item], chunk: usize) -> Vec<Vec<(usize, usize, usize)>> {
     let mut steps = Vec::new();
     let mut step = Vec::new();
@@ -185,11 +190,19 @@ fn steps(items: &[Item], chunk: usize) -> Vec<Vec<(usize, usize, usize)>> {
     for (i, item) in items.iter().enumerate() {
         let mut at = 0;
         while at < item.bytes {
-            let len = (chunk - filled).min(item.bytes - at);
-            step.push((i, at, len));
-            filled += len;
-            at += len;
-            if filled >= chunk {
+            let rest = item.bytes - at;
+            let room = chunk - filled;
+            let len = if rest <= room {
+                rest
+            } else {
+                room / ALIGN * ALIGN
+            };
+            if len > 0 {
+                step.push((i, at, len));
+                filled += len;
+                at += len;
+            }
+            if len == 0 || filled >= chunk {
                 steps.push(std::mem::take(&mut step));
                 filled = 0;
             }
@@ -215,11 +228,17 @@ impl Hops {
         ))
     }
 
+    /// Waits for every stream (all of them, also after one failed) and
+    /// gives the first error.
     fn finish(mut self) -> Result<()> {
+        let mut result = Ok(());
         for s in std::mem::take(&mut self.0) {
-            s.synchronize()?;
+            let synced = s.synchronize();
+            if result.is_ok() {
+                result = synced;
+            }
         }
-        Ok(())
+        result
     }
 }
 
@@ -278,8 +297,12 @@ pub(crate) fn broadcast(chain: &[Arc<Context>], items: &[Item], tuning: &Tuning)
 /// GPU `last - 1`, and each GPU `k` in between adds its input to what
 /// arrived in its own slot and writes the sum into a slot of GPU `k - 1`
 /// (remote stores over NVLink; only local memory is read); `chain[0]` adds
-/// its input to its slot into `out`. Each GPU holds a ring of [`SLOTS`]
-/// chunk slots.
+/// its input to its slot into `out`. Each GPU holds a ring of up to
+/// [`SLOTS`] chunk slots. Each partial sum is rounded to `dtype` at every
+/// hop (f16 and bf16 round `n - 1` times, where the direct sum of
+/// [`super::reduce_add`] accumulates in f32 and rounds once), so results
+/// may differ in the last bits from the direct sum below the chain's
+/// minimum.
 pub(crate) fn reduce_add(
     chain: &[Arc<Context>],
     inputs: &[DevicePtr],
@@ -292,13 +315,14 @@ pub(crate) fn reduce_add(
     let last = chain.len() - 1;
     let chunk = (chunk_bytes(numel * size, tuning) / size).max(1);
     let steps = numel.div_ceil(chunk);
+    let ring = SLOTS.min(steps);
     // `arrive[k]` on GPU k < last: where GPU k + 1's partial sums land.
     let arrive = chain[..last]
         .iter()
-        .map(|ctx| Tensor::uninit_cuda(Layout::contiguous(&[SLOTS * chunk]), dtype, ctx))
+        .map(|ctx| Tensor::uninit_cuda(Layout::contiguous(&[ring * chunk]), dtype, ctx))
         .collect::<Result<Vec<_>>>()?;
     let slot = |k: usize, c: usize| -> Result<DevicePtr> {
-        Ok(arrive[k].cuda_ptr()?.1.offset((c % SLOTS) * chunk * size))
+        Ok(arrive[k].cuda_ptr()?.1.offset((c % ring) * chunk * size))
     };
     let hops = Hops::on(chain)?;
     // `done[k][c]`: GPU k has handled chunk c (read its slot, written on).
@@ -315,9 +339,9 @@ pub(crate) fn reduce_add(
                 // GPU k + 1 has written this chunk's partial into the slot.
                 stream.wait(&done[k + 1][c])?;
             }
-            if k > 0 && c >= SLOTS {
+            if k > 0 && c >= ring {
                 // GPU k - 1 has read the slot this chunk's sum goes to.
-                stream.wait(&done[k - 1][c - SLOTS])?;
+                stream.wait(&done[k - 1][c - ring])?;
             }
             if k == last {
                 runtime::copy_dtod_async(
@@ -356,9 +380,17 @@ mod tests {
     }
 
     #[test]
-    fn steps_cover_every_byte_once_in_order() {
-        let items = [item(5), item(0), item(23), item(1), item(9)];
-        for chunk in [1, 4, 8, 64] {
+    fn steps_cover_every_byte_once_in_order_and_cut_items_at_aligned_offsets() {
+        let a = ALIGN;
+        let items = [
+            item(5),
+            item(0),
+            item(3 * a + 23),
+            item(1),
+            item(2 * a + 9),
+            item(a),
+        ];
+        for chunk in [a, 2 * a, 4 * a, 64 * a] {
             let steps = steps(&items, chunk);
             let mut seen: Vec<(usize, usize)> = Vec::new();
             for step in &steps {
@@ -366,6 +398,7 @@ mod tests {
                 assert!(bytes <= chunk && bytes > 0, "chunk {chunk}: {steps:?}");
                 for &(i, at, len) in step {
                     assert!(len > 0);
+                    assert_eq!(at % ALIGN, 0, "chunk {chunk}: piece of item {i} at {at}");
                     match seen.last_mut() {
                         Some((j, end)) if *j == i => {
                             assert_eq!(*end, at);
@@ -378,18 +411,23 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(seen, [(0, 5), (2, 23), (3, 1), (4, 9)], "chunk {chunk}");
-            // Every step but the last is full.
-            for step in &steps[..steps.len() - 1] {
-                assert_eq!(step.iter().map(|p| p.2).sum::<usize>(), chunk);
-            }
+            let want = [(0, 5), (2, 3 * a + 23), (3, 1), (4, 2 * a + 9), (5, a)];
+            assert_eq!(seen, want, "chunk {chunk}");
         }
+        // One large item is cut into full chunks.
+        let one = steps(&[item(10 * a + 1)], 4 * a);
+        assert_eq!(one.len(), 3);
+        assert_eq!(one[0], [(0, 0, 4 * a)]);
+        assert_eq!(one[2], [(0, 8 * a, 2 * a + 1)]);
     }
 
     #[test]
     fn chunks_grow_with_the_message_within_bounds() {
         let t = Tuning::default();
-        assert_eq!(chunk_bytes(1 << 20, &t), 8 << 20);
+        // Never more than the message, rounded up to ALIGN.
+        assert_eq!(chunk_bytes(1 << 20, &t), 1 << 20);
+        assert_eq!(chunk_bytes(12 << 20, &t), 8 << 20);
+        assert_eq!(chunk_bytes(1, &t), ALIGN);
         assert_eq!(chunk_bytes(64 << 20, &t), 8 << 20);
         assert_eq!(chunk_bytes(256 << 20, &t), 16 << 20);
         assert_eq!(chunk_bytes(4 << 30, &t), 32 << 20);
@@ -399,6 +437,7 @@ mod tests {
             ..t
         };
         assert_eq!(chunk_bytes(1 << 30, &fixed), 3 << 20);
+        assert_eq!(chunk_bytes(1 << 20, &fixed), 1 << 20);
     }
 
     #[test]
