@@ -26,7 +26,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS};
@@ -526,13 +526,7 @@ impl Communicator {
     /// NCCL calls, never while waiting for NCCL).
     pub(crate) fn enter(&self) -> Result<Entered<'_>> {
         let guard = self.gate.read().unwrap_or_else(PoisonError::into_inner);
-        if self.is_aborted() {
-            return Err(Error::Nccl {
-                call: "the NCCL communicator".into(),
-                code: "aborted".into(),
-                message: "it was aborted after an earlier failure of its group".into(),
-            });
-        }
+        self.refuse_if_aborted()?;
         let call = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         self.ctx.bind()?;
         Ok(Entered {
@@ -542,11 +536,43 @@ impl Communicator {
         })
     }
 
+    /// [`enter`](Communicator::enter) unless another thread is using the
+    /// communicator (`None` then): for checks that must not wait behind a
+    /// call that may block (the watchdog's).
+    fn try_enter(&self) -> Result<Option<Entered<'_>>> {
+        let guard = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        self.refuse_if_aborted()?;
+        let call = match self.calls.try_lock() {
+            Ok(call) => call,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        self.ctx.bind()?;
+        Ok(Some(Entered {
+            raw: self.raw,
+            _call: call,
+            _guard: guard,
+        }))
+    }
+
+    /// The error of using an aborted communicator, if this one is.
+    pub(crate) fn refuse_if_aborted(&self) -> Result<()> {
+        if self.is_aborted() {
+            return Err(Error::Nccl {
+                call: "the NCCL communicator".into(),
+                code: "aborted".into(),
+                message: "it was aborted after an earlier failure of its group".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The communicator's asynchronous error, if it has one; an aborted
-    /// communicator's is that it was aborted.
+    /// communicator's is that it was aborted. A communicator another
+    /// thread is using is not asked (the next check will), so the
+    /// watchdog never waits behind a call that blocks.
     pub(crate) fn health(&self) -> Result<()> {
-        {
-            let c = self.enter()?;
+        if let Some(c) = self.try_enter()? {
             match self.state(c.raw()) {
                 SUCCESS | IN_PROGRESS => {}
                 code => {

@@ -107,8 +107,16 @@ impl NcclBackend {
             if plan.has_p2p() && !std::ptr::eq(comm, p2p) {
                 return Ok(None);
             }
-            let ended = self.issue(&plan, entered.raw())?;
-            Ok(Some((plan, ended)))
+            match self.issue(&plan, entered.raw()) {
+                Ok(ended) => Ok(Some((plan, ended))),
+                Err(e) => {
+                    // NCCL may still be queuing what was issued before the
+                    // error, with the plan's ops; the engine aborts the
+                    // communicator next, which frees them.
+                    std::mem::forget(plan);
+                    Err(e)
+                }
+            }
         };
         let (comm, plan, ended) = match plan_on(&self.comm)? {
             Some((plan, ended)) => (&self.comm, plan, ended),

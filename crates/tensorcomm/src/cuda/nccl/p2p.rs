@@ -82,7 +82,7 @@ struct Bounded {
 impl DeviceEvent for Bounded {
     fn query(&self) -> Result<bool> {
         // Aborted work looks complete: the abort's cause comes first.
-        self.backend.comm.enter().map(drop)?;
+        self.backend.comm.refuse_if_aborted()?;
         if self.inner.query()? {
             return Ok(true);
         }
