@@ -44,6 +44,7 @@ def main():
     d1 = torch.device("cuda:1")
     for nbytes in [int(s) for s in a.sizes.split(",")]:
         n = max(nbytes // 4, GPUS)
+        nbytes = n * 4  # as tensorcomm's rows name it
         iters = min(a.iters, 10) if nbytes >= 1 << 28 else a.iters
         ys = [torch.randint(0, 255, (n,), device=f"cuda:{d}").float() for d in devs]
         x = ys[0]
@@ -59,7 +60,7 @@ def main():
         }
         for op, fn in cases.items():
             t = median_us(fn, a.warmup, iters)
-            rows.append({"op": op, "bytes": nbytes, "time_us": t})
+            rows.append({"op": op, "bytes": nbytes, "time_us": t, "gpus": GPUS})
             print(f"torch {op:>26} {nbytes:>12} B {t:>11.1f} us", flush=True)
         del x, ys, parts, dst
         torch.cuda.empty_cache()
@@ -69,7 +70,7 @@ def main():
     for mib in (25, 1):
         t = median_us(lambda: comm.broadcast_coalesced(params, devs, buffer_size=mib << 20), a.warmup, a.iters)
         op = f"broadcast_coalesced/{mib}MiB"
-        rows.append({"op": op, "bytes": total, "time_us": t})
+        rows.append({"op": op, "bytes": total, "time_us": t, "gpus": GPUS})
         print(f"torch {op:>26} {total:>12} B {t:>11.1f} us", flush=True)
     with open(a.json, "w") as f:
         for r in rows:

@@ -637,9 +637,10 @@ fn all_gpus_of_the_process_broadcast_and_reduce_along_a_chain() {
     let Some(n) = gpus(TEST, 3) else {
         return;
     };
-    // Below the chain's 8 MiB (fan-out), just above it (two 4 MiB chunks
-    // and a bit), and 72 MiB + 3 elements: 16 chunks and a ragged tail, so
-    // the reduction's ring of slots wraps several times.
+    // Below the chain's 8 MiB (fan-out), just above it (one 8 MiB chunk
+    // and a 20-byte tail), and 72 MiB + 3 elements: nine 8 MiB chunks and
+    // a ragged tail for f32 (the reduction's ring of 4 slots wraps), five
+    // for bf16.
     for numel in [4099, (8 << 20) / 4 + 5, (72 << 20) / 4 + 3] {
         let x = Tensor::from_vec(ints(numel, 3), &[numel]).unwrap();
         for root in [0, n - 1] {
@@ -704,7 +705,8 @@ fn all_gpus_of_the_process_broadcast_and_reduce_along_a_chain() {
         }
     }
     // broadcast_coalesced of a model-like set (about 14 MiB: chained) to
-    // every GPU, with a strided tensor among them.
+    // every GPU, with a strided (not dense) view among them, which is
+    // copied apart from the chain.
     let mut params: Vec<Tensor<'static>> = (0..12)
         .map(|i| {
             let numel = 300_000 + i * 1001;
@@ -714,7 +716,7 @@ fn all_gpus_of_the_process_broadcast_and_reduce_along_a_chain() {
             )
         })
         .collect();
-    params.push(on(&seq(64, &[8, 8], 5), 0).permute(&[1, 0]).unwrap());
+    params.push(on(&seq(128, &[16, 8], 5), 0).narrow(1, 1, 4).unwrap());
     let devices: Vec<i64> = (0..n as i64).collect();
     let copies = comm::broadcast_coalesced(&params, &devices, 1 << 20).unwrap();
     for (k, list) in copies.iter().enumerate() {

@@ -157,7 +157,9 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
                 w,
                 iters,
             )?;
-            let mut ok = out.len() == gpus && out[0].shares_storage(x);
+            // torch.chunk's parts: fewer than the GPUs when they run out.
+            let parts = numel.div_ceil(each);
+            let mut ok = out.len() == parts && out[0].shares_storage(x);
             for (k, o) in out.iter().enumerate().skip(1) {
                 let r = part(k);
                 ok &= o.device() == Device::Cuda(k) && same(o, &x.narrow(0, r.start, r.len())?)?;
@@ -259,8 +261,10 @@ pub fn coalesced_name(buffer: usize) -> String {
     }
 }
 
-/// PyTorch's times by (op, bytes).
-pub fn read_torch(path: &std::path::Path) -> Result<HashMap<(String, usize), f64>> {
+/// PyTorch's times by (op, bytes), timed on `gpus` GPUs: a row timed on
+/// another count (its `gpus`; rows without one are from 2 GPUs) is a
+/// [`Error::BadValue`], not a ratio against the wrong baseline.
+pub fn read_torch(path: &std::path::Path, gpus: usize) -> Result<HashMap<(String, usize), f64>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     let mut out = HashMap::new();
@@ -270,6 +274,16 @@ pub fn read_torch(path: &std::path::Path) -> Result<HashMap<(String, usize), f64
             expected: "JSON lines {\"op\", \"bytes\", \"time_us\"}".into(),
             found: format!("{line:?} ({e})"),
         })?;
+        let timed_on = v["gpus"].as_u64().unwrap_or(2) as usize;
+        if timed_on != gpus {
+            return Err(Error::BadValue {
+                name: format!("torch timings {}", path.display()),
+                expected: format!(
+                    "rows timed on {gpus} GPUs (cuda_comm_torch.py --gpus {gpus}), as -n {gpus}"
+                ),
+                found: format!("a row timed on {timed_on} GPUs: {line}"),
+            });
+        }
         if let (Some(op), Some(bytes), Some(t)) =
             (v["op"].as_str(), v["bytes"].as_u64(), v["time_us"].as_f64())
         {
@@ -288,7 +302,12 @@ pub fn main(args: &BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let torch = match args.torch.as_deref().map(read_torch).transpose() {
+    let torch = match args
+        .torch
+        .as_deref()
+        .map(|p| read_torch(p, args.nproc))
+        .transpose()
+    {
         Ok(t) => t,
         Err(e) => {
             eprintln!("tensorcomm bench: {e}");
@@ -377,9 +396,23 @@ mod tests {
             "{\"op\": \"broadcast\", \"bytes\": 1024, \"time_us\": 33.5}\n\n",
         )
         .unwrap();
-        let t = read_torch(&p).unwrap();
+        let t = read_torch(&p, 2).unwrap();
         assert_eq!(t.get(&("broadcast".to_string(), 1024)), Some(&33.5));
+        // Rows say how many GPUs they were timed on; another count is refused.
+        std::fs::write(
+            &p,
+            "{\"op\": \"broadcast\", \"bytes\": 1024, \"time_us\": 40.0, \"gpus\": 4}\n",
+        )
+        .unwrap();
+        assert_eq!(read_torch(&p, 4).unwrap().len(), 1);
+        match read_torch(&p, 2) {
+            Err(e @ Error::BadValue { .. }) => {
+                assert!(e.to_string().contains("timed on 4 GPUs"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(read_torch(&p, 8).is_err());
         std::fs::write(&p, "not json\n").unwrap();
-        assert!(matches!(read_torch(&p), Err(Error::BadValue { .. })));
+        assert!(matches!(read_torch(&p, 2), Err(Error::BadValue { .. })));
     }
 }
