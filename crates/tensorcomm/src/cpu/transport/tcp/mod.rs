@@ -9,6 +9,7 @@
 //! helper threads (see `striped.rs`).
 
 mod io;
+mod pending_hellos;
 pub(crate) mod setup;
 mod striped;
 

@@ -13,12 +13,19 @@
 //! come, the timeout names the refused connections. A connection that did
 //! prove itself but disagrees (world size, a rank not awaited) fails
 //! set-up at once, as before.
+//!
+//! The accepting rank reads the hellos of its accepted connections
+//! concurrently, each on a thread of its own (`pending_hellos.rs`), and
+//! answers them one at a time as they arrive: a stray that connects and
+//! sends nothing (or trickles garbage) is dropped after its own
+//! [`HELLO_WAIT`] without delaying the real peers behind it.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::io::{read_exact, write_all, Context, Half};
+use super::pending_hellos::{Finished, Outcome, PendingHellos, MAX_PENDING_HELLOS, STALE_AFTER};
 use crate::job_token::{tag, tags_equal, JobToken};
 use crate::store::Store;
 use crate::{Error, Result};
@@ -475,50 +482,107 @@ enum Accepted {
     Refused(String),
 }
 
-/// The accepting side's hello: read the newcomer's first and answer only
-/// once it proved itself part of this job. `waiting` are the ranks still
-/// awaited (the first is charged with errors until the hello names one).
-fn hello_as_acceptor(
-    stream: TcpStream,
-    from: SocketAddr,
-    me: &Me<'_>,
-    waiting: &[usize],
+/// The ranks above this one that are not connected yet.
+fn missing(rank: usize, streams: &[Option<TcpStream>]) -> Vec<usize> {
+    (rank + 1..streams.len())
+        .filter(|&p| streams[p].is_none())
+        .collect()
+}
+
+/// The connections rank `rank` refused so far, for the log and the set-up
+/// timeout's message.
+struct Refusals {
+    rank: usize,
+    count: usize,
+    /// The first [`REFUSALS_KEPT`] reasons.
+    kept: Vec<String>,
+}
+
+impl Refusals {
+    fn new(rank: usize) -> Self {
+        Refusals {
+            rank,
+            count: 0,
+            kept: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, why: String) {
+        tracing::warn!(
+            rank = self.rank,
+            "transport refused a connection from {why}"
+        );
+        self.count += 1;
+        if self.kept.len() < REFUSALS_KEPT {
+            self.kept.push(why);
+        }
+    }
+}
+
+/// Starts reading the hello of a connection accepted from `from` on a
+/// thread of its own ([`PendingHellos`]); it has [`HELLO_WAIT`] (at most
+/// until `deadline`). Errors of the read are charged to `first`, the
+/// lowest rank still awaited, until a hello names one.
+fn start_reading(
+    pending: &mut PendingHellos<Hello>,
+    refusals: &mut Refusals,
+    (stream, from): (TcpStream, SocketAddr),
+    first: usize,
     started: Instant,
     deadline: Instant,
-) -> Result<Accepted> {
-    let first = waiting[0];
+) -> Result<()> {
     // A connection reset before it is set up is a stray's, not an error.
     if let Err(e) = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_nodelay(true))
     {
-        return Ok(Accepted::Refused(format!("{from}: closed at once ({e})")));
+        refusals.note(format!("{from}: closed at once ({e})"));
+        return Ok(());
     }
-    let mut half = Half::new(stream);
+    let deadline = deadline.min(Instant::now() + HELLO_WAIT);
+    pending.start(stream, from, move |half| {
+        let cx = Context {
+            peer: first,
+            what: "reading a transport hello",
+            len: HELLO_LEN,
+            started,
+            deadline,
+        };
+        read_hello(half, &cx)
+    })
+}
+
+/// The accepting side's answer to a hello read from `from`: given only
+/// once it proved itself part of this job. `waiting` are the ranks still
+/// awaited.
+fn hello_as_acceptor(
+    mut half: Half,
+    from: SocketAddr,
+    theirs: &Hello,
+    me: &Me<'_>,
+    waiting: &[usize],
+    started: Instant,
+    deadline: Instant,
+) -> Result<Accepted> {
+    let their_rank = theirs.rank as usize;
     let cx = Context {
-        peer: first,
-        what: "reading a transport hello",
+        peer: their_rank,
+        what: "answering a transport hello",
         len: HELLO_LEN,
         started,
         deadline: deadline.min(Instant::now() + HELLO_WAIT),
     };
-    let theirs = match read_hello(&mut half, &cx) {
-        Ok(theirs) => theirs,
-        Err(e) => return Ok(Accepted::Refused(format!("{from}: no valid hello ({e})"))),
-    };
     let answer = |half: &mut Half, refusal: Option<Refusal>| {
         write_all(half, &me.encode(Role::Accepting, refusal), &cx)
     };
-    if let Err(refusal) = me.authenticate(&theirs, Role::Connecting) {
+    if let Err(refusal) = me.authenticate(theirs, Role::Connecting) {
         // Best effort: it learns why; it is closed either way.
         let _ = answer(&mut half, Some(refusal));
-        let claimed = theirs.rank;
         return Ok(Accepted::Refused(format!(
-            "{from} (claiming rank {claimed}): {}",
+            "{from} (claiming rank {their_rank}): {}",
             refusal.describe(Role::Accepting)
         )));
     }
-    let their_rank = theirs.rank as usize;
     if theirs.world_size != me.world_size {
         let _ = answer(&mut half, Some(Refusal::WorldSize));
         return Err(Error::PeerProtocol {
@@ -539,6 +603,46 @@ fn hello_as_acceptor(
     Ok(Accepted::Peer(half.stream, their_rank))
 }
 
+/// Admits or refuses one connection whose hello read ended.
+fn settle(
+    done: Finished<Hello>,
+    me: &Me<'_>,
+    streams: &mut [Option<TcpStream>],
+    refusals: &mut Refusals,
+    started: Instant,
+    deadline: Instant,
+) -> Result<()> {
+    let rank = me.rank as usize;
+    let from = done.from;
+    let (half, theirs) = match done.outcome {
+        Outcome::Read(half, theirs) => (half, theirs),
+        Outcome::Failed(e) => {
+            refusals.note(format!("{from}: no valid hello ({e})"));
+            return Ok(());
+        }
+        Outcome::CutShort => {
+            refusals.note(format!(
+                "{from}: no hello within {STALE_AFTER:?} while {MAX_PENDING_HELLOS} \
+                 connections awaited theirs (closed to make room)"
+            ));
+            return Ok(());
+        }
+    };
+    let waiting = missing(rank, streams);
+    match hello_as_acceptor(half, from, &theirs, me, &waiting, started, deadline)? {
+        Accepted::Peer(stream, their_rank) => {
+            tracing::debug!(rank, peer = their_rank, %from, "transport accepted");
+            streams[their_rank] = Some(stream);
+        }
+        Accepted::Refused(why) => refusals.note(why),
+    }
+    Ok(())
+}
+
+/// Accepts the connections of the ranks above this one. Hellos are read
+/// concurrently ([`PendingHellos`]), so a stray that sends nothing holds up
+/// no one but itself; answers are given here, one at a time, so that the
+/// ranks still awaited are known.
 fn accept_higher(
     listener: &TcpListener,
     me: &Me<'_>,
@@ -547,19 +651,15 @@ fn accept_higher(
     deadline: Instant,
 ) -> Result<()> {
     let rank = me.rank as usize;
-    let missing = |streams: &[Option<TcpStream>]| -> Vec<usize> {
-        (rank + 1..streams.len())
-            .filter(|&p| streams[p].is_none())
-            .collect()
-    };
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("making the transport listener non-blocking", e))?;
-    let mut refused: Vec<String> = Vec::new();
-    let mut refused_count = 0usize;
+    let mut refusals = Refusals::new(rank);
+    // Dropped on return: the hellos still pending are cut short.
+    let mut pending = PendingHellos::new(MAX_PENDING_HELLOS);
     let mut backoff = Duration::from_micros(50);
     loop {
-        let waiting = missing(streams);
+        let waiting = missing(rank, streams);
         let Some(&first) = waiting.first() else {
             return Ok(());
         };
@@ -567,10 +667,11 @@ fn accept_higher(
         // (strays, each refused) cannot keep set-up past its deadline.
         if Instant::now() >= deadline {
             let mut during = format!("waiting for ranks {waiting:?} to connect to rank {rank}");
-            if refused_count > 0 {
+            if refusals.count > 0 {
                 during.push_str(&format!(
-                    " (refused {refused_count} connection(s) not proven part of this job: {})",
-                    refused.join("; ")
+                    " (refused {} connection(s) not proven part of this job: {})",
+                    refusals.count,
+                    refusals.kept.join("; ")
                 ));
             }
             return Err(Error::PeerTimeout {
@@ -582,31 +683,39 @@ fn accept_higher(
         crate::cpu::setup_watch::check(|| {
             format!("ranks {waiting:?} to connect to rank {rank}'s transport")
         })?;
-        match listener.accept() {
-            Ok((stream, from)) => {
-                backoff = Duration::from_micros(50);
-                match hello_as_acceptor(stream, from, me, &waiting, started, deadline)? {
-                    Accepted::Peer(stream, their_rank) => {
-                        tracing::debug!(rank, peer = their_rank, %from, "transport accepted");
-                        streams[their_rank] = Some(stream);
-                    }
-                    Accepted::Refused(why) => {
-                        tracing::warn!(rank, "transport refused a connection from {why}");
-                        refused_count += 1;
-                        if refused.len() < REFUSALS_KEPT {
-                            refused.push(why);
-                        }
-                    }
+        if let Some(done) = pending.next(Duration::ZERO) {
+            settle(done, me, streams, &mut refusals, started, deadline)?;
+            continue;
+        }
+        if pending.is_full() {
+            // No room: newcomers wait in the backlog until a read ends.
+            pending.cut_stale(STALE_AFTER);
+        } else {
+            match listener.accept() {
+                Ok(accepted) => {
+                    backoff = Duration::from_micros(50);
+                    start_reading(
+                        &mut pending,
+                        &mut refusals,
+                        accepted,
+                        first,
+                        started,
+                        deadline,
+                    )?;
+                    continue;
                 }
+                // A connection that went away while queued is a stray's.
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+                Err(e) => return Err(Error::io("accepting a transport connection", e)),
             }
-            // A connection that went away while queued is a stray's.
-            Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                // Setup only: a listener has no accept-with-timeout in std.
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_millis(5));
-            }
-            Err(e) => return Err(Error::io("accepting a transport connection", e)),
+        }
+        // Nothing to accept, or no room: wait for a hello read to end.
+        // Set-up only: a listener has no accept-with-timeout in std.
+        if let Some(done) = pending.next(backoff) {
+            settle(done, me, streams, &mut refusals, started, deadline)?;
+        } else {
+            backoff = (backoff * 2).min(Duration::from_millis(5));
         }
     }
 }
