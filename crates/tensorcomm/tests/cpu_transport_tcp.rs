@@ -1,16 +1,21 @@
 //! The TCP full-mesh transport between threads over loopback: setup for
 //! several world sizes, exact delivery in both directions, large exchanges
-//! without deadlock, and failures that name the peer.
+//! without deadlock, failures that name the peer, and stray connections
+//! that neither join the mesh nor hold it up.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use tensorcomm::cpu::algorithms::all_reduce_ring;
+use tensorcomm::cpu::reduce_kernels::ReduceOp;
 use tensorcomm::cpu::transport::{TcpTransport, TcpTransportOptions, Transport};
 use tensorcomm::job_token::JobToken;
 use tensorcomm::store::{HashStore, Store};
+use tensorcomm::tensor::DType;
 use tensorcomm::Error;
 
 fn options(timeout: Duration) -> TcpTransportOptions {
@@ -353,6 +358,172 @@ fn a_stray_connection_is_refused_and_named_if_the_real_peer_never_comes() {
             assert!(during.contains("71, 69, 84"), "{during}"); // "GET"
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// How long an accepting rank waits for one connection's hello before it
+/// drops it (`HELLO_WAIT` in the transport's set-up). When hellos were
+/// read one after the other, every silent stray ahead of the real peers
+/// added this much to their set-up.
+const HELLO_WAIT: Duration = Duration::from_secs(10);
+
+/// Starts rank 0 of a `world`-rank mesh under `prefix` on a thread and
+/// returns it with the address its listener published.
+fn rank_0_listening(
+    store: &Arc<HashStore>,
+    prefix: &str,
+    world: usize,
+) -> (thread::JoinHandle<tensorcomm::Result<TcpTransport>>, String) {
+    let rank0 = {
+        let (store, prefix) = (store.clone(), prefix.to_string());
+        thread::spawn(move || {
+            TcpTransport::connect(
+                &*store,
+                &prefix,
+                0,
+                world,
+                &options(Duration::from_secs(120)),
+            )
+        })
+    };
+    let addr = String::from_utf8(store.get(&format!("{prefix}/addr/0")).unwrap()).unwrap();
+    (rank0, addr)
+}
+
+/// Connects ranks 1.. of the mesh rank 0 started, each on a thread, and
+/// returns the whole mesh once every rank is set up.
+fn the_other_ranks_join(
+    store: &Arc<HashStore>,
+    prefix: &str,
+    world: usize,
+    rank0: thread::JoinHandle<tensorcomm::Result<TcpTransport>>,
+) -> Vec<TcpTransport> {
+    let others: Vec<_> = (1..world)
+        .map(|rank| {
+            let (store, prefix) = (store.clone(), prefix.to_string());
+            thread::spawn(move || {
+                let options = options(Duration::from_secs(120));
+                TcpTransport::connect(&*store, &prefix, rank, world, &options)
+            })
+        })
+        .collect();
+    std::iter::once(rank0)
+        .chain(others)
+        .map(|h| h.join().unwrap().expect("a real rank's set-up"))
+        .collect()
+}
+
+/// Whether the client end of a stray sees its connection closed within 5 s
+/// (rather than left open until its hello wait runs out).
+fn closed_soon(stray: &mut TcpStream) -> bool {
+    stray
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stray.read(&mut buf) {
+            Ok(0) => return true,
+            // A refusal's answer, if any, precedes the close.
+            Ok(_) => continue,
+            Err(e) => {
+                return matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                )
+            }
+        }
+    }
+}
+
+/// Ring all-reduces (sum) each rank's `[rank + 1; 1000]` over the mesh and
+/// checks every rank got `world (world + 1) / 2` everywhere.
+fn all_reduce_sums_right(mesh: &[TcpTransport]) {
+    let world = mesh.len();
+    let want = (world * (world + 1) / 2) as f32;
+    thread::scope(|s| {
+        for t in mesh {
+            s.spawn(move || {
+                let mine = vec![(t.rank() + 1) as f32; 1000];
+                let mut buf: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+                all_reduce_ring(t, &mut buf, DType::F32, ReduceOp::Sum, soon()).unwrap();
+                let got: Vec<f32> = buf
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                assert!(got.iter().all(|&x| x == want), "rank {}: {got:?}", t.rank());
+            });
+        }
+    });
+}
+
+#[test]
+fn silent_and_garbage_connections_ahead_of_the_real_peers_do_not_delay_them() {
+    let store = Arc::new(HashStore::new());
+    let world = 3;
+    let (rank0, addr) = rank_0_listening(&store, "early", world);
+    // Ahead of the real peers: four connections that send nothing, one
+    // that trickles a hello-looking head and zeros a byte every 100 ms,
+    // and one that sends an HTTP request at once.
+    let mut silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let (mut stream, stop) = (TcpStream::connect(&addr).unwrap(), stop.clone());
+        thread::spawn(move || {
+            let mut junk = [0u8; 64];
+            junk[..4].copy_from_slice(b"TCMH");
+            junk[4] = 2;
+            for byte in junk {
+                if stop.load(Ordering::Relaxed) || stream.write_all(&[byte]).is_err() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let mut garbage = TcpStream::connect(&addr).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+
+    let started = Instant::now();
+    let mesh = the_other_ranks_join(&store, "early", world, rank0);
+    let took = started.elapsed();
+    // Read one after the other, the silent four alone held set-up 4 x 10 s.
+    assert!(
+        took < HELLO_WAIT / 2,
+        "set-up took {took:?} behind 6 stray connections"
+    );
+    all_reduce_sums_right(&mesh);
+    // Once set-up is done, the strays still waiting are closed, not left
+    // open until their own hello wait ends; the garbage was refused.
+    for stray in silent.iter_mut().chain([&mut garbage]) {
+        assert!(closed_soon(stray), "a stray connection was left open");
+    }
+    stop.store(true, Ordering::Relaxed);
+    trickler.join().unwrap();
+}
+
+#[test]
+fn a_flood_of_silent_connections_is_cut_short_and_the_mesh_still_forms() {
+    let store = Arc::new(HashStore::new());
+    let (rank0, addr) = rank_0_listening(&store, "flood", 2);
+    // More silent connections than rank 0 reads hellos from at once (64):
+    // it stops accepting, then closes those pending over a second.
+    let mut silent: Vec<TcpStream> = (0..80)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    let mesh = the_other_ranks_join(&store, "flood", 2, rank0);
+    let took = started.elapsed();
+    // About a second; were silent ones only dropped at their own hello
+    // wait, at least HELLO_WAIT.
+    assert!(
+        took < HELLO_WAIT * 4 / 5,
+        "set-up took {took:?} behind 80 silent connections"
+    );
+    all_reduce_sums_right(&mesh);
+    for stray in &mut silent {
+        assert!(closed_soon(stray), "a silent connection was left open");
     }
 }
 
