@@ -13,15 +13,20 @@
 //! by about [`STALE_AFTER`] rather than by every stray's full wait.
 //!
 //! Cutting a hello short shuts its socket down, which ends the blocked
-//! read at once. The hellos still pending when set-up ends (dropping the
-//! [`PendingHellos`]) are cut short the same way, so no reader outlives
-//! set-up by more than a moment; the threads are not joined, so a reader
-//! whose socket could not be shut down ends at its own timeout without
-//! holding set-up.
+//! read at once. A read that ended first is never cut: each hello's state
+//! (pending, read, cut) is settled once, by whichever of its reader and
+//! [`PendingHellos::cut_stale`] comes first, so a real peer whose hello
+//! arrived just before the cut is still admitted. The hellos still
+//! pending when set-up ends (dropping the [`PendingHellos`]) are cut short
+//! the same way, so no reader outlives set-up by more than a moment; the
+//! threads are not joined, so a reader whose socket could not be shut
+//! down ends at its own timeout without holding set-up.
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::io::Half;
@@ -45,6 +50,15 @@ pub(super) enum Outcome<T> {
     CutShort,
 }
 
+/// A hello's state while its reader runs: set once from [`PENDING`] to
+/// [`READ`] by the reader when its read ends, or to [`CUT`] by
+/// [`PendingHellos::cut_stale`], whichever comes first.
+const PENDING: u8 = 0;
+/// The reader's read ended (well or not) before any cut: its outcome stands.
+const READ: u8 = 1;
+/// Cut short before the read ended: the socket was shut down.
+const CUT: u8 = 2;
+
 /// One hello read that ended.
 pub(super) struct Finished<T> {
     /// The address the connection came from.
@@ -58,7 +72,8 @@ struct Entry {
     since: Instant,
     /// A second handle on the socket, to shut it down.
     control: TcpStream,
-    cut: bool,
+    /// [`PENDING`], [`READ`] or [`CUT`], shared with the reader.
+    state: Arc<AtomicU8>,
 }
 
 /// What a reading thread sends back.
@@ -106,11 +121,16 @@ impl<T: Send + 'static> PendingHellos<T> {
             .map_err(|e| Error::io("duplicating an accepted transport connection", e))?;
         let id = self.next_id;
         let done = self.done_tx.clone();
+        let state = Arc::new(AtomicU8::new(PENDING));
+        let settled = state.clone();
         std::thread::Builder::new()
             .name("tcp-hello".into())
             .spawn(move || {
                 let mut half = Half::new(stream);
                 let read = read(&mut half);
+                // Lost only to a cut: then the outcome is CutShort.
+                let _ =
+                    settled.compare_exchange(PENDING, READ, Ordering::AcqRel, Ordering::Acquire);
                 // Set-up may be over, and nobody is listening: fine.
                 let _ = done.send((id, from, half, read));
             })
@@ -120,22 +140,28 @@ impl<T: Send + 'static> PendingHellos<T> {
             id,
             since: Instant::now(),
             control,
-            cut: false,
+            state,
         });
         Ok(())
     }
 
-    /// Cuts short every hello pending for `older_than` or longer; returns
-    /// how many it cut. Each comes back from [`PendingHellos::next`] as
-    /// [`Outcome::CutShort`] once its thread saw the socket shut.
+    /// Cuts short every hello pending for `older_than` or longer whose
+    /// read has not ended yet; returns how many it cut. Each comes back
+    /// from [`PendingHellos::next`] as [`Outcome::CutShort`] once its
+    /// thread saw the socket shut. One whose read just ended is left be:
+    /// its outcome is on its way to [`PendingHellos::next`].
     pub(super) fn cut_stale(&mut self, older_than: Duration) -> usize {
         let now = Instant::now();
         let mut cut = 0;
-        for entry in &mut self.entries {
-            if !entry.cut && now.saturating_duration_since(entry.since) >= older_than {
+        for entry in &self.entries {
+            if now.saturating_duration_since(entry.since) >= older_than
+                && entry
+                    .state
+                    .compare_exchange(PENDING, CUT, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
                 // Already closed by the peer is as good as shut.
                 let _ = entry.control.shutdown(Shutdown::Both);
-                entry.cut = true;
                 cut += 1;
             }
         }
@@ -155,9 +181,10 @@ impl<T: Send + 'static> PendingHellos<T> {
             }
         };
         let at = self.entries.iter().position(|e| e.id == id);
+        // The reader settled the state before it reported: it is final.
         let cut = at
             .and_then(|at| self.entries.remove(at))
-            .is_some_and(|e| e.cut);
+            .is_some_and(|e| e.state.load(Ordering::Acquire) == CUT);
         let outcome = match read {
             _ if cut => Outcome::CutShort,
             Ok(value) => Outcome::Read(half, value),
@@ -278,6 +305,37 @@ mod tests {
         assert!(!pending.is_full());
         for client in &mut clients {
             assert!(closed_soon(client));
+        }
+    }
+
+    #[test]
+    fn a_hello_read_just_before_a_cut_is_not_cut_short() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut pending = PendingHellos::new(1);
+        let (mut client, accepted, from) = pair(&listener);
+        pending.start(accepted, from, four_bytes).unwrap();
+        client.write_all(b"ping").unwrap();
+        // The read ended, but set-up has not taken its report yet: the
+        // entry is still listed, as when its report lands between the
+        // accept loop's look at the finished reads and its cut.
+        let state = pending.entries[0].state.clone();
+        let started = Instant::now();
+        while state.load(Ordering::Acquire) == PENDING {
+            assert!(started.elapsed() < Duration::from_secs(5), "never read");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pending.cut_stale(Duration::ZERO), 0, "a read hello is cut");
+        let done = pending.next(Duration::from_secs(5)).expect("the hello");
+        match done.outcome {
+            Outcome::Read(mut half, got) => {
+                assert_eq!(&got, b"ping");
+                // Not shut down: the connection is still usable.
+                half.stream.write_all(b"pong").unwrap();
+                let mut back = [0u8; 4];
+                client.read_exact(&mut back).unwrap();
+                assert_eq!(&back, b"pong");
+            }
+            _ => panic!("expected the hello to be read, not cut short"),
         }
     }
 
