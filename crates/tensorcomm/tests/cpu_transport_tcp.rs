@@ -367,6 +367,11 @@ fn a_stray_connection_is_refused_and_named_if_the_real_peer_never_comes() {
 /// added this much to their set-up.
 const HELLO_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a hello may be pending before it is cut short to make room,
+/// once the accepting rank reads as many as it reads at once (64;
+/// `STALE_AFTER` and `MAX_PENDING_HELLOS` in the transport's set-up).
+const STALE_AFTER: Duration = Duration::from_secs(1);
+
 /// Starts rank 0 of a `world`-rank mesh under `prefix` on a thread and
 /// returns it with the address its listener published.
 fn rank_0_listening(
@@ -509,12 +514,19 @@ fn a_flood_of_silent_connections_is_cut_short_and_the_mesh_still_forms() {
     let (rank0, addr) = rank_0_listening(&store, "flood", 2);
     // More silent connections than rank 0 reads hellos from at once (64):
     // it stops accepting, then closes those pending over a second.
+    let started = Instant::now();
     let mut silent: Vec<TcpStream> = (0..80)
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
-    let started = Instant::now();
     let mesh = the_other_ranks_join(&store, "flood", 2, rank0);
     let took = started.elapsed();
+    // The real peer queued behind 64 pending hellos: it got in only once
+    // they were cut short, all accepted after `started`, at STALE_AFTER
+    // at the soonest. Without the cap it would get in at once.
+    assert!(
+        took >= STALE_AFTER,
+        "set-up took {took:?}: the cap of 64 pending hellos did not hold"
+    );
     // About a second; were silent ones only dropped at their own hello
     // wait, at least HELLO_WAIT.
     assert!(
