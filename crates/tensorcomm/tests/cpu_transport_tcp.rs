@@ -361,6 +361,43 @@ fn a_stray_connection_is_refused_and_named_if_the_real_peer_never_comes() {
     }
 }
 
+#[test]
+fn a_silent_stray_is_named_if_the_real_peer_never_comes() {
+    let store = Arc::new(HashStore::new());
+    let rank0 = {
+        let store = store.clone();
+        thread::spawn(move || {
+            TcpTransport::connect(
+                &*store,
+                "silent",
+                0,
+                2,
+                &options(Duration::from_millis(500)),
+            )
+        })
+    };
+    let addr = String::from_utf8(store.get("silent/addr/0").unwrap()).unwrap();
+    // One that sends nothing, one refused for its garbage.
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let mut garbage = TcpStream::connect(&addr).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    match rank0.join().unwrap() {
+        Err(Error::PeerTimeout { peer, during, .. }) => {
+            assert_eq!(peer, 1);
+            assert!(during.contains("refused 1 connection"), "{during}");
+            assert!(
+                during.contains("and 1 connection(s) still sending no hello"),
+                "{during}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Set-up over: closed, not left open until its own hello wait ends.
+    assert!(closed_soon(&mut silent), "the silent stray was left open");
+}
+
 /// How long an accepting rank waits for one connection's hello before it
 /// drops it (`HELLO_WAIT` in the transport's set-up). When hellos were
 /// read one after the other, every silent stray ahead of the real peers

@@ -101,6 +101,15 @@ impl<T: Send + 'static> PendingHellos<T> {
         }
     }
 
+    /// How many connections have sent no hello yet: their reads have not
+    /// ended (or were cut short and their readers have not reported yet).
+    pub(super) fn without_hello(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.state.load(Ordering::Acquire) != READ)
+            .count()
+    }
+
     /// Whether `cap` hellos are being read (accept no more until one ends).
     pub(super) fn is_full(&self) -> bool {
         self.entries.len() >= self.cap
@@ -273,6 +282,7 @@ mod tests {
             pending.next(Duration::ZERO).is_none(),
             "the silent one is still pending"
         );
+        assert_eq!(pending.without_hello(), 1);
         // Set-up over: the silent connection is closed at once, not at its
         // reader's 10 s timeout.
         drop(pending);

@@ -520,16 +520,16 @@ impl Refusals {
 }
 
 /// Starts reading the hello of a connection accepted from `from` on a
-/// thread of its own ([`PendingHellos`]); it has [`HELLO_WAIT`] (at most
-/// until `deadline`). Errors of the read are charged to `first`, the
+/// thread of its own ([`PendingHellos`]); it has [`HELLO_WAIT`]. Its wait
+/// is not cut to set-up's deadline: the end of set-up closes it anyway,
+/// and a silent connection is so still pending at the deadline, and named
+/// in the timeout as one. Errors of the read are charged to `first`, the
 /// lowest rank still awaited, until a hello names one.
 fn start_reading(
     pending: &mut PendingHellos<Hello>,
     refusals: &mut Refusals,
     (stream, from): (TcpStream, SocketAddr),
     first: usize,
-    started: Instant,
-    deadline: Instant,
 ) -> Result<()> {
     // A connection reset before it is set up is a stray's, not an error.
     if let Err(e) = stream
@@ -539,7 +539,8 @@ fn start_reading(
         refusals.note(format!("{from}: closed at once ({e})"));
         return Ok(());
     }
-    let deadline = deadline.min(Instant::now() + HELLO_WAIT);
+    let started = Instant::now();
+    let deadline = started + HELLO_WAIT;
     pending.start(stream, from, move |half| {
         let cx = Context {
             peer: first,
@@ -666,13 +667,28 @@ fn accept_higher(
         // Checked on every pass, so that connections arriving without end
         // (strays, each refused) cannot keep set-up past its deadline.
         if Instant::now() >= deadline {
+            // The reads that ended are settled first, so that their
+            // refusals are named (a real peer's hello read only now cannot
+            // be answered in time: that timeout is the error); the
+            // connections left sent no hello.
+            while let Some(done) = pending.next(Duration::ZERO) {
+                settle(done, me, streams, &mut refusals, started, deadline)?;
+            }
             let mut during = format!("waiting for ranks {waiting:?} to connect to rank {rank}");
+            let mut strays = Vec::new();
             if refusals.count > 0 {
-                during.push_str(&format!(
-                    " (refused {} connection(s) not proven part of this job: {})",
+                strays.push(format!(
+                    "refused {} connection(s) not proven part of this job: {}",
                     refusals.count,
                     refusals.kept.join("; ")
                 ));
+            }
+            let silent = pending.without_hello();
+            if silent > 0 {
+                strays.push(format!("{silent} connection(s) still sending no hello"));
+            }
+            if !strays.is_empty() {
+                during.push_str(&format!(" ({})", strays.join("; and ")));
             }
             return Err(Error::PeerTimeout {
                 peer: first,
@@ -694,14 +710,7 @@ fn accept_higher(
             match listener.accept() {
                 Ok(accepted) => {
                     backoff = Duration::from_micros(50);
-                    start_reading(
-                        &mut pending,
-                        &mut refusals,
-                        accepted,
-                        first,
-                        started,
-                        deadline,
-                    )?;
+                    start_reading(&mut pending, &mut refusals, accepted, first)?;
                     continue;
                 }
                 // A connection that went away while queued is a stray's.
