@@ -34,6 +34,9 @@ use crate::{Error, Result};
 
 /// How many hellos an accepting rank reads at once.
 pub(super) const MAX_PENDING_HELLOS: usize = 64;
+/// The stack of a thread reading a hello: it reads 64 bytes and checks
+/// them, and up to [`MAX_PENDING_HELLOS`] run at once.
+const READER_STACK: usize = 64 << 10;
 /// How long a hello may be pending before it is cut short to make room,
 /// once [`MAX_PENDING_HELLOS`] are.
 pub(super) const STALE_AFTER: Duration = Duration::from_secs(1);
@@ -118,7 +121,7 @@ impl<T: Send + 'static> PendingHellos<T> {
     /// Reads the hello of `stream` (a blocking socket, from `from`) with
     /// `read` on a thread of its own; [`PendingHellos::next`] gives back
     /// the outcome. Fails only when this process is out of descriptors or
-    /// threads.
+    /// threads; `stream` is then closed.
     pub(super) fn start(
         &mut self,
         stream: TcpStream,
@@ -134,6 +137,7 @@ impl<T: Send + 'static> PendingHellos<T> {
         let settled = state.clone();
         std::thread::Builder::new()
             .name("tcp-hello".into())
+            .stack_size(READER_STACK)
             .spawn(move || {
                 let mut half = Half::new(stream);
                 let read = read(&mut half);

@@ -524,24 +524,27 @@ impl Refusals {
 /// is not cut to set-up's deadline: the end of set-up closes it anyway,
 /// and a silent connection is so still pending at the deadline, and named
 /// in the timeout as one. Errors of the read are charged to `first`, the
-/// lowest rank still awaited, until a hello names one.
+/// lowest rank still awaited, until a hello names one. A connection that
+/// cannot be read (this process is out of descriptors or threads, as a
+/// flood of strays may leave it) is refused and closed: set-up goes on
+/// (a real peer refused so sees its connection closed and fails its own).
 fn start_reading(
     pending: &mut PendingHellos<Hello>,
     refusals: &mut Refusals,
     (stream, from): (TcpStream, SocketAddr),
     first: usize,
-) -> Result<()> {
+) {
     // A connection reset before it is set up is a stray's, not an error.
     if let Err(e) = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_nodelay(true))
     {
         refusals.note(format!("{from}: closed at once ({e})"));
-        return Ok(());
+        return;
     }
     let started = Instant::now();
     let deadline = started + HELLO_WAIT;
-    pending.start(stream, from, move |half| {
+    let read = pending.start(stream, from, move |half| {
         let cx = Context {
             peer: first,
             what: "reading a transport hello",
@@ -550,7 +553,10 @@ fn start_reading(
             deadline,
         };
         read_hello(half, &cx)
-    })
+    });
+    if let Err(e) = read {
+        refusals.note(format!("{from}: closed unread ({e})"));
+    }
 }
 
 /// The accepting side's answer to a hello read from `from`: given only
@@ -710,7 +716,7 @@ fn accept_higher(
             match listener.accept() {
                 Ok(accepted) => {
                     backoff = Duration::from_micros(50);
-                    start_reading(&mut pending, &mut refusals, accepted, first)?;
+                    start_reading(&mut pending, &mut refusals, accepted, first);
                     continue;
                 }
                 // A connection that went away while queued is a stray's.
