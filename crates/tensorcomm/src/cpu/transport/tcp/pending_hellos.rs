@@ -1,16 +1,20 @@
 //! The accepted connections whose hello is still being read, each on a
 //! short-lived thread of its own, so that a connection that sends nothing
-//! (or trickles bytes) holds up only itself: a real peer is admitted as
-//! soon as its own hello arrives, whatever strays were accepted before it,
-//! and each stray is dropped when its own wait runs out.
+//! (or trickles bytes) holds up only itself while fewer than `cap` are
+//! pending: a real peer is admitted as soon as its own hello arrives,
+//! whatever strays were accepted before it, and each stray is dropped when
+//! its own wait runs out.
 //!
 //! At most `cap` hellos are read at once ([`MAX_PENDING_HELLOS`] in
 //! set-up). With that many pending, the accepting rank stops accepting
 //! (newcomers wait in the kernel's backlog) and cuts short those pending
 //! longer than [`STALE_AFTER`]: a real peer sends its hello as soon as it
 //! connects, so those are strays. A flood of silent connections so costs
-//! a bounded number of threads and descriptors, and delays the real peers
-//! by about [`STALE_AFTER`] rather than by every stray's full wait.
+//! a bounded number of threads and descriptors, but it does delay the
+//! real peers: one queued in the backlog behind the flood waits about
+//! [`STALE_AFTER`] for every `cap` strays ahead of it (each batch is cut
+//! short before the next is accepted), rather than every stray's full
+//! wait.
 //!
 //! Cutting a hello short shuts its socket down, which ends the blocked
 //! read at once. A read that ended first is never cut: each hello's state
@@ -136,7 +140,7 @@ impl<T: Send + 'static> PendingHellos<T> {
         let state = Arc::new(AtomicU8::new(PENDING));
         let settled = state.clone();
         std::thread::Builder::new()
-            .name("tcp-hello".into())
+            .name("tensorcomm-hello".into())
             .stack_size(READER_STACK)
             .spawn(move || {
                 let mut half = Half::new(stream);

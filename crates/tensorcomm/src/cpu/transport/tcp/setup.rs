@@ -18,7 +18,10 @@
 //! concurrently, each on a thread of its own (`pending_hellos.rs`), and
 //! answers them one at a time as they arrive: a stray that connects and
 //! sends nothing (or trickles garbage) is dropped after its own
-//! [`HELLO_WAIT`] without delaying the real peers behind it.
+//! [`HELLO_WAIT`] without delaying the real peers behind it, as long as
+//! fewer than [`MAX_PENDING_HELLOS`] are pending; past that, a real peer
+//! in the backlog waits about [`STALE_AFTER`] for every
+//! [`MAX_PENDING_HELLOS`] strays ahead of it.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -648,8 +651,8 @@ fn settle(
 
 /// Accepts the connections of the ranks above this one. Hellos are read
 /// concurrently ([`PendingHellos`]), so a stray that sends nothing holds up
-/// no one but itself; answers are given here, one at a time, so that the
-/// ranks still awaited are known.
+/// no one but itself (below the cap, see the module docs); answers are
+/// given here, one at a time, so that the ranks still awaited are known.
 fn accept_higher(
     listener: &TcpListener,
     me: &Me<'_>,
