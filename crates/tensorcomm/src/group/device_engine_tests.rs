@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::backend::{Call, GroupBackend};
 use super::collective::{Capabilities, Collective, Scope};
 use super::engine::Engine;
-use super::fingerprint::FINGERPRINT_LEN;
+use super::fingerprint::{CollectiveKind, FINGERPRINT_LEN};
 use super::{DeviceEvent, FlightRecorder, ReduceOp};
 use crate::store::{HashStore, Store};
 use crate::tensor::Tensor;
@@ -28,6 +28,11 @@ struct Device {
 struct FakeBackend {
     device: Arc<Device>,
     size: usize,
+    /// Calls that cannot be queued: `run` waits until the backend is
+    /// aborted (or the call's deadline), as NCCL's non-blocking group end
+    /// does for a mismatched or unconnectable group.
+    stuck: Option<CollectiveKind>,
+    aborted: Arc<(Mutex<bool>, Condvar)>,
 }
 
 /// Done once every rank queued `seq` with one fingerprint.
@@ -60,6 +65,26 @@ impl DeviceEvent for FakeEvent {
 impl GroupBackend for FakeBackend {
     fn run(&self, _: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
         let fp = call.fingerprint;
+        if Some(fp.kind) == self.stuck {
+            let (lock, cv) = &*self.aborted;
+            let mut aborted = lock.lock().unwrap();
+            while !*aborted && Instant::now() < call.deadline {
+                aborted = cv
+                    .wait_timeout(aborted, Duration::from_millis(5))
+                    .unwrap()
+                    .0;
+            }
+            return Err(Error::Nccl {
+                call: "ncclGroupEnd".into(),
+                code: if *aborted {
+                    "aborted"
+                } else {
+                    "ncclInProgress"
+                }
+                .into(),
+                message: "the fake group could not be queued".into(),
+            });
+        }
         self.device
             .calls
             .lock()
@@ -75,7 +100,11 @@ impl GroupBackend for FakeBackend {
         })))
     }
 
-    fn abort(&self) {}
+    fn abort(&self) {
+        let (lock, cv) = &*self.aborted;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
 
     fn runs_inline(&self) -> bool {
         true
@@ -83,6 +112,15 @@ impl GroupBackend for FakeBackend {
 }
 
 fn engines(size: usize, timeout: Duration) -> Vec<(Engine, Scope)> {
+    engines_stuck_on(size, timeout, |_| None)
+}
+
+/// `engines`, where rank r's backend cannot queue calls of kind `stuck(r)`.
+fn engines_stuck_on(
+    size: usize,
+    timeout: Duration,
+    stuck: impl Fn(usize) -> Option<CollectiveKind>,
+) -> Vec<(Engine, Scope)> {
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
     let device = Arc::new(Device::default());
     (0..size)
@@ -90,6 +128,8 @@ fn engines(size: usize, timeout: Duration) -> Vec<(Engine, Scope)> {
             let backend = Arc::new(FakeBackend {
                 device: device.clone(),
                 size,
+                stuck: stuck(rank),
+                aborted: Arc::default(),
             });
             let recorder = FlightRecorder::new(16, rank, size, "fake");
             let engine = Engine::start(
@@ -200,4 +240,50 @@ fn a_rank_that_never_calls_ends_in_a_timeout_naming_it() {
         matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[1]),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_mismatch_is_found_while_a_rank_is_stuck_queuing_its_call() {
+    // Rank 1 calls a broadcast where rank 0 calls an all_reduce, and its
+    // backend cannot queue it (as NCCL's group end stays in progress): its
+    // call never reaches the device, yet both ranks must fail with the
+    // mismatch long before the 30 s timeout, and rank 1's call must end.
+    let groups = engines_stuck_on(2, Duration::from_secs(30), |rank| {
+        (rank == 1).then_some(CollectiveKind::Broadcast)
+    });
+    let started = Instant::now();
+    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|(engine, scope)| {
+                s.spawn(move || {
+                    let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+                    let call = if scope.rank == 0 {
+                        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
+                    } else {
+                        Collective::broadcast(scope, &t, 0).unwrap()
+                    };
+                    engine.submit(call, None).unwrap().synchronize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let err = outcome.expect_err("a mismatched call must fail");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::CollectiveFailed { source, .. } if matches!(**source, Error::CollectiveMismatch { .. })),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            text.contains("all_reduce") && text.contains("broadcast"),
+            "rank {rank}: {text}"
+        );
+    }
 }

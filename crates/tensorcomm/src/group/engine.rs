@@ -115,17 +115,30 @@ impl Engine {
             let hooks = Arc::new(DeviceHooks {
                 shared: engine.shared.clone(),
             });
-            if engine.shared.backend.runs_inline() {
+            let inline = engine.shared.backend.runs_inline();
+            if inline {
                 let calls = engine.shared.calls.clone();
-                let dog = Watchdog::start(store, key_prefix, (rank, size), calls, hooks)?;
+                let dog = Watchdog::start(
+                    store.clone(),
+                    key_prefix,
+                    (rank, size),
+                    calls,
+                    hooks.clone(),
+                )?;
                 let _ = engine.shared.watchdog.set(dog);
-            } else if size > 1 {
+            }
+            // A host backend's collectives run on the group's thread; a
+            // device backend's are only queued there, but queuing may
+            // block (NCCL's group end while a peer is missing or
+            // mismatched), and the watchdog only sees queued work: the
+            // monitor watches the call while it is in the backend.
+            if size > 1 {
                 let keys = StallKeys {
                     prefix: key_prefix.into(),
                     rank,
                     size,
                 };
-                let calls = engine.shared.calls.clone();
+                let calls = (engine.shared.calls.clone(), !inline);
                 let monitor = StallMonitor::start(store, keys, calls, hooks)?;
                 let _ = engine.shared.monitor.set(monitor);
             }

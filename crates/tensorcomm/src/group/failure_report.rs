@@ -407,6 +407,12 @@ impl FailureReport {
     }
 }
 
+/// True for the error of a call on an NCCL communicator this rank aborted
+/// (`Communicator::refuse_if_aborted`'s).
+fn is_abort(err: &Error) -> bool {
+    matches!(err, Error::Nccl { code, .. } if code == "aborted")
+}
+
 /// True for errors that a rank also sees when another rank gave up and
 /// closed its connections (so the root cause may be elsewhere).
 fn may_be_secondary(err: &Error) -> bool {
@@ -511,6 +517,15 @@ impl FailureBoard {
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     ) -> Error {
         let Some(report) = FailureReport::from_error(fp, rank, &err, mismatched) else {
+            // A device backend aborted by this group's own failure handling
+            // (its stall monitor found a mismatch while the call was stuck
+            // queuing, and posted it) fails the call with the abort: the
+            // posted cause is the one to tell.
+            if is_abort(&err) {
+                if let Some(first) = self.posted(fp.seq) {
+                    return first.to_error(fp, rank);
+                }
+            }
             return err;
         };
         let encoded = report.encode();
@@ -543,6 +558,22 @@ impl FailureBoard {
     /// group's store (see `mismatch_sides.rs`); `mine` is this rank's
     /// description of collective `fp`. Call it after closing this rank's
     /// connections.
+    /// The report posted for collective `seq`, if there is one (read
+    /// within the store's patience).
+    fn posted(&self, seq: u64) -> Option<FailureReport> {
+        self.ask(
+            "read the failure posted for a collective",
+            move |store, prefix| {
+                let key = failure_key(prefix, seq);
+                Ok(match store.check(&[&key])? {
+                    true => FailureReport::decode(&store.get(&key)?),
+                    false => None,
+                })
+            },
+        )
+        .flatten()
+    }
+
     /// Says, for ranks that fail later, that collective `seq` failed (the
     /// first such post counts).
     fn mark_failed(&self, seq: u64) {

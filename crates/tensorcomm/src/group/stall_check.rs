@@ -219,9 +219,15 @@ const MAX_RECHECK: Duration = Duration::from_secs(8);
 const MONITOR_EVERY: Duration = Duration::from_millis(10);
 
 /// The stall check of a group whose backend runs each collective to its
-/// end on one thread (see the module docs).
+/// end on one thread (see the module docs), or of a device group's call
+/// while its backend queues it: a queuing that blocks (NCCL's non-blocking
+/// group end, in progress while a peer is missing or mismatched) would
+/// otherwise post nothing, and its peers could not see the mismatch.
 pub(crate) struct StallMonitor {
     recent: Arc<CallRing>,
+    /// Whether [`begin`](StallMonitor::begin) records the call (a device
+    /// group's watchdog records its calls itself).
+    records: bool,
     /// The running collective and when it started.
     running: Mutex<Option<(Fingerprint, Instant)>>,
     stop: AtomicBool,
@@ -230,15 +236,17 @@ pub(crate) struct StallMonitor {
 
 impl StallMonitor {
     /// Starts the monitor thread of a group (`keys`), recording calls in
-    /// `recent` and acting through `engine`.
+    /// `recent` (unless `records` is false: another part records them
+    /// there) and acting through `engine`.
     pub(crate) fn start(
         store: Arc<dyn Store>,
         keys: StallKeys,
-        recent: Arc<CallRing>,
+        (recent, records): (Arc<CallRing>, bool),
         engine: Arc<dyn OnDeviceFailure>,
     ) -> Result<Arc<StallMonitor>> {
         let monitor = Arc::new(StallMonitor {
             recent,
+            records,
             running: Mutex::default(),
             stop: AtomicBool::new(false),
             thread: Mutex::default(),
@@ -257,7 +265,9 @@ impl StallMonitor {
 
     /// Collective `fp` starts running.
     pub(crate) fn begin(&self, fp: &Fingerprint) {
-        self.recent.record(fp);
+        if self.records {
+            self.recent.record(fp);
+        }
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some((*fp, Instant::now()));
     }
 
