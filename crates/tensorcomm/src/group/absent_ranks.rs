@@ -57,24 +57,7 @@ pub(crate) fn blame_absent(
     else {
         return err;
     };
-    let last = board.ask(
-        "read which collectives the ranks started",
-        move |store, prefix| {
-            (0..size)
-                .map(|r| {
-                    if r == rank {
-                        return Ok(Some(seq));
-                    }
-                    // Only a key that is there is read (a get would wait).
-                    let key = ring_key(prefix, r);
-                    Ok(match store.check(&[&key])? {
-                        true => ring_last(&store.get(&key)?),
-                        false => None,
-                    })
-                })
-                .collect::<crate::Result<Vec<Option<u64>>>>()
-        },
-    );
+    let last = last_started(board, (rank, size), seq);
     // Blame moves only with evidence that the peer waited on is itself
     // waiting in this collective (its ring says it started it): a peer
     // that posted nothing may simply be the one that never came.
@@ -107,6 +90,73 @@ pub(crate) fn blame_absent(
             during,
             timeout,
         },
+    }
+}
+
+/// Each rank's last started collective by its posted recent calls (this
+/// rank's is `seq`; `None`: nothing posted), read within the store's
+/// patience; `None` when the store did not answer.
+fn last_started(
+    board: &FailureBoard,
+    (rank, size): (usize, usize),
+    seq: u64,
+) -> Option<Vec<Option<u64>>> {
+    board.ask(
+        "read which collectives the ranks started",
+        move |store, prefix| {
+            (0..size)
+                .map(|r| {
+                    if r == rank {
+                        return Ok(Some(seq));
+                    }
+                    // Only a key that is there is read (a get would wait).
+                    let key = ring_key(prefix, r);
+                    Ok(match store.check(&[&key])? {
+                        true => ring_last(&store.get(&key)?),
+                        false => None,
+                    })
+                })
+                .collect::<crate::Result<Vec<Option<u64>>>>()
+        },
+    )
+}
+
+/// `err`, a device backend's failure to queue collective `seq` before its
+/// deadline (NCCL's group end still in progress: NCCL is connecting to a
+/// peer that never answers), as a timeout naming the ranks furthest behind
+/// `seq` by their posted recent calls (a rank stuck queuing posts them
+/// 50 ms into the stall, through the group's stall monitor); unchanged for
+/// other errors, or when no rank is behind.
+pub(crate) fn blame_unqueued(
+    board: &FailureBoard,
+    (rank, size): (usize, usize),
+    seq: u64,
+    err: Error,
+    timeout: std::time::Duration,
+) -> Error {
+    if !matches!(&err, Error::Nccl { code, .. } if code == "ncclInProgress") {
+        return err;
+    }
+    let Some(last) = last_started(board, (rank, size), seq) else {
+        return err;
+    };
+    let culprits = furthest_behind(&last, seq);
+    if culprits.is_empty() {
+        return err;
+    }
+    let posted: Vec<String> = last
+        .iter()
+        .enumerate()
+        .map(|(r, l)| match l {
+            Some(l) => format!("rank {r} last started seq {l}"),
+            None => format!("rank {r} posted no calls"),
+        })
+        .collect();
+    Error::CollectiveTimeout {
+        what: format!("queuing collective {seq} ({err})"),
+        timeout,
+        progress: posted.join("; "),
+        lagging: culprits,
     }
 }
 

@@ -287,3 +287,46 @@ fn a_mismatch_is_found_while_a_rank_is_stuck_queuing_its_call() {
         );
     }
 }
+
+#[test]
+fn a_call_that_never_gets_queued_names_the_rank_that_never_came() {
+    // Ranks 0 and 1 cannot queue their all_reduce (as NCCL's group end
+    // stays in progress while it connects to a dead rank); rank 2 never
+    // calls. The stuck ranks fail at their timeout naming rank 2, by the
+    // recent calls each posted while stuck.
+    let groups = engines_stuck_on(3, Duration::from_millis(600), |rank| {
+        (rank < 2).then_some(CollectiveKind::AllReduce)
+    });
+    let started = Instant::now();
+    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups[..2]
+            .iter()
+            .map(|(engine, scope)| {
+                s.spawn(move || {
+                    let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+                    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+                    engine.submit(call, None).unwrap().synchronize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let err = outcome.expect_err("an unqueued call must fail");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[2]),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            text.contains("rank 2 posted no calls"),
+            "rank {rank}: {text}"
+        );
+        assert!(text.contains("ncclInProgress"), "rank {rank}: {text}");
+    }
+}

@@ -18,7 +18,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::absent_ranks::blame_absent;
+use super::absent_ranks::{blame_absent, blame_unqueued};
 use super::backend::{Call, GroupBackend};
 use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
@@ -380,6 +380,10 @@ fn run(
 /// mismatch, and names what failed.
 fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
     let source = with_timeout_set(call, source);
+    // A call that never got queued names the ranks that never came.
+    let ranks = (shared.rank, shared.size);
+    let timeout = call.timeout.unwrap_or_default();
+    let source = blame_unqueued(&shared.failures, ranks, fp.seq, source, timeout);
     let (source, earlier) = settle(shared, fp, call.mismatched(), source);
     if let Some(dog) = shared.watchdog.get() {
         // Device work queued before this call is aborted with it: its
