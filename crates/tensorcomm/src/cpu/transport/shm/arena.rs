@@ -172,6 +172,19 @@ impl ShmArena {
         })
     }
 
+    /// Sets how waits on the other ranks' counters go ([`ShmWait`]);
+    /// `Auto` is resolved against this arena's ranks and the host's CPUs
+    /// online, as [`connect`](Self::connect) does.
+    pub fn set_wait(&mut self, wait: ShmWait) {
+        self.wait = wait.resolve(self.world_size, crate::cpu::host_cpus_online());
+    }
+
+    /// How waits on the other ranks' counters go: [`ShmWait::Spin`] or
+    /// [`ShmWait::Sleep`].
+    pub fn wait(&self) -> ShmWait {
+        self.wait
+    }
+
     /// The global number of the next step staged through the arena (its
     /// half is the number's parity); every rank runs the same steps in the
     /// same order, so the numbers agree.
@@ -415,6 +428,18 @@ mod tests {
         assert_eq!(out, [3; 4]);
         arenas[2].copy_out(1, 1, 6..10, &mut out);
         assert_eq!(out, [2; 4]);
+    }
+
+    #[test]
+    fn the_wait_is_resolved_when_set() {
+        let store = HashStore::new();
+        let mut arena = ShmArena::connect(&store, "w", 0, 1, 64, Duration::from_secs(10)).unwrap();
+        // One rank never outnumbers the CPUs.
+        assert_eq!(arena.wait(), ShmWait::Spin);
+        arena.set_wait(ShmWait::Sleep);
+        assert_eq!(arena.wait(), ShmWait::Sleep);
+        arena.set_wait(ShmWait::Auto);
+        assert_eq!(arena.wait(), ShmWait::Spin);
     }
 
     #[test]
