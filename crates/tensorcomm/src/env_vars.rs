@@ -92,6 +92,14 @@ pub const SHM_ARENA_MIN: EnvVar = EnvVar {
     agreed: true,
 };
 
+/// `TENSORCOMM_SHM_WAIT`.
+pub const SHM_WAIT: EnvVar = EnvVar {
+    name: "TENSORCOMM_SHM_WAIT",
+    default: "auto",
+    doc: "how a CPU-group rank waits for its peers in shared memory (links and arena): `spin` (spin ~50 µs, then yield, then sleep: the lowest latency while every rank has a CPU), `sleep` (spin ~5 µs, then sleep; on a ring, until the peer's write wakes it: for more ranks than CPUs, or to save power) or `auto` (`sleep` when the host runs more of the group's ranks than it has CPUs online, else `spin`); each rank's own choice, read when a group is created",
+    agreed: false,
+};
+
 /// `TENSORCOMM_CPU_ALL_REDUCE`.
 pub const CPU_ALL_REDUCE: EnvVar = EnvVar {
     name: "TENSORCOMM_CPU_ALL_REDUCE",
@@ -252,6 +260,7 @@ pub const VARIABLES: &[EnvVar] = &[
     SHM_ARENA_THREADS,
     SHM_ARENA_CHUNK,
     SHM_ARENA_MIN,
+    SHM_WAIT,
     CPU_ALL_REDUCE,
     RING_SEGMENT,
     SENDER_CHECK,

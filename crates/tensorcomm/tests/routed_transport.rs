@@ -37,6 +37,7 @@ fn connect(
                 },
                 shm_capacity: Some(64 << 10),
                 host_identity: Some(host.to_string()),
+                ..RoutedTransportOptions::default()
             };
             thread::spawn(move || RoutedTransport::connect(&*store, &prefix, rank, world, &options))
         })

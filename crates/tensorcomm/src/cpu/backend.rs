@@ -40,9 +40,11 @@ use super::group_backend::CpuBackend;
 use super::p2p::{AfterRecv, BeforeSend, P2p};
 use super::select::Selection;
 use super::setup_watch;
+use super::transport::shm::ShmWait;
 use super::transport::{
     Route, RoutedTransport, RoutedTransportOptions, TcpTransportOptions, TransportChoice,
 };
+use crate::env_vars::EnvVar;
 use crate::group::collective::{Capabilities, Collective, Scope, Validated};
 use crate::group::engine::Engine;
 use crate::group::validate::{check_dense, check_peer_rank};
@@ -208,18 +210,32 @@ impl ProcessGroupCpu {
         options: &CpuOptions,
     ) -> Result<Self> {
         let global_ranks = (0..size).collect();
-        Self::connect(store, key_prefix, rank, size, options, global_ranks)
+        Self::connect(
+            store,
+            key_prefix,
+            (rank, size),
+            options,
+            global_ranks,
+            &EnvVar::get,
+        )
     }
 
+    /// Sets up the group; `env` looks up the variables read here that
+    /// are not agreed across ranks (`TENSORCOMM_SHM_WAIT`): the process's
+    /// environment ([`EnvVar::get`]) but in tests.
     fn connect(
         store: Arc<dyn Store>,
         key_prefix: &str,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
         options: &CpuOptions,
         global_ranks: Vec<usize>,
+        env: &dyn Fn(&EnvVar) -> Option<String>,
     ) -> Result<Self> {
         let recorder = FlightRecorder::from_env(rank, size, key_prefix)?;
+        // How this rank waits in shared memory, on its links and in the
+        // arena: its own business, so not agreed; read before anything is
+        // posted, so a bad value fails nothing but this rank's set-up.
+        let shm_wait = ShmWait::from_vars(env)?;
         // Set-up waits say what they wait for and fail at once when a
         // peer's process is gone (see `setup_watch`).
         let _watch = setup_watch::enter(store.clone(), key_prefix, rank, &global_ranks);
@@ -244,6 +260,7 @@ impl ProcessGroupCpu {
                 lanes,
             },
             shm_capacity,
+            shm_wait,
             host_identity: None,
         };
         let transport = RoutedTransport::connect(
@@ -268,9 +285,9 @@ impl ProcessGroupCpu {
             Some(Arc::new(GroupArena::connect(
                 &setup_store,
                 key_prefix,
-                rank,
-                size,
+                (rank, size),
                 select.arena_chunk(),
+                shm_wait,
                 options.timeout,
             )?))
         } else {
@@ -742,10 +759,10 @@ impl ProcessGroupCpu {
         let group = ProcessGroupCpu::connect(
             store,
             "pg",
-            rank,
-            members.len(),
+            (rank, members.len()),
             &self.origin.options,
             global_ranks,
+            &EnvVar::get,
         )?;
         if let Some(&host) = self.origin.store_host.get() {
             group.set_store_host(host);
@@ -763,3 +780,6 @@ impl ProcessGroupCpu {
         }
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::transport::shm::{ShmArena, SymmetricRegistry};
+use super::transport::shm::{ShmArena, ShmWait, SymmetricRegistry};
 use super::HelperThreads;
 use crate::store::Store;
 use crate::{Error, Result};
@@ -23,19 +23,20 @@ pub(crate) struct GroupArena {
 
 impl GroupArena {
     /// Maps the arena of rank `rank` of `size` (slot halves of `chunk`
-    /// bytes) through `store` under `key_prefix`.
+    /// bytes, waits on the other ranks by `wait`) through `store` under
+    /// `key_prefix`.
     pub(crate) fn connect(
         store: &dyn Store,
         key_prefix: &str,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
         chunk: usize,
+        wait: ShmWait,
         timeout: Duration,
     ) -> Result<Self> {
+        let mut shm = ShmArena::connect(store, key_prefix, rank, size, chunk, timeout)?;
+        shm.set_wait(wait);
         Ok(GroupArena {
-            shm: Arc::new(ShmArena::connect(
-                store, key_prefix, rank, size, chunk, timeout,
-            )?),
+            shm: Arc::new(shm),
             helpers: HelperThreads::new(&format!("arena-rank{rank}")),
             symmetric: SymmetricRegistry::default(),
             cores: fewest_cores(store, key_prefix, rank, size, timeout)?,

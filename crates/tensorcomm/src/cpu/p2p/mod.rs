@@ -225,6 +225,13 @@ impl P2p {
         self.link.transport.route(peer)
     }
 
+    /// How sends and receives blocked on a shared-memory link wait
+    /// (`None` without any).
+    #[cfg(test)]
+    pub(crate) fn shm_wait(&self) -> Option<super::transport::shm::ShmWait> {
+        self.link.transport.shm_wait()
+    }
+
     pub(crate) fn world_size(&self) -> usize {
         self.world_size
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::choice::TransportChoice;
 use super::host_identity::{exchange, host_identity};
-use super::shm::{ShmTransport, ShmTransportOptions};
+use super::shm::{ShmTransport, ShmTransportOptions, ShmWait};
 use super::{check_peer, TcpTransport, TcpTransportOptions, Transport};
 use crate::store::Store;
 use crate::{Error, Result};
@@ -26,6 +26,10 @@ pub struct RoutedTransportOptions {
     /// Ring capacity per direction of each shared-memory link (`None`:
     /// [`DEFAULT_CAPACITY`](super::shm::DEFAULT_CAPACITY)).
     pub shm_capacity: Option<usize>,
+    /// How calls blocked on a shared-memory link wait (see
+    /// [`ShmTransportOptions::wait`]); the CPU process group sets it from
+    /// `TENSORCOMM_SHM_WAIT`.
+    pub shm_wait: ShmWait,
     /// This rank's host identity (`None`: [`host_identity`]). Ranks with
     /// equal identities use shared memory between them; override it only
     /// to split ranks of one host into separate "hosts".
@@ -137,6 +141,12 @@ impl RoutedTransport {
         })
     }
 
+    /// How calls blocked on this rank's shared-memory links wait
+    /// ([`ShmWait::Spin`] or [`ShmWait::Sleep`]); `None` without any.
+    pub fn shm_wait(&self) -> Option<ShmWait> {
+        self.shm.as_ref().map(ShmTransport::wait)
+    }
+
     /// The transport that carries traffic to `peer` (`Local` for this rank
     /// and for ranks outside the group).
     pub fn route(&self, peer: usize) -> Route {
@@ -173,7 +183,7 @@ fn connect_shm(
         &ShmTransportOptions {
             capacity: options.shm_capacity.unwrap_or(defaults.capacity),
             timeout,
-            ..defaults
+            wait: options.shm_wait,
         },
     )
 }

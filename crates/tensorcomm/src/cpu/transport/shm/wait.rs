@@ -19,8 +19,20 @@
 //! wait then spins only [`SLEEP_SPIN_FOR`] and goes to sleep on the ring's
 //! signal, which the peer's write wakes; waits without a signal still
 //! yield before they sleep.
+//!
+//! `TENSORCOMM_SHM_WAIT` (`auto`, `spin` or `sleep`) overrides the choice
+//! for a process group's links and arena, read when the group is created
+//! (`ShmWait::from_vars`): for a container whose CPU count misleads
+//! `auto`, or to save power. Each rank's waiting is its own (a peer's
+//! write wakes a sleeper whatever the writer's own policy), so ranks may
+//! choose differently.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
+
+use crate::env_vars::{EnvVar, SHM_WAIT};
+use crate::{Error, Result};
 
 /// Spin on the ring counters for this long after the last progress.
 pub(super) const SPIN_FOR: Duration = Duration::from_micros(50);
@@ -52,6 +64,10 @@ const SLEEP_FIRST_SIGNAL_SLEEP: Duration = Duration::from_micros(100);
 /// assert_eq!(ShmWait::Auto.resolve(2, 2), ShmWait::Spin);
 /// // An explicit choice stays.
 /// assert_eq!(ShmWait::Spin.resolve(8, 2), ShmWait::Spin);
+/// // Written as `TENSORCOMM_SHM_WAIT` takes it.
+/// assert_eq!(" Sleep ".parse::<ShmWait>()?, ShmWait::Sleep);
+/// assert_eq!(ShmWait::Spin.to_string(), "spin");
+/// # Ok::<(), tensorcomm::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ShmWait {
@@ -78,6 +94,54 @@ impl ShmWait {
             ShmWait::Auto => ShmWait::Spin,
             chosen => chosen,
         }
+    }
+
+    /// What `TENSORCOMM_SHM_WAIT` asks for, as `var` finds it (an
+    /// environment lookup, [`EnvVar::get`] for the process's own): unset
+    /// or empty is `Auto`; anything but `auto`, `spin` or `sleep` (in any
+    /// case, spaces around allowed) is an [`Error::BadValue`] naming the
+    /// variable.
+    pub(crate) fn from_vars(var: &dyn Fn(&EnvVar) -> Option<String>) -> Result<ShmWait> {
+        match var(&SHM_WAIT) {
+            None => Ok(ShmWait::Auto),
+            Some(raw) if raw.trim().is_empty() => Ok(ShmWait::Auto),
+            Some(raw) => raw.parse().map_err(|_| Error::BadValue {
+                name: SHM_WAIT.name.into(),
+                expected: EXPECTED.into(),
+                found: raw,
+            }),
+        }
+    }
+}
+
+/// The values a [`ShmWait`] is written as.
+const EXPECTED: &str = "auto, spin or sleep";
+
+impl FromStr for ShmWait {
+    type Err = Error;
+
+    /// `auto`, `spin` or `sleep`, in any case, spaces around allowed.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(ShmWait::Auto),
+            "spin" => Ok(ShmWait::Spin),
+            "sleep" => Ok(ShmWait::Sleep),
+            _ => Err(Error::BadValue {
+                name: "shared-memory wait".into(),
+                expected: EXPECTED.into(),
+                found: s.into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ShmWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ShmWait::Auto => "auto",
+            ShmWait::Spin => "spin",
+            ShmWait::Sleep => "sleep",
+        })
     }
 }
 
@@ -239,5 +303,56 @@ mod tests {
         assert_eq!(ShmWait::Auto.resolve(8, 32), ShmWait::Spin);
         assert_eq!(ShmWait::Sleep.resolve(2, 32), ShmWait::Sleep);
         assert_eq!(ShmWait::Spin.resolve(64, 1), ShmWait::Spin);
+    }
+
+    /// A lookup that finds `value` for `TENSORCOMM_SHM_WAIT` only.
+    fn shm_wait_is(value: Option<&'static str>) -> impl Fn(&EnvVar) -> Option<String> {
+        move |v| (v.name == "TENSORCOMM_SHM_WAIT").then_some(value?.to_string())
+    }
+
+    #[test]
+    fn the_environment_variable_parses_auto_spin_and_sleep() {
+        for (raw, want) in [
+            (None, ShmWait::Auto),
+            (Some(""), ShmWait::Auto),
+            (Some("  "), ShmWait::Auto),
+            (Some("auto"), ShmWait::Auto),
+            (Some("spin"), ShmWait::Spin),
+            (Some("sleep"), ShmWait::Sleep),
+            (Some(" sleep\n"), ShmWait::Sleep),
+            (Some("\tSPIN "), ShmWait::Spin),
+            (Some("Auto"), ShmWait::Auto),
+        ] {
+            assert_eq!(
+                ShmWait::from_vars(&shm_wait_is(raw)).unwrap(),
+                want,
+                "{raw:?}"
+            );
+        }
+        // Other variables are not its business.
+        let others = |v: &EnvVar| (v.name != "TENSORCOMM_SHM_WAIT").then(|| "sleep".to_string());
+        assert_eq!(ShmWait::from_vars(&others).unwrap(), ShmWait::Auto);
+        // Written back as it is read.
+        for w in [ShmWait::Auto, ShmWait::Spin, ShmWait::Sleep] {
+            assert_eq!(w.to_string().parse::<ShmWait>().unwrap(), w);
+        }
+    }
+
+    #[test]
+    fn a_bad_value_is_named_with_what_was_expected() {
+        for bad in ["yield", "spinning", "1", "sleep spin"] {
+            match ShmWait::from_vars(&shm_wait_is(Some(bad))) {
+                Err(Error::BadValue {
+                    name,
+                    expected,
+                    found,
+                }) => {
+                    assert_eq!(name, "TENSORCOMM_SHM_WAIT");
+                    assert_eq!(expected, "auto, spin or sleep");
+                    assert_eq!(found, bad);
+                }
+                other => panic!("{bad:?}: expected BadValue, found {other:?}"),
+            }
+        }
     }
 }
