@@ -317,7 +317,7 @@ fn reduce_shm_arena(
             threads: threads as u8,
             symmetric: None,
         };
-        call.open(t, deadline)?;
+        call.open(t, arena.wait(), deadline)?;
         for piece in buf.chunks_mut(step) {
             let global = arena.next_step();
             for work in per_lane.iter_mut() {
@@ -487,7 +487,8 @@ mod tests {
                     threads: 2,
                     symmetric: None,
                 };
-                call.open(t, deadline()).expect("opening barrier");
+                call.open(t, arena.wait(), deadline())
+                    .expect("opening barrier");
                 return None;
             }
             Some(sum_ones(t, &arena, 1000, 2, deadline()))
@@ -523,7 +524,7 @@ mod tests {
                     threads: 1,
                     symmetric: None,
                 };
-                call.open(t, soon).expect("opening barrier");
+                call.open(t, arena.wait(), soon).expect("opening barrier");
                 std::thread::sleep(Duration::from_millis(600));
                 return None;
             }

@@ -149,7 +149,7 @@ pub fn all_reduce_shm_symmetric(
             threads: lanes as u8,
             symmetric: Some((memory.id(), offset as u64)),
         };
-        call.open(t, deadline)?;
+        call.open(t, arena.wait(), deadline)?;
         let step = arena.next_step();
         let mut per_lane: Vec<Vec<(usize, &mut [u8])>> =
             (0..lanes).map(|_| Vec::with_capacity(world)).collect();
@@ -228,7 +228,8 @@ mod tests {
                 threads: lanes as u8,
                 symmetric: Some((memory.id(), offset as u64)),
             };
-            call.open(t, deadline()).expect("opening barrier");
+            call.open(t, arena.wait(), deadline())
+                .expect("opening barrier");
             return None; // gone: its transport closes, its counters stay
         }
         let helpers = HelperThreads::new("test");

@@ -61,7 +61,7 @@ pub fn all_to_all_shm_arena(
     // The first barrier hears from every peer: gather and scatter choose
     // the arena by each rank's own size (arena_lanes.rs says why that
     // matters).
-    let mut barriers = CallBarriers::new(t, deadline);
+    let mut barriers = CallBarriers::new(t, arena.wait(), deadline);
     if arena.take_unfenced() {
         // The call before left without a barrier: others may still read
         // this rank's halves.

@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cpu::helper_threads::first_error;
-use crate::cpu::transport::shm::{Backoff, Milestone, Progress, ShmArena};
+use crate::cpu::transport::shm::{Backoff, Milestone, Progress, ShmArena, ShmWait};
 use crate::cpu::transport::Transport;
 use crate::cpu::HelperThreads;
 use crate::{Error, Result};
@@ -97,11 +97,13 @@ const GONE_GRACE: Duration = Duration::from_secs(2);
 /// that is gone later (asked every millisecond or so, through
 /// [`Transport::check_alive`]) fails the barrier if the peers still to
 /// come do not send within [`GONE_GRACE`]. Past it, every rank has
-/// finished its previous call.
+/// finished its previous call. It polls the links' `has_data` itself, so
+/// it waits by `wait` (the arena's, [`ShmArena::wait`]) between polls.
 pub(super) fn barrier_with_every_peer(
     t: &dyn Transport,
     value: &[u8],
     what: &dyn Fn(&[u8]) -> String,
+    wait: ShmWait,
     deadline: Instant,
 ) -> Result<()> {
     let (rank, world) = (t.rank(), t.world_size());
@@ -110,7 +112,7 @@ pub(super) fn barrier_with_every_peer(
     }
     let mut waiting: Vec<usize> = (0..world).filter(|&q| q != rank).collect();
     let mut theirs = vec![0u8; value.len()];
-    let mut backoff = Backoff::new();
+    let mut backoff = Backoff::with(wait);
     let mut asked = Instant::now();
     // A peer heard from that has gone since, and when that was seen.
     let mut gone: Option<(Instant, Error)> = None;
@@ -158,14 +160,17 @@ pub(super) fn barrier_with_every_peer(
 /// others the cheaper [`barrier`].
 pub(super) struct CallBarriers<'a> {
     t: &'a dyn Transport,
+    /// How the first barrier waits between polls (the arena's).
+    wait: ShmWait,
     deadline: Instant,
     opened: bool,
 }
 
 impl<'a> CallBarriers<'a> {
-    pub(super) fn new(t: &'a dyn Transport, deadline: Instant) -> CallBarriers<'a> {
+    pub(super) fn new(t: &'a dyn Transport, wait: ShmWait, deadline: Instant) -> CallBarriers<'a> {
         CallBarriers {
             t,
+            wait,
             deadline,
             opened: false,
         }
@@ -176,7 +181,13 @@ impl<'a> CallBarriers<'a> {
         if std::mem::replace(&mut self.opened, true) {
             barrier(self.t, self.deadline)
         } else {
-            barrier_with_every_peer(self.t, &[1], &|_| "a barrier".to_string(), self.deadline)
+            barrier_with_every_peer(
+                self.t,
+                &[1],
+                &|_| "a barrier".to_string(),
+                self.wait,
+                self.deadline,
+            )
         }
     }
 }
@@ -227,9 +238,9 @@ impl ArenaCall {
     /// in which every rank hears from every other
     /// ([`barrier_with_every_peer`]): ranks choose the arena by the size
     /// of their own tensor. Past it, every rank has finished its previous
-    /// call.
-    pub(super) fn open(self, t: &dyn Transport, deadline: Instant) -> Result<()> {
-        barrier_with_every_peer(t, &self.encode(), &ArenaCall::describe, deadline)
+    /// call. It waits by `wait` (the arena's, [`ShmArena::wait`]).
+    pub(super) fn open(self, t: &dyn Transport, wait: ShmWait, deadline: Instant) -> Result<()> {
+        barrier_with_every_peer(t, &self.encode(), &ArenaCall::describe, wait, deadline)
     }
 }
 
@@ -345,7 +356,7 @@ mod tests {
                 t.recv(0, &mut b, deadline())?;
                 t.recv(1, &mut b, deadline())
             } else {
-                barrier_with_every_peer(t, &v, &|_| "a barrier".into(), deadline())
+                barrier_with_every_peer(t, &v, &|_| "a barrier".into(), ShmWait::Spin, deadline())
             }
         });
         for (rank, r) in results.iter().enumerate() {
@@ -370,7 +381,13 @@ mod tests {
                     std::thread::sleep(GONE_GRACE + Duration::from_secs(1));
                     Ok(())
                 }
-                _ => barrier_with_every_peer(t, &v, &|_| "a barrier".into(), deadline()),
+                _ => barrier_with_every_peer(
+                    t,
+                    &v,
+                    &|_| "a barrier".into(),
+                    ShmWait::Spin,
+                    deadline(),
+                ),
             }
         });
         assert!(results[0].is_ok(), "{:?}", results[0]);

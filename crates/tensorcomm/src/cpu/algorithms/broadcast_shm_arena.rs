@@ -37,7 +37,7 @@ pub fn broadcast_shm_arena(
     }
     // The first barrier hears from every peer: the ranks chose the arena
     // by their own sizes (arena_lanes.rs says why that matters).
-    let mut barriers = CallBarriers::new(t, deadline);
+    let mut barriers = CallBarriers::new(t, arena.wait(), deadline);
     if arena.take_unfenced() {
         // The all-reduce before left without a barrier: others may still
         // read this rank's slot.
