@@ -7,12 +7,14 @@
 use super::*;
 use crate::store::HashStore;
 
-/// What one rank of a group saw: the waits of its collective links,
-/// point-to-point links and arena, how many elements of its two
-/// all-reduces differ from the known sums, and what it received.
+/// What one rank of a group saw: the waits of its collective transport,
+/// point-to-point transport and arena, every link's wait (peer and wait)
+/// of those two transports, how many elements of its two all-reduces
+/// differ from the known sums, and what it received.
 #[derive(Debug, PartialEq)]
 struct Seen {
     waits: [Option<ShmWait>; 3],
+    link_waits: [Vec<(usize, ShmWait)>; 2],
     wrong: usize,
     received: Vec<i32>,
 }
@@ -52,6 +54,10 @@ fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Res
                         pg.backend.p2p.shm_wait(),
                         arena,
                     ];
+                    let link_waits = [
+                        pg.backend.transport.shm_link_waits(),
+                        pg.backend.p2p.shm_link_waits(),
+                    ];
                     let small = Tensor::from_vec(vec![rank as i64 + 1; 8], &[8])?;
                     pg.all_reduce(&small, ReduceOp::Sum, None)?.wait()?;
                     let large: Vec<f32> =
@@ -80,6 +86,7 @@ fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Res
                         .count();
                     Ok(Seen {
                         waits,
+                        link_waits,
                         wrong: wrong_small + wrong_large,
                         received: inbox.to_vec()?,
                     })
@@ -93,8 +100,13 @@ fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Res
 /// What rank `rank` of a `world`-rank group must see when it waits by
 /// `wait` (resolved).
 fn expected(world: usize, rank: usize, wait: ShmWait) -> Seen {
+    let links: Vec<(usize, ShmWait)> = (0..world)
+        .filter(|&q| q != rank)
+        .map(|q| (q, wait))
+        .collect();
     Seen {
         waits: [Some(wait); 3],
+        link_waits: [links.clone(), links],
         wrong: 0,
         received: vec![((rank + world - 1) % world) as i32 * 10; 4],
     }

@@ -232,6 +232,13 @@ impl P2p {
         self.link.transport.shm_wait()
     }
 
+    /// Every shared-memory link's peer and how sends and receives blocked
+    /// on it wait.
+    #[cfg(test)]
+    pub(crate) fn shm_link_waits(&self) -> Vec<(usize, super::transport::shm::ShmWait)> {
+        self.link.transport.shm_link_waits()
+    }
+
     pub(crate) fn world_size(&self) -> usize {
         self.world_size
     }

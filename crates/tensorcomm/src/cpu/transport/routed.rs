@@ -147,6 +147,15 @@ impl RoutedTransport {
         self.shm.as_ref().map(ShmTransport::wait)
     }
 
+    /// Every shared-memory link's peer and how its blocked calls wait, in
+    /// peer order (none without shared memory).
+    #[cfg(test)]
+    pub(crate) fn shm_link_waits(&self) -> Vec<(usize, ShmWait)> {
+        self.shm
+            .as_ref()
+            .map_or_else(Vec::new, ShmTransport::link_waits)
+    }
+
     /// The transport that carries traffic to `peer` (`Local` for this rank
     /// and for ranks outside the group).
     pub fn route(&self, peer: usize) -> Route {

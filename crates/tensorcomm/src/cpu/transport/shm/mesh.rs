@@ -163,6 +163,17 @@ impl ShmTransport {
         self.wait
     }
 
+    /// Every link's peer and how its blocked calls wait, in peer order
+    /// (each should be [`wait`](Self::wait)).
+    #[cfg(test)]
+    pub(crate) fn link_waits(&self) -> Vec<(usize, ShmWait)> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(peer, l)| l.as_ref().map(|l| (peer, l.wait())))
+            .collect()
+    }
+
     fn link(&self, peer: usize, op: &str) -> Result<&ShmLink> {
         check_peer(self.rank, self.world_size, peer, op)?;
         let link = self
