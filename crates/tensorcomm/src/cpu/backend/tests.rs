@@ -1,16 +1,17 @@
 //! `TENSORCOMM_SHM_WAIT` at group creation: the choice reaches the
 //! group's collective links, its point-to-point links and its arena, and
-//! collectives over each of them still give exact results. The variable is
-//! looked up through an injected function, so this test binary's
-//! environment (shared by its threads) is never changed.
+//! collectives over each of them still give exact results, also when
+//! ranks choose differently. The variable is looked up through an
+//! injected function (one per rank), so this test binary's environment
+//! (shared by its threads) is never changed.
 
 use super::*;
 use crate::store::HashStore;
 
 /// What one rank of a group saw: the waits of its collective transport,
 /// point-to-point transport and arena, every link's wait (peer and wait)
-/// of those two transports, how many elements of its two all-reduces
-/// differ from the known sums, and what it received.
+/// of those two transports, how many elements of its two all-reduces and
+/// its broadcast differ from the known results, and what it received.
 #[derive(Debug, PartialEq)]
 struct Seen {
     waits: [Option<ShmWait>; 3],
@@ -23,18 +24,30 @@ struct Seen {
 /// f32, above every world's arena threshold).
 const LARGE: usize = 16 << 10;
 
-/// Sets up `world` ranks as threads, each finding `value` for
+/// Elements of the broadcast that goes through the arena (128 KiB of f32,
+/// above the arena's broadcast threshold of 64 KiB).
+const BROADCAST: usize = 32 << 10;
+
+/// Sets up `world` ranks as threads, rank `r` finding `value(r)` for
 /// `TENSORCOMM_SHM_WAIT`, and on each runs a small all-reduce (over the
-/// links), a large one (through the arena) and a send to the next rank
-/// with a receive from the previous one (over the point-to-point links).
-fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Result<Seen>> {
+/// links), a large one and a large broadcast from rank 1 (through the
+/// arena) and a send to the next rank with a receive from the previous
+/// one (over the point-to-point links).
+fn run_group(
+    prefix: &str,
+    world: usize,
+    value: impl Fn(usize) -> Option<&'static str> + Sync,
+) -> Vec<Result<Seen>> {
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
-    let env = move |v: &EnvVar| (v.name == "TENSORCOMM_SHM_WAIT").then_some(value?.to_string());
     std::thread::scope(|s| {
         let ranks: Vec<_> = (0..world)
             .map(|rank| {
                 let store = store.clone();
+                let value = value(rank);
                 s.spawn(move || -> Result<Seen> {
+                    let env = |v: &EnvVar| {
+                        (v.name == "TENSORCOMM_SHM_WAIT").then_some(value?.to_string())
+                    };
                     let options = CpuOptions {
                         timeout: Duration::from_secs(60),
                         transport: TransportChoice::Auto,
@@ -64,6 +77,13 @@ fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Res
                         (0..LARGE).map(|e| (rank * 100 + e % 50) as f32).collect();
                     let large = Tensor::from_vec(large, &[LARGE])?;
                     pg.all_reduce(&large, ReduceOp::Sum, None)?.wait()?;
+                    let root = 1 % world;
+                    let sent = |e: usize| (e % 1000) as f32 - 7.0;
+                    let broadcast: Vec<f32> = (0..BROADCAST)
+                        .map(|e| if rank == root { sent(e) } else { -1.0 })
+                        .collect();
+                    let broadcast = Tensor::from_vec(broadcast, &[BROADCAST])?;
+                    pg.broadcast(&broadcast, root, None)?.wait()?;
                     let (next, previous) = ((rank + 1) % world, (rank + world - 1) % world);
                     let inbox = Tensor::zeros(&[4], DType::I32)?;
                     let got = pg.recv(&inbox, previous, 7, None)?;
@@ -84,10 +104,16 @@ fn run_group(prefix: &str, world: usize, value: Option<&'static str>) -> Vec<Res
                             v != (100 * world * (world - 1) / 2 + world * (e % 50)) as f32
                         })
                         .count();
+                    let wrong_broadcast = broadcast
+                        .to_vec::<f32>()?
+                        .iter()
+                        .enumerate()
+                        .filter(|&(e, &v)| v != sent(e))
+                        .count();
                     Ok(Seen {
                         waits,
                         link_waits,
-                        wrong: wrong_small + wrong_large,
+                        wrong: wrong_small + wrong_large + wrong_broadcast,
                         received: inbox.to_vec()?,
                     })
                 })
@@ -125,9 +151,30 @@ fn the_shm_wait_variable_reaches_links_and_arena_and_collectives_stay_exact() {
         (Some(" Sleep "), ShmWait::Sleep),
     ] {
         let prefix = format!("shm-wait-{}", value.unwrap_or("unset").trim());
-        for (rank, seen) in run_group(&prefix, world, value).into_iter().enumerate() {
+        for (rank, seen) in run_group(&prefix, world, |_| value).into_iter().enumerate() {
             let seen = seen.unwrap_or_else(|e| panic!("{value:?}, rank {rank}: {e}"));
             assert_eq!(seen, expected(world, rank, wait), "{value:?}, rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn ranks_that_wait_differently_still_get_exact_results() {
+    // Each rank's waits are its own: a spinning rank's writes wake a
+    // sleeping peer, and a sleeping rank's writes reach a spinning one.
+    let world = 3;
+    for (first, rest) in [("spin", "sleep"), ("sleep", "spin")] {
+        let prefix = format!("shm-wait-mixed-{first}");
+        let value = |rank: usize| Some(if rank == 0 { first } else { rest });
+        for (rank, seen) in run_group(&prefix, world, value).into_iter().enumerate() {
+            let chose = value(rank).unwrap();
+            let seen = seen.unwrap_or_else(|e| panic!("{first} then {rest}, rank {rank}: {e}"));
+            let wait = chose.parse().unwrap();
+            assert_eq!(
+                seen,
+                expected(world, rank, wait),
+                "{first} then {rest}, rank {rank} ({chose})"
+            );
         }
     }
 }
