@@ -81,7 +81,9 @@ pub enum ShmWait {
     /// while every rank has a core of its own.
     Spin,
     /// Spin ~5 µs, then sleep on the ring's futex, which the peer wakes:
-    /// for more ranks than cores.
+    /// for more ranks than cores. A wait without a futex (on the arena's
+    /// counters, or polling several links) yields until ~2 ms first, then
+    /// sleeps up to 1 ms at a time.
     Sleep,
 }
 
