@@ -52,14 +52,20 @@ pub enum Route {
 /// ```
 /// use std::{sync::Arc, thread, time::{Duration, Instant}};
 /// use tensorcomm::cpu::transport::{Route, RoutedTransport, RoutedTransportOptions, Transport, TransportChoice};
+/// use tensorcomm::cpu::transport::shm::ShmWait;
 /// use tensorcomm::store::HashStore;
 ///
 /// let store = Arc::new(HashStore::new());
 /// let ranks: Vec<_> = (0..2).map(|rank| {
 ///     let store = store.clone();
 ///     thread::spawn(move || -> tensorcomm::Result<(Route, u8)> {
-///         let options = RoutedTransportOptions { choice: TransportChoice::Auto, ..Default::default() };
+///         let options = RoutedTransportOptions {
+///             choice: TransportChoice::Auto,
+///             shm_wait: ShmWait::Sleep,
+///             ..Default::default()
+///         };
 ///         let t = RoutedTransport::connect(&*store, "doc", rank, 2, &options)?;
+///         assert_eq!(t.shm_wait(), Some(ShmWait::Sleep)); // None without shared-memory links
 ///         let mut got = [0u8];
 ///         t.send_recv(1 - rank, &[rank as u8 + 10], 1 - rank, &mut got, Instant::now() + Duration::from_secs(10))?;
 ///         Ok((t.route(1 - rank), got[0]))

@@ -86,14 +86,17 @@ const ALIVE_EVERY: Duration = Duration::from_millis(2);
 ///
 /// ```
 /// use std::{sync::Arc, thread, time::Duration};
-/// use tensorcomm::cpu::transport::shm::ShmArena;
+/// use tensorcomm::cpu::transport::shm::{ShmArena, ShmWait};
 /// use tensorcomm::store::HashStore;
 ///
 /// let store = Arc::new(HashStore::new());
 /// let ranks: Vec<_> = (0..2).map(|rank| {
 ///     let store = store.clone();
 ///     thread::spawn(move || -> tensorcomm::Result<usize> {
-///         let arena = ShmArena::connect(&*store, "doc", rank, 2, 4096, Duration::from_secs(10))?;
+///         let mut arena = ShmArena::connect(&*store, "doc", rank, 2, 4096, Duration::from_secs(10))?;
+///         // Waits on the other ranks' counters stop spinning soon.
+///         arena.set_wait(ShmWait::Sleep);
+///         assert_eq!(arena.wait(), ShmWait::Sleep);
 ///         Ok(arena.chunk())
 ///     })
 /// }).collect();

@@ -33,7 +33,7 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///
 /// ```
 /// use std::{sync::Arc, thread, time::{Duration, Instant}};
-/// use tensorcomm::cpu::transport::shm::ShmLink;
+/// use tensorcomm::cpu::transport::shm::{ShmLink, ShmWait};
 /// use tensorcomm::store::HashStore;
 ///
 /// let store = Arc::new(HashStore::new());
@@ -45,7 +45,10 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///     link.recv(&mut buf, deadline)?;
 ///     link.send(&buf.map(|b| b.to_ascii_uppercase()), deadline)
 /// });
-/// let link = ShmLink::connect(&*store, "job", 0, 1, 1 << 16, Duration::from_secs(10))?;
+/// let mut link = ShmLink::connect(&*store, "job", 0, 1, 1 << 16, Duration::from_secs(10))?;
+/// // This side sleeps on the ring's futex after a short spin.
+/// link.set_wait(ShmWait::Sleep);
+/// assert_eq!(link.wait(), ShmWait::Sleep);
 /// let deadline = Instant::now() + Duration::from_secs(10);
 /// link.send(b"hello", deadline)?;
 /// let mut reply = [0u8; 5];

@@ -47,7 +47,7 @@ impl Default for ShmTransportOptions {
 ///
 /// ```
 /// use std::{sync::Arc, thread, time::{Duration, Instant}};
-/// use tensorcomm::cpu::transport::shm::{ShmTransport, ShmTransportOptions};
+/// use tensorcomm::cpu::transport::shm::{ShmTransport, ShmTransportOptions, ShmWait};
 /// use tensorcomm::cpu::transport::Transport;
 /// use tensorcomm::store::HashStore;
 ///
@@ -56,7 +56,9 @@ impl Default for ShmTransportOptions {
 /// let ranks: Vec<_> = (0..3).map(|rank| {
 ///     let store = store.clone();
 ///     thread::spawn(move || -> tensorcomm::Result<u8> {
-///         let t = ShmTransport::connect(&*store, "ring", rank, 3, &ShmTransportOptions::default())?;
+///         let options = ShmTransportOptions { wait: ShmWait::Spin, ..Default::default() };
+///         let t = ShmTransport::connect(&*store, "ring", rank, 3, &options)?;
+///         assert_eq!(t.wait(), ShmWait::Spin); // every link's blocked calls spin first
 ///         let mut got = [0u8];
 ///         t.send_recv((rank + 1) % 3, &[rank as u8], (rank + 2) % 3, &mut got, deadline())?;
 ///         Ok(got[0])
