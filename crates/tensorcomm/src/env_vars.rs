@@ -42,6 +42,23 @@ impl EnvVar {
     pub fn get(&self) -> Option<String> {
         std::env::var(self.name).ok()
     }
+
+    /// Its value, if set; one that is not valid Unicode comes back
+    /// converted lossily (U+FFFD for each bad sequence), so that its
+    /// parser rejects it as a bad value instead of taking it for unset, as
+    /// [`get`](Self::get) would.
+    pub(crate) fn get_lossy(&self) -> Option<String> {
+        lossy(std::env::var_os(self.name))
+    }
+}
+
+/// `value` as a `String`, each sequence that is not valid Unicode
+/// replaced by U+FFFD.
+pub(crate) fn lossy(value: Option<std::ffi::OsString>) -> Option<String> {
+    value.map(|v| {
+        v.into_string()
+            .unwrap_or_else(|v| v.to_string_lossy().into_owned())
+    })
 }
 
 /// `TENSORCOMM_LOG`.

@@ -216,13 +216,15 @@ impl ProcessGroupCpu {
             (rank, size),
             options,
             global_ranks,
-            &EnvVar::get,
+            &EnvVar::get_lossy,
         )
     }
 
-    /// Sets up the group; `env` looks up the variables read here that
-    /// are not agreed across ranks (`TENSORCOMM_SHM_WAIT`): the process's
-    /// environment ([`EnvVar::get`]) but in tests.
+    /// Sets up the group. `env` looks up `TENSORCOMM_SHM_WAIT`, the only
+    /// variable read through it (the others are read from the process's
+    /// environment where they are used): the process's environment too
+    /// ([`EnvVar::get_lossy`], so a value that is not Unicode fails as a
+    /// bad value) but in tests.
     fn connect(
         store: Arc<dyn Store>,
         key_prefix: &str,
@@ -762,7 +764,7 @@ impl ProcessGroupCpu {
             (rank, members.len()),
             &self.origin.options,
             global_ranks,
-            &EnvVar::get,
+            &EnvVar::get_lossy,
         )?;
         if let Some(&host) = self.origin.store_host.get() {
             group.set_store_host(host);

@@ -21,11 +21,10 @@
 //! yield before they sleep.
 //!
 //! `TENSORCOMM_SHM_WAIT` (`auto`, `spin` or `sleep`) overrides the choice
-//! for a process group's links and arena, read when the group is created
-//! (`ShmWait::from_vars`): for a container whose CPU count misleads
-//! `auto`, or to save power. Each rank's waiting is its own (a peer's
-//! write wakes a sleeper whatever the writer's own policy), so ranks may
-//! choose differently.
+//! for a process group's links and arena, read when the group is created:
+//! for a container whose CPU count misleads `auto`, or to save power.
+//! Each rank's waiting is its own (a peer's write wakes a sleeper whatever
+//! the writer's own policy), so ranks may choose differently.
 
 use std::fmt;
 use std::str::FromStr;
@@ -99,10 +98,11 @@ impl ShmWait {
     }
 
     /// What `TENSORCOMM_SHM_WAIT` asks for, as `var` finds it (an
-    /// environment lookup, [`EnvVar::get`] for the process's own): unset
+    /// environment lookup, [`EnvVar::get_lossy`] for the process's own, so
+    /// that a value that is not Unicode arrives with U+FFFD in it): unset
     /// or empty is `Auto`; anything but `auto`, `spin` or `sleep` (in any
-    /// case, spaces around allowed) is an [`Error::BadValue`] naming the
-    /// variable.
+    /// case, spaces around allowed), such a value included, is an
+    /// [`Error::BadValue`] naming the variable.
     pub(crate) fn from_vars(var: &dyn Fn(&EnvVar) -> Option<String>) -> Result<ShmWait> {
         match var(&SHM_WAIT) {
             None => Ok(ShmWait::Auto),
@@ -337,6 +337,23 @@ mod tests {
         // Written back as it is read.
         for w in [ShmWait::Auto, ShmWait::Spin, ShmWait::Sleep] {
             assert_eq!(w.to_string().parse::<ShmWait>().unwrap(), w);
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_unicode_is_a_bad_value_not_auto() {
+        use std::os::unix::ffi::OsStringExt;
+        // "sleep" with a byte that is not UTF-8: EnvVar::get would find
+        // nothing (so `auto`); the process's lookup finds it lossily.
+        let raw = std::ffi::OsString::from_vec(b"sle\xffep".to_vec());
+        let found = crate::env_vars::lossy(Some(raw));
+        assert_eq!(found.as_deref(), Some("sle\u{FFFD}ep"));
+        match ShmWait::from_vars(&|v| (v.name == "TENSORCOMM_SHM_WAIT").then(|| found.clone())?) {
+            Err(Error::BadValue { name, found, .. }) => {
+                assert_eq!(name, "TENSORCOMM_SHM_WAIT");
+                assert_eq!(found, "sle\u{FFFD}ep");
+            }
+            other => panic!("expected BadValue, found {other:?}"),
         }
     }
 
