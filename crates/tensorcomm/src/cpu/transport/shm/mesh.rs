@@ -8,8 +8,9 @@
 //! same order on every rank, so setup cannot deadlock.
 //!
 //! The transport counts its ranks on this host (itself and its peers)
-//! against the cores the process may use and, with more ranks than cores,
-//! makes every wait sleep soon ([`ShmWait`]).
+//! against the host's CPUs online and, with more ranks than CPUs, makes
+//! every wait sleep soon ([`ShmWait`]; `TENSORCOMM_SHM_WAIT` overrides it
+//! for a group).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -28,7 +29,7 @@ pub struct ShmTransportOptions {
     /// How long setup waits for each peer.
     pub timeout: Duration,
     /// How blocked calls wait; `Auto` (the default) sleeps soon when this
-    /// rank and its peers outnumber the cores the process may use.
+    /// rank and its peers outnumber the host's CPUs online.
     pub wait: ShmWait,
 }
 
