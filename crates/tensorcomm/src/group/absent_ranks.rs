@@ -26,6 +26,7 @@
 
 use super::failure_report::FailureBoard;
 use super::stall_check::{ring_key, ring_last};
+use super::watchdog::published_start;
 use crate::Error;
 
 /// The ranks furthest behind collective `seq`, given each rank's last
@@ -93,9 +94,12 @@ pub(crate) fn blame_absent(
     }
 }
 
-/// Each rank's last started collective by its posted recent calls (this
-/// rank's is `seq`; `None`: nothing posted), read within the store's
-/// patience; `None` when the store did not answer.
+/// Each rank's last started collective, the later of what its posted
+/// recent calls and (device groups) its watchdog's published progress say
+/// (this rank's is `seq`; `None`: nothing posted; a rank posts its calls
+/// only when it stalls, so a rank that finished and went idle is known by
+/// its progress), read within the store's patience; `None` when the store
+/// did not answer.
 fn last_started(
     board: &FailureBoard,
     (rank, size): (usize, usize),
@@ -111,10 +115,11 @@ fn last_started(
                     }
                     // Only a key that is there is read (a get would wait).
                     let key = ring_key(prefix, r);
-                    Ok(match store.check(&[&key])? {
+                    let posted = match store.check(&[&key])? {
                         true => ring_last(&store.get(&key)?),
                         false => None,
-                    })
+                    };
+                    Ok(posted.max(published_start(store, prefix, r)?))
                 })
                 .collect::<crate::Result<Vec<Option<u64>>>>()
         },
@@ -148,12 +153,12 @@ pub(crate) fn blame_unqueued(
         .iter()
         .enumerate()
         .map(|(r, l)| match l {
-            Some(l) => format!("rank {r} last started seq {l}"),
-            None => format!("rank {r} posted no calls"),
+            Some(l) => format!("rank {r} had started seq {l}"),
+            None => format!("rank {r} had started none"),
         })
         .collect();
     Error::CollectiveTimeout {
-        what: format!("queuing collective {seq} ({err})"),
+        what: format!("collective {seq}, never queued ({err}),"),
         timeout,
         progress: posted.join("; "),
         lagging: culprits,

@@ -257,7 +257,8 @@ fn a_mismatch_is_found_while_a_rank_is_stuck_queuing_its_call() {
             .iter()
             .map(|(engine, scope)| {
                 s.spawn(move || {
-                    let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+                    let width = if scope.rank == 0 { 2 } else { 10 };
+                    let t = Tensor::zeros(&[4, width], crate::tensor::DType::F32).unwrap();
                     let call = if scope.rank == 0 {
                         Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
                     } else {
@@ -283,6 +284,11 @@ fn a_mismatch_is_found_while_a_rank_is_stuck_queuing_its_call() {
         );
         assert!(
             text.contains("all_reduce") && text.contains("broadcast"),
+            "rank {rank}: {text}"
+        );
+        // Both calls told in full, the stuck rank's too.
+        assert!(
+            text.contains("[4, 2]") && text.contains("[4, 10]"),
             "rank {rank}: {text}"
         );
     }
@@ -324,7 +330,7 @@ fn a_call_that_never_gets_queued_names_the_rank_that_never_came() {
             "rank {rank}: {text}"
         );
         assert!(
-            text.contains("rank 2 posted no calls"),
+            text.contains("rank 2 had started none"),
             "rank {rank}: {text}"
         );
         assert!(text.contains("ncclInProgress"), "rank {rank}: {text}");

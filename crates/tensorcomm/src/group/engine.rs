@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::absent_ranks::{blame_absent, blame_unqueued};
 use super::backend::{Call, GroupBackend};
+use super::call_description::describe;
 use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
@@ -318,6 +319,12 @@ impl OnDeviceFailure for DeviceHooks {
         self.shared.backend.abort();
     }
 
+    fn fail_pending(&self, seq: u64, error: Error) {
+        if let Some(dog) = self.shared.watchdog.get() {
+            dog.fail_pending(seq, error);
+        }
+    }
+
     fn with_both_sides(&self, fp: &Fingerprint, source: Error, mine: Option<&str>) -> Error {
         self.shared.failures.with_both_sides(fp, source, mine)
     }
@@ -363,6 +370,11 @@ fn run(
     let outcome = shared.backend.run(collective, &call);
     if let Some(m) = monitor {
         m.end();
+    }
+    if outcome.is_err() && call.description().is_none() {
+        // A mismatch is told with this rank's call in full (a host backend
+        // has described it already).
+        call.describe(describe(&fp, collective));
     }
     tracing::debug!(
         op,

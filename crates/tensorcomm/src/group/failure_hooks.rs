@@ -18,6 +18,10 @@ pub(crate) trait OnDeviceFailure: Send + Sync {
     ) -> Error;
     /// Aborts the backend's device work.
     fn abort(&self);
+    /// Fails the device work queued before collective `seq` and `seq`
+    /// itself with `error` (call it before [`abort`](Self::abort), so that
+    /// aborted work is not taken for finished work).
+    fn fail_pending(&self, seq: u64, error: Error);
     /// A mismatch with both sides' descriptions (see `mismatch_sides.rs`).
     fn with_both_sides(&self, fp: &Fingerprint, source: Error, mine: Option<&str>) -> Error;
     /// The error naming collective `fp`, this rank and the peers of

@@ -522,7 +522,7 @@ impl FailureBoard {
             // queuing, and posted it) fails the call with the abort: the
             // posted cause is the one to tell.
             if is_abort(&err) {
-                if let Some(first) = self.posted(fp.seq) {
+                if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }
             }
@@ -554,21 +554,32 @@ impl FailureBoard {
 }
 
 impl FailureBoard {
-    /// `err` with both sides of a mismatch in full, exchanged through the
-    /// group's store (see `mismatch_sides.rs`); `mine` is this rank's
-    /// description of collective `fp`. Call it after closing this rank's
-    /// connections.
-    /// The report posted for collective `seq`, if there is one (read
-    /// within the store's patience).
-    fn posted(&self, seq: u64) -> Option<FailureReport> {
+    /// The report of the first collective that failed in this group, if
+    /// one is posted and it is collective `seq` or an earlier one; else
+    /// the report posted for `seq`, if any (read within the store's
+    /// patience).
+    fn posted_up_to(&self, seq: u64) -> Option<FailureReport> {
         self.ask(
             "read the failure posted for a collective",
             move |store, prefix| {
-                let key = failure_key(prefix, seq);
-                Ok(match store.check(&[&key])? {
-                    true => FailureReport::decode(&store.get(&key)?),
-                    false => None,
-                })
+                let read = |key: &str| -> crate::Result<Option<FailureReport>> {
+                    Ok(match store.check(&[key])? {
+                        true => FailureReport::decode(&store.get(key)?),
+                        false => None,
+                    })
+                };
+                let first = failed_seq_key(prefix);
+                if store.check(&[&first])? {
+                    let text = String::from_utf8_lossy(&store.get(&first)?).into_owned();
+                    if let Ok(failed) = text.trim().parse::<u64>() {
+                        if failed <= seq {
+                            if let Some(report) = read(&failure_key(prefix, failed))? {
+                                return Ok(Some(report));
+                            }
+                        }
+                    }
+                }
+                read(&failure_key(prefix, seq))
             },
         )
         .flatten()
@@ -701,6 +712,10 @@ impl FailureBoard {
         }
     }
 
+    /// `err` with both sides of a mismatch in full, exchanged through the
+    /// group's store (see `mismatch_sides.rs`); `mine` is this rank's
+    /// description of collective `fp`. Call it after closing this rank's
+    /// connections.
     pub(crate) fn with_both_sides(
         &self,
         fp: &Fingerprint,

@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -230,6 +230,9 @@ pub(crate) struct StallMonitor {
     records: bool,
     /// The running collective and when it started.
     running: Mutex<Option<(Fingerprint, Instant)>>,
+    /// Wakes the thread, parked while nothing runs, when a collective
+    /// starts or the monitor stops.
+    wake: Condvar,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -248,6 +251,7 @@ impl StallMonitor {
             recent,
             records,
             running: Mutex::default(),
+            wake: Condvar::new(),
             stop: AtomicBool::new(false),
             thread: Mutex::default(),
         });
@@ -269,6 +273,7 @@ impl StallMonitor {
             self.recent.record(fp);
         }
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some((*fp, Instant::now()));
+        self.wake.notify_one();
     }
 
     /// The running collective ended.
@@ -278,7 +283,12 @@ impl StallMonitor {
 
     /// Ends the thread and waits for it.
     pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        {
+            // Under the lock, so the thread sees `stop` or is woken.
+            let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            self.stop.store(true, Ordering::Release);
+            self.wake.notify_all();
+        }
         let handle = self
             .thread
             .lock()
@@ -297,6 +307,16 @@ impl StallMonitor {
         // merely slow costs the store little).
         let mut checked: Option<(u64, Instant, Duration)> = None;
         while !self.stop.load(Ordering::Acquire) {
+            {
+                // Parked while nothing runs (most of the time).
+                let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+                while running.is_none() && !self.stop.load(Ordering::Acquire) {
+                    running = self
+                        .wake
+                        .wait(running)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
             std::thread::sleep(MONITOR_EVERY);
             let running = *self.running.lock().unwrap_or_else(PoisonError::into_inner);
             let Some((fp, since)) = running else {
@@ -321,7 +341,10 @@ impl StallMonitor {
             let found = compare(store, keys, &recent);
             if let Some(found) = found {
                 let error = found.error(keys.rank);
-                engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
+                let cause = engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
+                // Device work queued before the mismatch fails with it
+                // before the abort (aborted work may look finished).
+                engine.fail_pending(found.mine.seq, engine.named(&found.mine, cause));
                 // The blocked collective fails now and reports the
                 // mismatch posted above.
                 engine.abort();

@@ -504,6 +504,21 @@ impl ProgressKeys {
     }
 }
 
+/// Rank `rank`'s last started collective as its watchdog published it in
+/// the group under `key_prefix` (`None`: nothing published, or a group
+/// without a watchdog).
+pub(crate) fn published_start(
+    store: &dyn Store,
+    key_prefix: &str,
+    rank: usize,
+) -> Result<Option<u64>> {
+    let key = format!("{key_prefix}/progress/{rank}");
+    Ok(match store.check(&[&key])? {
+        true => Progress::decode(&store.get(&key)?).and_then(|p| p.started),
+        false => None,
+    })
+}
+
 /// Says where every rank was when collective `seq` timed out, grouping
 /// ranks at the same point, and lists the ranks that never started it and
 /// are furthest behind: a rank that stopped early leaves the ranks after
