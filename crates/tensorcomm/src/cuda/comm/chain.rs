@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::cuda::kernels::{self, CopyDesc};
 use crate::cuda::runtime::{self, Context, DevicePtr, Event, Stream};
-use crate::tensor::{DType, Device, Layout, Tensor};
+use crate::tensor::{DType, Layout, Tensor};
 use crate::Result;
 
 use super::copy::{Method, Tuning};
@@ -69,35 +69,6 @@ pub(crate) fn linked(chain: &[Arc<Context>]) -> Result<bool> {
     Ok(true)
 }
 
-/// The GPUs of a chain and one tensor's address on each.
-type Placed = (Vec<Arc<Context>>, Vec<DevicePtr>);
-
-/// The GPUs and addresses of `tensors` as a chain (in order), when each
-/// is a CUDA tensor on a GPU of its own and each GPU reaches the next
-/// one's memory; else `None`.
-fn chain_of<I>(tensors: I) -> Result<Option<Placed>>
-where
-    I: IntoIterator<Item = (Device, Result<(Arc<Context>, DevicePtr)>)>,
-{
-    let (mut chain, mut ptrs): (Vec<Arc<Context>>, Vec<DevicePtr>) = (Vec::new(), Vec::new());
-    for (device, cuda) in tensors {
-        if !device.is_cuda() {
-            return Ok(None);
-        }
-        let (ctx, ptr) = cuda?;
-        if chain.iter().any(|c| c.ordinal() == ctx.ordinal()) {
-            return Ok(None);
-        }
-        chain.push(ctx);
-        ptrs.push(ptr);
-    }
-    Ok(if linked(&chain)? {
-        Some((chain, ptrs))
-    } else {
-        None
-    })
-}
-
 /// GPUs `ordinals` as a chain, when they are distinct and each reaches the
 /// next one's memory; else `None`.
 pub(crate) fn gpus(ordinals: &[usize]) -> Result<Option<Vec<Arc<Context>>>> {
@@ -113,15 +84,15 @@ pub(crate) fn gpus(ordinals: &[usize]) -> Result<Option<Vec<Arc<Context>>>> {
     Ok(if linked(&chain)? { Some(chain) } else { None })
 }
 
-/// `t`'s device and (for a CUDA tensor) GPU address, for [`chain_of`].
-fn place(t: &Tensor<'_>) -> (Device, Result<(Arc<Context>, DevicePtr)>) {
-    let device = t.device();
-    let cuda = if device.is_cuda() {
-        t.cuda_ptr()
-    } else {
-        Err(crate::Error::InvalidArgument("not a CUDA tensor".into()))
-    };
-    (device, cuda)
+/// The GPUs of a chain and one tensor's address on each.
+type Placed = (Vec<Arc<Context>>, Vec<DevicePtr>);
+
+/// The chain through the GPUs of `places` (each a CUDA tensor's GPU and
+/// address, in order) with the addresses, when [`gpus`] makes them one;
+/// else `None`.
+fn chain_of(places: Vec<(Arc<Context>, DevicePtr)>) -> Result<Option<Placed>> {
+    let ordinals: Vec<usize> = places.iter().map(|(ctx, _)| ctx.ordinal()).collect();
+    Ok(gpus(&ordinals)?.map(|chain| (chain, places.into_iter().map(|(_, p)| p).collect())))
 }
 
 /// Copies `src` into every tensor of `outs` along a chain when that pays
@@ -135,8 +106,11 @@ pub(crate) fn try_broadcast(src: &Tensor<'_>, outs: &[&Tensor<'_>]) -> Result<bo
     {
         return Ok(false);
     }
-    let all = std::iter::once(place(src)).chain(outs.iter().map(|o| place(o)));
-    let Some((chain, ptrs)) = chain_of(all)? else {
+    // byte_copyable: every tensor is a CUDA tensor.
+    let places = std::iter::once(src.cuda_ptr())
+        .chain(outs.iter().map(|o| o.cuda_ptr()))
+        .collect::<Result<Vec<_>>>()?;
+    let Some((chain, ptrs)) = chain_of(places)? else {
         return Ok(false);
     };
     let item = Item {
@@ -162,9 +136,12 @@ pub(crate) fn try_reduce_add(
     {
         return Ok(false);
     }
+    // The destination first; byte_copyable: every input is a CUDA tensor.
     let others = inputs.iter().enumerate().filter(|&(i, _)| i != root);
-    let ordered = std::iter::once(place(inputs[root])).chain(others.map(|(_, t)| place(t)));
-    let Some((chain, ptrs)) = chain_of(ordered)? else {
+    let places = std::iter::once(inputs[root].cuda_ptr())
+        .chain(others.map(|(_, t)| t.cuda_ptr()))
+        .collect::<Result<Vec<_>>>()?;
+    let Some((chain, ptrs)) = chain_of(places)? else {
         return Ok(false);
     };
     reduce_add(
