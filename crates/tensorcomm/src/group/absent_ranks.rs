@@ -24,6 +24,7 @@
 //! finished a collective early (a broadcast's root) and called nothing
 //! since is behind too.
 
+use super::backend::is_not_queued;
 use super::failure_report::FailureBoard;
 use super::stall_check::{ring_key, ring_last};
 use super::watchdog::published_start;
@@ -139,7 +140,7 @@ pub(crate) fn blame_unqueued(
     err: Error,
     timeout: std::time::Duration,
 ) -> Error {
-    if !matches!(&err, Error::Nccl { code, .. } if code == "ncclInProgress") {
+    if !is_not_queued(&err) {
         return err;
     }
     let Some(last) = last_started(board, (rank, size), seq) else {

@@ -11,7 +11,29 @@ use std::time::Instant;
 use super::collective::Collective;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::work::DeviceEvent;
-use crate::Result;
+use crate::{Error, Result};
+
+/// The `code` of the [`Error::Nccl`] a device backend fails a call with
+/// once the group's own failure handling aborted it
+/// ([`GroupBackend::abort`]): the engine then reports the cause posted
+/// for the group, not the abort.
+pub(crate) const ABORTED: &str = "aborted";
+
+/// The `code` of the [`Error::Nccl`] a device backend fails a call with
+/// when it could not queue the call's work before its deadline (NCCL's
+/// group end still in progress): the engine then names the ranks furthest
+/// behind.
+pub(crate) const NOT_QUEUED: &str = "ncclInProgress";
+
+/// True for a call failed by an abort of this rank's group ([`ABORTED`]).
+pub(crate) fn is_aborted(err: &Error) -> bool {
+    matches!(err, Error::Nccl { code, .. } if code == ABORTED)
+}
+
+/// True for a call whose work was never queued ([`NOT_QUEUED`]).
+pub(crate) fn is_not_queued(err: &Error) -> bool {
+    matches!(err, Error::Nccl { code, .. } if code == NOT_QUEUED)
+}
 
 /// What a backend's [`GroupBackend::prepare`] made of a call on the
 /// caller's thread, handed back to its [`GroupBackend::run`] through

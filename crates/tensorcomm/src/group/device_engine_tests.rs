@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::backend::{Call, GroupBackend};
+use super::backend::{Call, GroupBackend, ABORTED, NOT_QUEUED};
 use super::collective::{Capabilities, Collective, Scope};
 use super::engine::Engine;
 use super::fingerprint::{CollectiveKind, FINGERPRINT_LEN};
@@ -76,12 +76,7 @@ impl GroupBackend for FakeBackend {
             }
             return Err(Error::Nccl {
                 call: "ncclGroupEnd".into(),
-                code: if *aborted {
-                    "aborted"
-                } else {
-                    "ncclInProgress"
-                }
-                .into(),
+                code: if *aborted { ABORTED } else { NOT_QUEUED }.into(),
                 message: "the fake group could not be queued".into(),
             });
         }

@@ -36,6 +36,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use super::backend::is_aborted;
 use super::fingerprint::{CollectiveKind, Fingerprint, FINGERPRINT_LEN};
 use crate::store::Store;
 use crate::Error;
@@ -407,12 +408,6 @@ impl FailureReport {
     }
 }
 
-/// True for the error of a call on an NCCL communicator this rank aborted
-/// (`Communicator::refuse_if_aborted`'s).
-fn is_abort(err: &Error) -> bool {
-    matches!(err, Error::Nccl { code, .. } if code == "aborted")
-}
-
 /// True for errors that a rank also sees when another rank gave up and
 /// closed its connections (so the root cause may be elsewhere).
 fn may_be_secondary(err: &Error) -> bool {
@@ -521,7 +516,7 @@ impl FailureBoard {
             // (its stall monitor found a mismatch while the call was stuck
             // queuing, and posted it) fails the call with the abort: the
             // posted cause is the one to tell.
-            if is_abort(&err) {
+            if is_aborted(&err) {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }

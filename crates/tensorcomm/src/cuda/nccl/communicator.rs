@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use crate::cuda::runtime::{self, Context};
 use crate::env_vars;
+use crate::group::backend::{ABORTED, NOT_QUEUED};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -496,7 +497,7 @@ impl Communicator {
             Err(Some(e)) => Err(e),
             Err(None) => Err(Error::Nccl {
                 call: call.into(),
-                code: "ncclInProgress".into(),
+                code: NOT_QUEUED.into(),
                 message: format!("still in progress after {within:?}"),
             }),
         }
@@ -560,7 +561,7 @@ impl Communicator {
         if self.is_aborted() {
             return Err(Error::Nccl {
                 call: "the NCCL communicator".into(),
-                code: "aborted".into(),
+                code: ABORTED.into(),
                 message: "it was aborted after an earlier failure of its group".into(),
             });
         }
