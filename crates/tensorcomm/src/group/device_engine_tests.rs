@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::backend::{Call, GroupBackend, ABORTED, NOT_QUEUED};
-use super::collective::{Capabilities, Collective, Scope};
+use super::collective::{Capabilities, Collective, Scope, Validated};
 use super::engine::Engine;
 use super::fingerprint::{CollectiveKind, FINGERPRINT_LEN};
 use super::{DeviceEvent, FlightRecorder, ReduceOp};
@@ -149,6 +149,24 @@ fn engines_stuck_on(
         .collect()
 }
 
+/// Submits `make(scope)` on every rank of `groups` at once, a thread each,
+/// and gives each rank's outcome of waiting for it on the host.
+fn on_each(
+    groups: &[(Engine, Scope)],
+    make: impl Fn(&Scope) -> Validated + Sync,
+) -> Vec<Result<()>> {
+    std::thread::scope(|s| {
+        let make = &make;
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|(engine, scope)| {
+                s.spawn(move || engine.submit(make(scope), None).unwrap().synchronize())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn matching_calls_complete_on_the_device() {
     let groups = engines(2, Duration::from_secs(30));
@@ -169,19 +187,10 @@ fn matching_calls_complete_on_the_device() {
 fn a_mismatch_fails_every_rank_at_that_call_with_both_shapes() {
     let groups = engines(2, Duration::from_secs(30));
     let started = Instant::now();
-    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = groups
-            .iter()
-            .map(|(engine, scope)| {
-                s.spawn(move || {
-                    let width = if scope.rank == 0 { 2 } else { 10 };
-                    let t = Tensor::zeros(&[20, width], crate::tensor::DType::F32).unwrap();
-                    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
-                    engine.submit(call, None).unwrap().synchronize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = on_each(&groups, |scope| {
+        let width = if scope.rank == 0 { 2 } else { 10 };
+        let t = Tensor::zeros(&[20, width], crate::tensor::DType::F32).unwrap();
+        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
     });
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -247,23 +256,14 @@ fn a_mismatch_is_found_while_a_rank_is_stuck_queuing_its_call() {
         (rank == 1).then_some(CollectiveKind::Broadcast)
     });
     let started = Instant::now();
-    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = groups
-            .iter()
-            .map(|(engine, scope)| {
-                s.spawn(move || {
-                    let width = if scope.rank == 0 { 2 } else { 10 };
-                    let t = Tensor::zeros(&[4, width], crate::tensor::DType::F32).unwrap();
-                    let call = if scope.rank == 0 {
-                        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
-                    } else {
-                        Collective::broadcast(scope, &t, 0).unwrap()
-                    };
-                    engine.submit(call, None).unwrap().synchronize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = on_each(&groups, |scope| {
+        let width = if scope.rank == 0 { 2 } else { 10 };
+        let t = Tensor::zeros(&[4, width], crate::tensor::DType::F32).unwrap();
+        if scope.rank == 0 {
+            Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
+        } else {
+            Collective::broadcast(scope, &t, 0).unwrap()
+        }
     });
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -299,18 +299,9 @@ fn a_call_that_never_gets_queued_names_the_rank_that_never_came() {
         (rank < 2).then_some(CollectiveKind::AllReduce)
     });
     let started = Instant::now();
-    let outcomes: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = groups[..2]
-            .iter()
-            .map(|(engine, scope)| {
-                s.spawn(move || {
-                    let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
-                    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
-                    engine.submit(call, None).unwrap().synchronize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = on_each(&groups[..2], |scope| {
+        let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
     });
     assert!(
         started.elapsed() < Duration::from_secs(10),

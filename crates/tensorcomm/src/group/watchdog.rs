@@ -181,7 +181,7 @@ impl Watchdog {
             thread: Mutex::default(),
         });
         let keys = ProgressKeys {
-            prefix: format!("{key_prefix}/progress"),
+            prefix: progress_prefix(key_prefix),
             rank,
             size,
         };
@@ -504,6 +504,11 @@ impl ProgressKeys {
     }
 }
 
+/// Where the ranks of the group under `key_prefix` publish their progress.
+fn progress_prefix(key_prefix: &str) -> String {
+    format!("{key_prefix}/progress")
+}
+
 /// Rank `rank`'s last started collective as its watchdog published it in
 /// the group under `key_prefix` (`None`: nothing published, or a group
 /// without a watchdog).
@@ -512,7 +517,7 @@ pub(crate) fn published_start(
     key_prefix: &str,
     rank: usize,
 ) -> Result<Option<u64>> {
-    let key = format!("{key_prefix}/progress/{rank}");
+    let key = format!("{}/{rank}", progress_prefix(key_prefix));
     Ok(match store.check(&[&key])? {
         true => Progress::decode(&store.get(&key)?).and_then(|p| p.started),
         false => None,
