@@ -78,6 +78,11 @@ pub(crate) struct Plan<'a> {
 }
 
 impl Plan<'_> {
+    /// True if dropping the plan calls NCCL (it destroys ops it created).
+    pub(crate) fn owns_ops(&self) -> bool {
+        self.ops.iter().any(RedOp::is_created)
+    }
+
     /// True if the plan sends or receives (NCCL connects each pair of
     /// ranks for those at their first transfer).
     pub(crate) fn has_p2p(&self) -> bool {

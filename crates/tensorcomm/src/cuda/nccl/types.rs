@@ -58,6 +58,11 @@ pub(crate) struct RedOp<'a> {
 }
 
 impl<'a> RedOp<'a> {
+    /// True for an op NCCL created for the call (destroyed with it).
+    pub(crate) fn is_created(&self) -> bool {
+        self.created.is_some()
+    }
+
     /// NCCL's op for `op` on `dtype` in `comm` (`call` names the
     /// collective in errors).
     pub(crate) fn new(
