@@ -33,7 +33,7 @@ use crate::Error;
 /// The ranks furthest behind collective `seq`, given each rank's last
 /// started collective (`None`: none posted); empty when every rank has
 /// started `seq`. `Option`'s order puts ranks that posted nothing first.
-fn furthest_behind(last: &[Option<u64>], seq: u64) -> Vec<usize> {
+pub(crate) fn furthest_behind(last: &[Option<u64>], seq: u64) -> Vec<usize> {
     let behind = last.iter().filter(|&&l| l < Some(seq));
     let Some(&least) = behind.min() else {
         return Vec::new();

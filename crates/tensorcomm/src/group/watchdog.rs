@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::absent_ranks::furthest_behind;
 use super::call_description::describe;
 use super::collective::Collective;
 use super::failure_hooks::OnDeviceFailure;
@@ -568,20 +569,8 @@ pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, 
         .collect();
     // How far each rank got: `None` (nothing started, or no progress
     // published) is furthest behind.
-    let reached = |p: &Option<Progress>| p.and_then(|p| p.started);
-    let behind: Vec<(usize, Option<u64>)> = all
-        .iter()
-        .enumerate()
-        .map(|(r, p)| (r, reached(p)))
-        .filter(|(_, at)| !matches!(at, Some(s) if *s >= seq))
-        .collect();
-    let furthest = behind.iter().map(|&(_, at)| at).min();
-    let lagging = behind
-        .iter()
-        .filter(|&&(_, at)| Some(at) == furthest)
-        .map(|&(r, _)| r)
-        .collect();
-    (parts.join("; "), lagging)
+    let reached: Vec<Option<u64>> = all.iter().map(|p| p.and_then(|p| p.started)).collect();
+    (parts.join("; "), furthest_behind(&reached, seq))
 }
 
 #[cfg(test)]
