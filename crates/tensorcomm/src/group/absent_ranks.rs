@@ -26,8 +26,8 @@
 
 use super::backend::is_not_queued;
 use super::failure_report::FailureBoard;
+use super::progress::published_start;
 use super::stall_check::{ring_key, ring_last};
-use super::watchdog::published_start;
 use crate::Error;
 
 /// The ranks furthest behind collective `seq`, given each rank's last

@@ -48,6 +48,7 @@ mod flight_recorder;
 mod host_engine_tests;
 mod mismatch_sides;
 mod new_group;
+mod progress;
 mod reduce_op;
 mod sparse_work;
 mod stall_check;

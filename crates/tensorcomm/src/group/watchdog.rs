@@ -22,6 +22,7 @@ use super::call_description::describe;
 use super::collective::Collective;
 use super::failure_hooks::OnDeviceFailure;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::progress::{progress_prefix, Progress, ProgressKeys};
 use super::stall_check::{self, CallRing, StallKeys, RECHECK, STALL};
 use super::work::DeviceEvent;
 use crate::store::Store;
@@ -129,35 +130,6 @@ pub(crate) struct Watchdog {
     progress: Mutex<Progress>,
     recent: Arc<CallRing>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-/// This rank's last started and last completed sequence numbers.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub(crate) struct Progress {
-    pub(crate) started: Option<u64>,
-    pub(crate) completed: Option<u64>,
-}
-
-impl Progress {
-    fn encode(self) -> String {
-        let n = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
-        format!("{} {}", n(self.started), n(self.completed))
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Progress> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let mut parts = text.split(' ');
-        let mut field = || -> Option<Option<u64>> {
-            match parts.next()? {
-                "-" => Some(None),
-                v => v.parse().ok().map(Some),
-            }
-        };
-        Some(Progress {
-            started: field()?,
-            completed: field()?,
-        })
-    }
 }
 
 impl Watchdog {
@@ -493,38 +465,6 @@ impl Watchdog {
     }
 }
 
-struct ProgressKeys {
-    prefix: String,
-    rank: usize,
-    size: usize,
-}
-
-impl ProgressKeys {
-    fn key(&self, rank: usize) -> String {
-        format!("{}/{rank}", self.prefix)
-    }
-}
-
-/// Where the ranks of the group under `key_prefix` publish their progress.
-fn progress_prefix(key_prefix: &str) -> String {
-    format!("{key_prefix}/progress")
-}
-
-/// Rank `rank`'s last started collective as its watchdog published it in
-/// the group under `key_prefix` (`None`: nothing published, or a group
-/// without a watchdog).
-pub(crate) fn published_start(
-    store: &dyn Store,
-    key_prefix: &str,
-    rank: usize,
-) -> Result<Option<u64>> {
-    let key = format!("{}/{rank}", progress_prefix(key_prefix));
-    Ok(match store.check(&[&key])? {
-        true => Progress::decode(&store.get(&key)?).and_then(|p| p.started),
-        false => None,
-    })
-}
-
 /// Says where every rank was when collective `seq` timed out, grouping
 /// ranks at the same point, and lists the ranks that never started it and
 /// are furthest behind: a rank that stopped early leaves the ranks after
@@ -618,24 +558,6 @@ mod tests {
         let (text, lagging) = describe_progress(3, &[at(3, 2), at(3, 2)]);
         assert_eq!(text, "every rank last started seq 3, last completed seq 2");
         assert!(lagging.is_empty());
-    }
-
-    #[test]
-    fn progress_round_trips_through_its_store_value() {
-        for p in [
-            Progress::default(),
-            Progress {
-                started: Some(7),
-                completed: None,
-            },
-            Progress {
-                started: Some(9),
-                completed: Some(8),
-            },
-        ] {
-            assert_eq!(Progress::decode(p.encode().as_bytes()), Some(p));
-        }
-        assert_eq!(Progress::decode(b"x 1"), None);
     }
 
     #[test]
