@@ -88,10 +88,10 @@ stage_intranode() {
     LIMIT=90 lim "$tc" run --nproc-per-node "$n" -- python3 "$dir/intranode_torch.py" --sizes 8,1M --iters 10 --warmup 2
     (cd "$dir" && lim python3 compare_intranode.py --tensorcomm "$tc" --ranks "$n" \
       --sizes "${SIZES:-8,1K,16K,64K,256K,1M,4M,16M,64M,256M,1G}" --iters "${ITERS:-30}" --warmup 5)
-    for algo in one_shot two_shot; do
+    for algo in ${ALGOS:-push one_shot two_shot}; do
       echo "## forced $algo, $n ranks"
       TENSORCOMM_INTRANODE_ALGO=$algo lim "$tc" bench --backend intranode -n "$n" \
-        --sizes 8,16K,64K,256K,1M,4M,16M,64M --iters "${ITERS:-30}" --warmup 5
+        --sizes "${FORCED_SIZES:-8,16K,64K,256K,1M,4M,16M,64M}" --iters "${ITERS:-30}" --warmup 5
     done
     for v in "$dir"/tensorcomm-b*; do
       [ -x "$v" ] || continue

@@ -257,7 +257,7 @@ pub const INTRANODE: EnvVar = EnvVar {
 pub const INTRANODE_ALGO: EnvVar = EnvVar {
     name: "TENSORCOMM_INTRANODE_ALGO",
     default: "auto",
-    doc: "peer-memory all-reduce algorithm: `auto` (by size), `one_shot`, `two_shot` or `large` (where the message fits the algorithm's buffer)",
+    doc: "peer-memory all-reduce algorithm: `auto` (by size), `push`, `one_shot`, `two_shot` or `large` (where the message fits the algorithm's buffer)",
     agreed: true,
 };
 

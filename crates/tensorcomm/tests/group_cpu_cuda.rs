@@ -624,7 +624,7 @@ fn all_reduce_of_cuda_tensors_takes_the_device_path_when_every_rank_can() {
             }
         }
         let u = peer.usage();
-        assert_eq!((u.one_shot, u.none), (calls, 0), "{u:?}");
+        assert_eq!((u.push, u.none), (calls, 0), "{u:?}");
         // A bigger bf16 tensor (two-shot where the world size's one-shot
         // limit is below 600 KB), through synchronize().
         let big = 300_000;
@@ -697,7 +697,11 @@ fn the_device_path_group_stages_what_not_every_rank_can_take() {
             .unwrap();
         assert_eq!(ints.to_vec::<i64>().unwrap(), vec![3; n], "i64");
         let u = pg.intranode().unwrap().usage();
-        assert_eq!((u.one_shot + u.two_shot + u.large, u.none), (0, 3), "{u:?}");
+        assert_eq!(
+            (u.push + u.one_shot + u.two_shot + u.large, u.none),
+            (0, 3),
+            "{u:?}"
+        );
         // Other collectives of CUDA tensors are staged as before.
         let b = on(GPU, vec![me as f32 + 5.0; n], &[n]);
         pg.broadcast(&b, 1, None).unwrap().synchronize().unwrap();

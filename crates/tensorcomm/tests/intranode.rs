@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use tensorcomm::cuda::intranode::{
-    one_shot_max, two_shot_max, AlgoChoice, AllReduceAlgo, IntraNodeComm, IntraNodeOptions,
-    PeerPolicy,
+    one_shot_max, push_max, two_shot_max, AlgoChoice, AllReduceAlgo, IntraNodeComm,
+    IntraNodeOptions, PeerPolicy,
 };
 use tensorcomm::cuda::runtime::Stream;
 use tensorcomm::group::ReduceOp;
@@ -177,6 +177,7 @@ fn every_dtype_op_and_algorithm_matches_the_reference_at_2_3_4_and_8_ranks() {
     }
     for world in [2, 3, 4, 8] {
         for algo in [
+            AllReduceAlgo::Push,
             AllReduceAlgo::OneShot,
             AllReduceAlgo::TwoShot,
             AllReduceAlgo::Large,
@@ -218,7 +219,11 @@ fn results_are_bitwise_identical_on_every_rank() {
     if !can_run("results_are_bitwise_identical_on_every_rank") {
         return;
     }
-    for algo in [AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+    for algo in [
+        AllReduceAlgo::Push,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+    ] {
         let ranks = comms(
             4,
             &format!("bits-{algo:?}"),
@@ -248,13 +253,16 @@ fn sizes_around_each_threshold_take_the_path_the_counter_shows() {
     if !can_run("sizes_around_each_threshold_take_the_path_the_counter_shows") {
         return;
     }
-    let one = one_shot_max(2);
+    let (push, one) = (push_max(2), one_shot_max(2));
     // Between the one-shot and two-shot limits, so `large` starts at the
     // region.
     let region = one * 2;
     assert!(region < two_shot_max(2));
     let ranks = comms(2, "thresholds", &options(AlgoChoice::Auto, region));
     let cases = [
+        (push - 4, AllReduceAlgo::Push),
+        (push, AllReduceAlgo::Push),
+        (push + 4, AllReduceAlgo::OneShot),
         (one - 4, AllReduceAlgo::OneShot),
         (one, AllReduceAlgo::OneShot),
         (one + 4, AllReduceAlgo::TwoShot),
@@ -275,6 +283,7 @@ fn sizes_around_each_threshold_take_the_path_the_counter_shows() {
         let after = ranks[0].0.usage();
         let delta = |f: fn(&tensorcomm::cuda::intranode::AlgoUsage) -> u64| f(&after) - f(&before);
         let counted = match want {
+            AllReduceAlgo::Push => delta(|u| u.push),
             AllReduceAlgo::OneShot => delta(|u| u.one_shot),
             AllReduceAlgo::TwoShot => delta(|u| u.two_shot),
             _ => delta(|u| u.large),
@@ -288,7 +297,11 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
     if !can_run("a_thousand_back_to_back_calls_never_see_stale_data") {
         return;
     }
-    for algo in [AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+    for algo in [
+        AllReduceAlgo::Push,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+    ] {
         let ranks = comms(
             2,
             &format!("thousand-{algo:?}"),
@@ -318,7 +331,11 @@ fn captured_calls_replay_on_new_inputs() {
     if !can_run("captured_calls_replay_on_new_inputs") {
         return;
     }
-    for algo in [AllReduceAlgo::OneShot, AllReduceAlgo::TwoShot] {
+    for algo in [
+        AllReduceAlgo::Push,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+    ] {
         let ranks = comms(
             2,
             &format!("graph-{algo:?}"),
@@ -390,7 +407,7 @@ fn ineligible_inputs_fall_back_with_a_reason_and_misuse_is_refused() {
     // rule on them could split one call between two paths.
     assert_eq!(
         c.select_all_reduce_algo(&shifted, ReduceOp::Sum),
-        AllReduceAlgo::OneShot
+        AllReduceAlgo::Push
     );
     let cases: [(&Tensor<'_>, ReduceOp, &str); 5] = [
         (&int64, ReduceOp::Sum, "found i64"),
@@ -531,19 +548,22 @@ fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
     // Processes sharing a GPU take turns on it, so each barrier waits for
     // every other rank's time slice: fewer calls for more ranks.
     let calls = if c.world() > 4 { 4 } else { 40 };
-    // The sizes pick one-shot, then (where the world size's limit is below
-    // 400 KB) two-shot; each call must run what the selection says.
-    let mut want = (0, 0);
+    // The sizes pick push, one-shot, then (where the world size's limit is
+    // below 400 KB) two-shot; each call must run what the selection says.
+    let mut want = (0, 0, 0);
     for call in 0..calls {
-        let numel = if call % 2 == 0 { 1000 } else { 200_000 };
+        let numel = [1000, 60_000, 200_000][call % 3];
         let t = gpu_input(DType::BF16, c.rank(), numel, 0, call);
         match c.select_all_reduce_algo(&t, ReduceOp::Sum) {
-            AllReduceAlgo::OneShot => want.0 += 1,
-            AllReduceAlgo::TwoShot => want.1 += 1,
+            AllReduceAlgo::Push => want.0 += 1,
+            AllReduceAlgo::OneShot => want.1 += 1,
+            AllReduceAlgo::TwoShot => want.2 += 1,
             other => panic!("{numel} bf16 elements: selected {other:?}"),
         }
         assert_eq!(c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap(), {
-            if numel * 2 <= one_shot_max(c.world()) {
+            if numel * 2 <= push_max(c.world()) {
+                AllReduceAlgo::Push
+            } else if numel * 2 <= one_shot_max(c.world()) {
                 AllReduceAlgo::OneShot
             } else {
                 AllReduceAlgo::TwoShot
@@ -559,7 +579,7 @@ fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
         );
     }
     let u = c.usage();
-    assert_eq!((u.one_shot, u.two_shot), want, "{u:?}");
+    assert_eq!((u.push, u.one_shot, u.two_shot), want, "{u:?}");
 }
 
 /// Not a test of its own: the entry point of the child ranks below.

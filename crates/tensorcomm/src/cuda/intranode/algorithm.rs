@@ -1,16 +1,19 @@
-//! Which kernel runs an all-reduce of a given size: one-shot for small
-//! messages (one barrier, every rank reads everything), two-shot up to the
-//! buffer (two barriers, each rank reads 1/n of every input twice), and
-//! beyond that the large path (two-shot over buffer-sized chunks).
+//! Which kernel runs an all-reduce of a given size: push for the smallest
+//! messages (no barrier: each rank stores its input, flagged, into every
+//! peer's inbox), one-shot for small ones (one barrier, every rank reads
+//! everything), two-shot up to the buffer (two barriers, each rank reads
+//! 1/n of every input twice), and beyond that the large path (two-shot
+//! over buffer-sized chunks).
 //!
-//! The size limits depend on the world size ([`one_shot_max`],
-//! [`two_shot_max`]): measured for 2 ranks on two NVLink-connected H100s;
+//! The size limits depend on the world size ([`push_max`],
+//! [`one_shot_max`], [`two_shot_max`]): measured for 2 ranks on two NVLink-connected H100s;
 //! PyTorch IntraNodeComm's (one-shot up to 256 KiB, two-shot up to 10 MiB)
 //! for 3 to 8 ranks until they are measured there.
 //! `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::cuda::kernels::PUSH_MAX_BYTES;
 use crate::env_vars;
 use crate::{Error, Result};
 
@@ -18,6 +21,11 @@ use crate::{Error, Result};
 /// `None` when the call falls back to another path (NCCL, host staging).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AllReduceAlgo {
+    /// One kernel, no barrier: every rank stores its input, each word
+    /// beside the call's flag, into every peer's inbox and reduces what
+    /// arrives in its own, in rank order. Messages up to 256 KiB (the
+    /// flags double the bytes moved).
+    Push,
     /// One kernel, one barrier; every rank reduces the whole message.
     OneShot,
     /// One kernel, two barriers: reduce-scatter, then all-gather.
@@ -34,6 +42,7 @@ impl AllReduceAlgo {
     /// The name `TENSORCOMM_INTRANODE_ALGO` takes.
     pub fn name(self) -> &'static str {
         match self {
+            AllReduceAlgo::Push => "push",
             AllReduceAlgo::OneShot => "one_shot",
             AllReduceAlgo::TwoShot => "two_shot",
             AllReduceAlgo::Large => "large",
@@ -44,6 +53,18 @@ impl AllReduceAlgo {
     fn index(self) -> usize {
         self as usize
     }
+}
+
+/// Largest message (bytes) push takes by default in a group of `world`
+/// ranks (never above 256 KiB, its inbox).
+///
+/// ```
+/// use tensorcomm::cuda::intranode::{one_shot_max, push_max};
+/// assert!(push_max(2) <= one_shot_max(2));
+/// ```
+pub const fn push_max(world: usize) -> usize {
+    let _ = world;
+    64 << 10
 }
 
 /// Largest message (bytes) one-shot takes by default in a group of
@@ -89,10 +110,12 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// How algorithms are chosen: by size, or one forced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AlgoChoice {
-    /// By size ([`one_shot_max`], [`two_shot_max`], the buffer).
+    /// By size ([`push_max`], [`one_shot_max`], [`two_shot_max`], the
+    /// buffer).
     Auto,
-    /// Always this algorithm where the message fits the buffer (large
-    /// messages still take [`AllReduceAlgo::Large`]).
+    /// Always this algorithm where the message fits its buffer (large
+    /// messages still take [`AllReduceAlgo::Large`]; push beyond its
+    /// inbox takes one-shot).
     Force(AllReduceAlgo),
 }
 
@@ -108,13 +131,14 @@ impl AlgoChoice {
     pub fn parse(value: &str) -> Result<AlgoChoice> {
         Ok(match value.trim() {
             "" | "auto" => AlgoChoice::Auto,
+            "push" => AlgoChoice::Force(AllReduceAlgo::Push),
             "one_shot" => AlgoChoice::Force(AllReduceAlgo::OneShot),
             "two_shot" => AlgoChoice::Force(AllReduceAlgo::TwoShot),
             "large" => AlgoChoice::Force(AllReduceAlgo::Large),
             other => {
                 return Err(Error::BadValue {
                     name: env_vars::INTRANODE_ALGO.name.into(),
-                    expected: "auto, one_shot, two_shot or large".into(),
+                    expected: "auto, push, one_shot, two_shot or large".into(),
                     found: other.into(),
                 })
             }
@@ -133,7 +157,11 @@ impl AlgoChoice {
             return AllReduceAlgo::Large;
         }
         match self {
+            AlgoChoice::Force(AllReduceAlgo::Push) if bytes > PUSH_MAX_BYTES => {
+                AllReduceAlgo::OneShot
+            }
             AlgoChoice::Force(algo) => algo,
+            AlgoChoice::Auto if bytes <= push_max(world).min(PUSH_MAX_BYTES) => AllReduceAlgo::Push,
             AlgoChoice::Auto if bytes <= one_shot_max(world) => AllReduceAlgo::OneShot,
             AlgoChoice::Auto if bytes <= two_shot_max(world) => AllReduceAlgo::TwoShot,
             AlgoChoice::Auto => AllReduceAlgo::Large,
@@ -145,6 +173,8 @@ impl AlgoChoice {
 /// for tests and logs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AlgoUsage {
+    /// Calls run by push.
+    pub push: u64,
     /// Calls run by one-shot.
     pub one_shot: u64,
     /// Calls run by two-shot.
@@ -157,7 +187,7 @@ pub struct AlgoUsage {
 
 /// The counters behind [`AlgoUsage`].
 #[derive(Default)]
-pub(crate) struct UsageCounters([AtomicU64; 4]);
+pub(crate) struct UsageCounters([AtomicU64; 5]);
 
 impl UsageCounters {
     pub(crate) fn count(&self, algo: AllReduceAlgo) {
@@ -167,6 +197,7 @@ impl UsageCounters {
     pub(crate) fn snapshot(&self) -> AlgoUsage {
         let get = |a: AllReduceAlgo| self.0[a.index()].load(Ordering::Relaxed);
         AlgoUsage {
+            push: get(AllReduceAlgo::Push),
             one_shot: get(AllReduceAlgo::OneShot),
             two_shot: get(AllReduceAlgo::TwoShot),
             large: get(AllReduceAlgo::Large),
@@ -184,9 +215,12 @@ mod tests {
         let region = 128 << 20;
         let auto = AlgoChoice::Auto;
         for world in [2, 3, 4, 8] {
-            let (one, two) = (one_shot_max(world), two_shot_max(world));
-            assert!(one < two && two < region, "{world} ranks");
-            assert_eq!(auto.pick(8, region, world), AllReduceAlgo::OneShot);
+            let (push, one, two) = (push_max(world), one_shot_max(world), two_shot_max(world));
+            assert!(push < one && one < two && two < region, "{world} ranks");
+            assert!(push <= PUSH_MAX_BYTES);
+            assert_eq!(auto.pick(8, region, world), AllReduceAlgo::Push);
+            assert_eq!(auto.pick(push, region, world), AllReduceAlgo::Push);
+            assert_eq!(auto.pick(push + 4, region, world), AllReduceAlgo::OneShot);
             assert_eq!(auto.pick(one, region, world), AllReduceAlgo::OneShot);
             assert_eq!(auto.pick(one + 4, region, world), AllReduceAlgo::TwoShot);
             assert_eq!(auto.pick(two, region, world), AllReduceAlgo::TwoShot);
@@ -201,6 +235,14 @@ mod tests {
         let forced = AlgoChoice::Force(AllReduceAlgo::OneShot);
         assert_eq!(forced.pick(4 << 20, region, 8), AllReduceAlgo::OneShot);
         assert_eq!(forced.pick(region + 4, region, 2), AllReduceAlgo::Large);
+        // Push beyond its inbox runs one-shot.
+        let push = AlgoChoice::Force(AllReduceAlgo::Push);
+        assert_eq!(push.pick(PUSH_MAX_BYTES, region, 8), AllReduceAlgo::Push);
+        assert_eq!(
+            push.pick(PUSH_MAX_BYTES + 4, region, 8),
+            AllReduceAlgo::OneShot
+        );
+        assert_eq!(push.pick(region + 4, region, 8), AllReduceAlgo::Large);
     }
 
     #[test]
@@ -210,6 +252,10 @@ mod tests {
         assert_eq!(
             AlgoChoice::parse(" large ").unwrap(),
             AlgoChoice::Force(AllReduceAlgo::Large)
+        );
+        assert_eq!(
+            AlgoChoice::parse("push").unwrap(),
+            AlgoChoice::Force(AllReduceAlgo::Push)
         );
         let e = AlgoChoice::parse("none").unwrap_err().to_string();
         assert!(

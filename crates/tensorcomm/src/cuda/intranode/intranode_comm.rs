@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
-use crate::cuda::kernels::{peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot};
+use crate::cuda::kernels::{
+    peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot, PUSH_SLOT_BYTES,
+};
 use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
 use crate::group::ReduceOp;
 use crate::store::Store;
@@ -378,6 +380,7 @@ impl IntraNodeComm {
         let numel = tensor.numel();
         let region = self.memory.region_bytes();
         let (shot, chunk) = match algo {
+            AllReduceAlgo::Push => (Shot::Push, numel),
             AllReduceAlgo::OneShot => (Shot::One, numel),
             AllReduceAlgo::TwoShot => (Shot::Two, numel),
             _ => (Shot::Two, region / elem),
@@ -390,15 +393,18 @@ impl IntraNodeComm {
         while done < numel {
             let n = chunk.min(numel - done);
             let at = addr + (done * elem) as u64;
-            let region_index = if capturing {
-                GRAPH_REGION
+            let buf = if shot == Shot::Push {
+                // The inboxes: no region, and no end barrier in graphs.
+                self.memory.inboxes()
+            } else if capturing {
+                self.memory.regions(GRAPH_REGION)
             } else {
                 let k = (last.eager % 2) as usize;
                 last.eager += 1;
-                k
+                self.memory.regions(k)
             };
             let args = PeerArgs {
-                buf: self.memory.regions(region_index),
+                buf,
                 pad: pads,
                 input: at,
                 output: at,
@@ -411,7 +417,7 @@ impl IntraNodeComm {
                 op: op as u32,
                 end_barrier: u32::from(capturing),
                 io_aligned: u32::from(at.is_multiple_of(16)),
-                reserved: 0,
+                inbox_slot: PUSH_SLOT_BYTES as u32,
             };
             if let Err(e) = peer_all_reduce(&self.ctx, stream, shot, dtype, &args) {
                 if done > 0 {

@@ -1,5 +1,5 @@
 //! Symmetric memory: one block per rank, laid out the same on every rank
-//! (signal pad, then three buffer regions), mapped into every rank's
+//! (signal pad, the push kernel's inbox, then three buffer regions), mapped into every rank's
 //! address space. Set up through the store in three rounds: every rank
 //! publishes a [`RankInfo`]; every rank judges the group and, if it can
 //! take part, allocates its block and publishes its IPC handle (or why
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::topology::{to_hex, unhex, why_not, PeerPolicy, RankInfo};
-use crate::cuda::kernels::{PEER_MAX, PEER_PAD_BYTES};
+use crate::cuda::kernels::{push_inbox_bytes, PEER_MAX, PEER_PAD_BYTES};
 use crate::cuda::runtime::{enable_peer_access, IpcHandle, PeerMapping, SharedAllocation};
 use crate::store::Store;
 use crate::{Error, Result};
@@ -49,6 +49,8 @@ pub(crate) struct SymmetricMemory {
     peers: Vec<Peer>,
     mine: Option<Arc<SharedAllocation>>,
     region: usize,
+    /// Bytes of the push kernel's inbox, between the pad and the regions.
+    inbox: usize,
 }
 
 impl Drop for SymmetricMemory {
@@ -179,9 +181,12 @@ impl Rendezvous<'_> {
         let judged = why_not(self.rank, self.device, &infos, self.policy);
         let block = match &judged {
             Ok(None) => Some(
-                SharedAllocation::zeroed(self.device, PAD_AREA + REGIONS * self.region)
-                    .and_then(|a| a.ipc_handle().map(|h| (Arc::new(a), h)))
-                    .inspect(|(a, _)| register_block(a)),
+                SharedAllocation::zeroed(
+                    self.device,
+                    PAD_AREA + push_inbox_bytes(self.world) + REGIONS * self.region,
+                )
+                .and_then(|a| a.ipc_handle().map(|h| (Arc::new(a), h)))
+                .inspect(|(a, _)| register_block(a)),
             ),
             _ => None,
         };
@@ -210,6 +215,7 @@ impl Rendezvous<'_> {
             peers,
             mine: Some(mine),
             region: self.region,
+            inbox: push_inbox_bytes(self.world),
         })
     }
 
@@ -292,12 +298,21 @@ impl SymmetricMemory {
         out
     }
 
+    /// Every rank's push inbox, as the push kernel takes them.
+    pub(crate) fn inboxes(&self) -> [u64; PEER_MAX] {
+        let mut out = [0; PEER_MAX];
+        for (r, o) in out.iter_mut().enumerate().take(self.peers.len()) {
+            *o = self.base(r) + PAD_AREA as u64;
+        }
+        out
+    }
+
     /// Every rank's region `k` (0 to [`REGIONS`] - 1).
     pub(crate) fn regions(&self, k: usize) -> [u64; PEER_MAX] {
         assert!(k < REGIONS);
         let mut out = [0; PEER_MAX];
         for (r, o) in out.iter_mut().enumerate().take(self.peers.len()) {
-            *o = self.base(r) + (PAD_AREA + k * self.region) as u64;
+            *o = self.base(r) + (PAD_AREA + self.inbox + k * self.region) as u64;
         }
         out
     }

@@ -48,7 +48,8 @@ use crate::Result;
 
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
 pub(crate) use peer_all_reduce::{
-    peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES,
+    peer_all_reduce, peer_dtype_supported, push_inbox_bytes, PeerArgs, PeerOp, Shot, PEER_MAX,
+    PEER_PAD_BYTES, PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
 };
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};
@@ -78,6 +79,9 @@ const KERNELS: &[&str] = &[
     "peer_two_shot_f32",
     "peer_two_shot_f16",
     "peer_two_shot_bf16",
+    "peer_push_f32",
+    "peer_push_f16",
+    "peer_push_bf16",
 ];
 
 /// The kernels' program, built once per device on first use.

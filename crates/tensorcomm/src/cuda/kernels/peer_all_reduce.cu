@@ -16,10 +16,19 @@
 // 256 tries (a read crosses PCIe).
 // Data of peers is read with ld.global.cg (L2, never a stale L1 line).
 // Element types: OpF32, OpF16 and OpBF16 above (f32 accumulation).
+//
+// The push kernel (small messages) has no barrier: each rank stores its
+// input straight into every peer's inbox, each 4-byte word beside a flag
+// (the call's number) in one 8-byte store, which arrives whole; a rank
+// reduces once every flag of its inbox shows the call. See peer_push.
 
 #define PEER_MAX 8
 #define PEER_BLOCKS 128
 #define PEER_FLAGS (PEER_BLOCKS * PEER_MAX)
+// The push kernel's grid, fixed so that a vector always belongs to the
+// same block, and its per-block call counts after the barrier counts.
+#define PUSH_BLOCKS 32
+#define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)
 
 struct PeerArgs {
   u64 buf[PEER_MAX];
@@ -35,7 +44,7 @@ struct PeerArgs {
   u32 op;           // 0 sum, 1 avg, 2 min, 3 max
   u32 end_barrier;  // 1: also synchronise after the data is read
   u32 io_aligned;   // 1: input and output are 16-byte aligned
-  u32 reserved;
+  u32 inbox_slot;   // push: bytes of one sender's part of an inbox half
 };
 
 __device__ __forceinline__ u64 peer_now_ns() {
@@ -54,25 +63,31 @@ __device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
   return v;
 }
 
+// Called every 256 tries of a wait for `peer`: true (and the reason left
+// in `status`) when the host raised the abort word or the wait, which
+// began at `*start` (0: now), has passed the timeout.
+__device__ __noinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 peer) {
+  if (*(volatile u32*)a.abort_flag != 0) {
+    atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
+    return true;
+  }
+  const u64 t = peer_now_ns();
+  if (*start == 0) {
+    *start = t;
+  } else if (t - *start > a.timeout_ns) {
+    atomicCAS_system((u32*)a.status, 0u, (1u << 16) | peer);
+    return true;
+  }
+  return false;
+}
+
 // Waits until *word has reached `epoch` (counts wrap: compared as a
 // signed difference).
 __device__ __noinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
     if ((int)(peer_load_acquire(word) - epoch) >= 0) return true;
-    if ((n & 255) == 0) {
-      if (*(volatile u32*)a.abort_flag != 0) {
-        atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
-        return false;
-      }
-      const u64 t = peer_now_ns();
-      if (start == 0) {
-        start = t;
-      } else if (t - start > a.timeout_ns) {
-        atomicCAS_system((u32*)a.status, 0u, (1u << 16) | peer);
-        return false;
-      }
-    }
+    if ((n & 255) == 0 && peer_give_up(a, &start, peer)) return false;
   }
 }
 
@@ -126,16 +141,12 @@ __device__ __forceinline__ void peer_store_user(const PeerArgs& a, u64 p, u64 v,
     if (first + j < a.numel) ((S*)p)[first + j] = e[j];
 }
 
-// The reduction of vector v over every rank's buffer, in rank order 0, 1,
-// ... (so every rank computes the same bits).
+// The reduction of every rank's vector (raw[r] from rank r), in rank
+// order 0, 1, ... (so every rank computes the same bits).
 template <typename Op>
-__device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
+__device__ __forceinline__ uint4 peer_reduce_raw(const PeerArgs& a, const uint4 (&raw)[PEER_MAX]) {
   typedef typename Op::S S;
   const int N = 16 / sizeof(S);
-  uint4 raw[PEER_MAX];
-#pragma unroll
-  for (int r = 0; r < PEER_MAX; ++r)
-    if (r < (int)a.world) raw[r] = __ldcg((const uint4*)a.buf[r] + v);
   float acc[N];
   const S* e0 = (const S*)&raw[0];
 #pragma unroll
@@ -161,6 +172,16 @@ __device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
 #pragma unroll
   for (int j = 0; j < N; ++j) o[j] = Op::out(acc[j]);
   return out;
+}
+
+// The reduction of vector v over every rank's buffer.
+template <typename Op>
+__device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
+  uint4 raw[PEER_MAX];
+#pragma unroll
+  for (int r = 0; r < PEER_MAX; ++r)
+    if (r < (int)a.world) raw[r] = __ldcg((const uint4*)a.buf[r] + v);
+  return peer_reduce_raw<Op>(a, raw);
 }
 
 // One shot: block b copies its range of the input into this rank's buffer,
@@ -218,9 +239,103 @@ __device__ void peer_two_shot(const PeerArgs& a) {
   if (a.end_barrier) peer_barrier(a);
 }
 
+__device__ __forceinline__ void push_store(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 push_load(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Waits until the line at p carries `flag` in both of its 8-byte halves
+// ({word, flag, word, flag}), and returns it.
+__device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerArgs& a, u32 peer, uint4* out) {
+  u64 start = 0;
+  for (u32 n = 1;; ++n) {
+    const uint4 v = push_load(p);
+    if (v.y == flag && v.w == flag) {
+      *out = v;
+      return true;
+    }
+    if ((n & 255) == 0 && peer_give_up(a, &start, peer)) return false;
+  }
+}
+
+// Push: no barrier and no copy through this rank's buffer. buf[r] is rank
+// r's inbox: two halves (calls alternate), each a part per sender of
+// inbox_slot bytes. Vector v (16 bytes) of the input travels as two
+// 16-byte lines {w0, flag, w1, flag} {w2, flag, w3, flag} to line 2v of
+// this rank's part of every peer's inbox; 8-byte stores arrive whole, so a
+// line whose two flags show this call holds this call's words. Then
+// every vector is reduced, in rank order, from this rank's input and its
+// own inbox, into the output.
+// The flag: block b counts its calls (every rank runs every push call
+// with PUSH_BLOCKS blocks, so the counts agree); call c flags with
+// 2c + 1 (never 0, the zeroed inbox) in half c % 2. A half is written
+// again two calls later, once its reader is done with it: a rank starts
+// call c + 2 only after its call c + 1 received every peer's data of c + 1,
+// which each peer sent after its own call c had ended.
+template <typename Op>
+__device__ void peer_push(const PeerArgs& a) {
+  const int N = 16 / sizeof(typename Op::S);
+  __shared__ u32 shared_count;
+  if (threadIdx.x == 0) {
+    volatile u32* count = (u32*)a.pad[a.rank] + PUSH_COUNTS + blockIdx.x;
+    const u32 c = *count + 1;
+    *count = c;
+    shared_count = c;
+  }
+  __syncthreads();
+  const u32 c = shared_count;
+  const u32 flag = (c << 1) | 1u;
+  const u64 half = (u64)(c & 1u) * a.world * a.inbox_slot;
+  const u64 nvec = (a.numel + N - 1) / N;
+  const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 step = (u64)gridDim.x * blockDim.x;
+  for (u64 v = first; v < nvec; v += step) {
+    const uint4 x = peer_load_user<Op>(a, a.input, v);
+    const uint4 l0 = make_uint4(x.x, flag, x.y, flag);
+    const uint4 l1 = make_uint4(x.z, flag, x.w, flag);
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r) {
+      if (r < (int)a.world && r != (int)a.rank) {
+        uint4* to = (uint4*)(a.buf[r] + half + (u64)a.rank * a.inbox_slot) + 2 * v;
+        push_store(to, l0);
+        push_store(to + 1, l1);
+      }
+    }
+  }
+  const u64 inbox = a.buf[a.rank] + half;
+  for (u64 v = first; v < nvec; v += step) {
+    uint4 raw[PEER_MAX];
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r) {
+      if (r >= (int)a.world) continue;
+      if (r == (int)a.rank) {
+        raw[r] = peer_load_user<Op>(a, a.input, v);
+        continue;
+      }
+      const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+      uint4 l0, l1;
+      if (!push_take(from, flag, a, r, &l0) || !push_take(from + 1, flag, a, r, &l1)) return;
+      raw[r] = make_uint4(l0.x, l0.z, l1.x, l1.z);
+    }
+    peer_store_user<Op>(a, a.output, v, peer_reduce_raw<Op>(a, raw));
+  }
+}
+
 extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_one_shot<OpF32>(a); }
 extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_one_shot<OpF16>(a); }
 extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<OpBF16>(a); }
 extern "C" __global__ void peer_two_shot_f32(const PeerArgs a) { peer_two_shot<OpF32>(a); }
 extern "C" __global__ void peer_two_shot_f16(const PeerArgs a) { peer_two_shot<OpF16>(a); }
 extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_two_shot<OpBF16>(a); }
+extern "C" __global__ void peer_push_f32(const PeerArgs a) { peer_push<OpF32>(a); }
+extern "C" __global__ void peer_push_f16(const PeerArgs a) { peer_push<OpF16>(a); }
+extern "C" __global__ void peer_push_bf16(const PeerArgs a) { peer_push<OpBF16>(a); }

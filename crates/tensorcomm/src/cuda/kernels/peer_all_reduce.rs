@@ -1,6 +1,6 @@
 //! All-reduce kernels over memory every rank maps (`peer_all_reduce.cu`):
-//! one-shot and two-shot, f32, f16 and bf16 with f32 accumulation, for
-//! `cuda::intranode`. The caller owns the buffers, the signal pads and the
+//! push, one-shot and two-shot, f32, f16 and bf16 with f32 accumulation,
+//! for `cuda::intranode`. The caller owns the buffers, the signal pads and the
 //! host words; this file lays out the arguments and picks the grid.
 
 use super::kernel;
@@ -13,15 +13,35 @@ pub(crate) const PEER_MAX: usize = 8;
 /// Blocks one launch uses at most (`PEER_BLOCKS`): the signal pads hold a
 /// word per block and rank.
 pub(crate) const PEER_BLOCKS: usize = 128;
+/// Blocks of every push launch (`PUSH_BLOCKS`).
+const PUSH_BLOCKS: usize = 32;
 /// Threads per block.
 const THREADS: u32 = 512;
 /// Bytes of one rank's signal pad: a word per block and rank (the peers'
-/// arrivals), then a word per block (this rank's barrier count).
-pub(crate) const PEER_PAD_BYTES: usize = (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS) * 4;
+/// arrivals), then a word per block (this rank's barrier count), then a
+/// word per push block (its call count).
+pub(crate) const PEER_PAD_BYTES: usize = (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS) * 4;
+
+/// Largest message (bytes) the push kernel takes: an inbox holds, per
+/// sender and for each of two calls in flight, twice this (every 4 bytes
+/// travel beside a 4-byte flag).
+pub(crate) const PUSH_MAX_BYTES: usize = 256 << 10;
+
+/// Bytes of one sender's part of an inbox half (`inbox_slot`).
+pub(crate) const PUSH_SLOT_BYTES: usize = 2 * PUSH_MAX_BYTES;
+
+/// Bytes of one rank's inbox in a group of `world` ranks: two halves
+/// (calls alternate), each a part per rank.
+pub(crate) const fn push_inbox_bytes(world: usize) -> usize {
+    2 * world * PUSH_SLOT_BYTES
+}
 
 /// Which kernel runs the all-reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shot {
+    /// Every rank stores its input, flagged, into every peer's inbox
+    /// (`buf` holds the inboxes); messages up to [`PUSH_MAX_BYTES`].
+    Push,
     /// Every rank reads every rank's whole input.
     One,
     /// Reduce-scatter, then all-gather, through the buffers.
@@ -54,7 +74,8 @@ pub(crate) struct PeerArgs {
     pub(crate) op: u32,
     pub(crate) end_barrier: u32,
     pub(crate) io_aligned: u32,
-    pub(crate) reserved: u32,
+    /// Push only: bytes of one sender's part of an inbox half.
+    pub(crate) inbox_slot: u32,
 }
 
 /// The dtypes the kernels take.
@@ -64,6 +85,9 @@ pub(crate) fn peer_dtype_supported(dtype: DType) -> bool {
 
 fn kernel_name(shot: Shot, dtype: DType) -> Result<&'static str> {
     Ok(match (shot, dtype) {
+        (Shot::Push, DType::F32) => "peer_push_f32",
+        (Shot::Push, DType::F16) => "peer_push_f16",
+        (Shot::Push, DType::BF16) => "peer_push_bf16",
         (Shot::One, DType::F32) => "peer_one_shot_f32",
         (Shot::One, DType::F16) => "peer_one_shot_f16",
         (Shot::One, DType::BF16) => "peer_one_shot_bf16",
@@ -86,9 +110,11 @@ pub(crate) fn peer_buffer_bytes(numel: usize, dtype: DType) -> usize {
 
 /// The grid of a call: a function of the call alone (not of the GPU), so
 /// that every rank launches the same blocks and block b meets block b.
+/// Push calls always take [`PUSH_BLOCKS`]: each block counts its calls.
 pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) -> u32 {
     let vectors = peer_buffer_bytes(numel, dtype) / 16;
     let per_block_work = match shot {
+        Shot::Push => return PUSH_BLOCKS as u32,
         Shot::One => vectors,
         Shot::Two => vectors.div_ceil(world.max(1)),
     };
@@ -99,7 +125,8 @@ pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) ->
 
 /// Queues one all-reduce kernel on `stream`. The caller's contract: every
 /// address in `args` is live until the stream has run the kernel (the
-/// buffers at least [`peer_buffer_bytes`] long, the pads
+/// buffers at least [`peer_buffer_bytes`] long, for push the inboxes
+/// [`push_inbox_bytes`] with `inbox_slot` [`PUSH_SLOT_BYTES`], the pads
 /// [`PEER_PAD_BYTES`]), and every rank of `args.world` queues the same
 /// kernel with the same `numel` in the same order.
 pub(crate) fn peer_all_reduce(
@@ -116,6 +143,16 @@ pub(crate) fn peer_all_reduce(
             args.rank
         )));
     }
+    if shot == Shot::Push
+        && (args.numel as usize * dtype.size() > PUSH_MAX_BYTES
+            || args.inbox_slot as usize != PUSH_SLOT_BYTES)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "peer push kernel: expected at most {PUSH_MAX_BYTES} bytes and inbox parts of {PUSH_SLOT_BYTES}, found {} bytes and parts of {}",
+            args.numel as usize * dtype.size(),
+            args.inbox_slot
+        )));
+    }
     let function = kernel(ctx, kernel_name(shot, dtype)?)?;
     let grid = peer_grid(shot, args.numel as usize, dtype, world);
     function.launch(stream, grid, THREADS, &[KernelArg::new(args)])
@@ -128,7 +165,7 @@ mod tests {
     #[test]
     fn every_supported_dtype_and_shot_has_a_declared_kernel() {
         for dtype in DType::ALL {
-            for shot in [Shot::One, Shot::Two] {
+            for shot in [Shot::Push, Shot::One, Shot::Two] {
                 match kernel_name(shot, dtype) {
                     Ok(name) => {
                         assert!(peer_dtype_supported(dtype));
@@ -150,11 +187,31 @@ mod tests {
         // 512 vectors of 16 bytes fill one block; one more needs a second.
         assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2), 1);
         assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2), 2);
+        // Push always launches the same blocks.
+        assert_eq!(peer_grid(Shot::Push, 1, DType::F32, 2), PUSH_BLOCKS as u32);
+        assert_eq!(
+            peer_grid(Shot::Push, 1 << 16, DType::BF16, 8),
+            PUSH_BLOCKS as u32
+        );
         // Two-shot cuts the vectors into one slice per rank first.
         assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4), 1);
         assert_eq!(peer_buffer_bytes(3, DType::BF16), 16);
         assert_eq!(peer_buffer_bytes(8, DType::BF16), 16);
         assert_eq!(peer_buffer_bytes(9, DType::BF16), 32);
+    }
+
+    #[test]
+    fn the_sizes_the_host_lays_out_are_the_kernels_own() {
+        let source = include_str!("peer_all_reduce.cu");
+        for (name, value) in [
+            ("PEER_MAX", PEER_MAX),
+            ("PEER_BLOCKS", PEER_BLOCKS),
+            ("PUSH_BLOCKS", PUSH_BLOCKS),
+        ] {
+            let line = format!("#define {name} {value}\n");
+            assert!(source.contains(&line), "{line}");
+        }
+        assert!(source.contains("#define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)\n"));
     }
 
     #[test]
