@@ -296,9 +296,15 @@ __device__ void peer_push(const PeerArgs& a) {
   const u32 flag = (c << 1) | 1u;
   const u64 half = (u64)(c & 1u) * a.world * a.inbox_slot;
   const u64 nvec = (a.numel + N - 1) / N;
-  const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  const u64 step = (u64)gridDim.x * blockDim.x;
-  for (u64 v = first; v < nvec; v += step) {
+  // Runs of 32 vectors (one per lane of a warp) are dealt to the blocks in
+  // turn, so that even small messages spread over every block's SM: run w
+  // belongs to block w % gridDim.x, for every size.
+  const u64 lane = threadIdx.x & 31;
+  const u64 first = (u64)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+  const u64 step = (u64)(blockDim.x >> 5) * gridDim.x;
+  for (u64 w = first; w * 32 < nvec; w += step) {
+    const u64 v = w * 32 + lane;
+    if (v >= nvec) break;
     const uint4 x = peer_load_user<Op>(a, a.input, v);
     const uint4 l0 = make_uint4(x.x, flag, x.y, flag);
     const uint4 l1 = make_uint4(x.z, flag, x.w, flag);
@@ -312,7 +318,9 @@ __device__ void peer_push(const PeerArgs& a) {
     }
   }
   const u64 inbox = a.buf[a.rank] + half;
-  for (u64 v = first; v < nvec; v += step) {
+  for (u64 w = first; w * 32 < nvec; w += step) {
+    const u64 v = w * 32 + lane;
+    if (v >= nvec) break;
     uint4 raw[PEER_MAX];
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
