@@ -307,6 +307,10 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             &format!("thousand-{algo:?}"),
             &options(AlgoChoice::Force(algo), 1 << 20),
         );
+        // Every rank makes its inputs before any queues a call: copying to
+        // the GPU may wait for the whole device, where another rank's first
+        // call already waits for this one (a deadlock until the timeout).
+        let made = std::sync::Barrier::new(2);
         on_every_rank(&ranks, |c, s| {
             let n = 1000;
             // Distinct inputs per call, queued back to back; every result
@@ -314,6 +318,7 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             let tensors: Vec<_> = (0..1000)
                 .map(|call| gpu_input(DType::F32, c.rank(), n, 0, call))
                 .collect();
+            made.wait();
             for t in &tensors {
                 c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
             }

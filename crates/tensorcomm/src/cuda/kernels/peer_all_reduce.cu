@@ -253,13 +253,16 @@ __device__ __forceinline__ uint4 push_load(const uint4* p) {
   return v;
 }
 
-// Waits until the line at p carries `flag` in both of its 8-byte halves
-// ({word, flag, word, flag}), and returns it.
+// Whether a line ({word, flag, word, flag}) carries `flag` in both of its
+// 8-byte halves.
+__device__ __forceinline__ bool push_arrived(uint4 v, u32 flag) { return v.y == flag && v.w == flag; }
+
+// Waits until the line at p carries `flag`, and returns it.
 __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerArgs& a, u32 peer, uint4* out) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
     const uint4 v = push_load(p);
-    if (v.y == flag && v.w == flag) {
+    if (push_arrived(v, flag)) {
       *out = v;
       return true;
     }
@@ -321,7 +324,18 @@ __device__ void peer_push(const PeerArgs& a) {
   for (u64 w = first; w * 32 < nvec; w += step) {
     const u64 v = w * 32 + lane;
     if (v >= nvec) break;
+    // Every peer's two lines are loaded at once (one memory round trip, not
+    // one per line); only lines not there yet are polled again.
     uint4 raw[PEER_MAX];
+    uint4 line[2 * PEER_MAX];
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r) {
+      if (r < (int)a.world && r != (int)a.rank) {
+        const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        line[2 * r] = push_load(from);
+        line[2 * r + 1] = push_load(from + 1);
+      }
+    }
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
       if (r >= (int)a.world) continue;
@@ -330,9 +344,9 @@ __device__ void peer_push(const PeerArgs& a) {
         continue;
       }
       const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
-      uint4 l0, l1;
-      if (!push_take(from, flag, a, r, &l0) || !push_take(from + 1, flag, a, r, &l1)) return;
-      raw[r] = make_uint4(l0.x, l0.z, l1.x, l1.z);
+      if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
+      if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
+      raw[r] = make_uint4(line[2 * r].x, line[2 * r].z, line[2 * r + 1].x, line[2 * r + 1].z);
     }
     peer_store_user<Op>(a, a.output, v, peer_reduce_raw<Op>(a, raw));
   }
