@@ -63,8 +63,11 @@ impl AllReduceAlgo {
 /// assert!(push_max(2) <= one_shot_max(2));
 /// ```
 pub const fn push_max(world: usize) -> usize {
-    let _ = world;
-    64 << 10
+    match world {
+        0..=2 => 128 << 10,
+        3 => 64 << 10,
+        _ => 16 << 10,
+    }
 }
 
 /// Largest message (bytes) one-shot takes by default in a group of

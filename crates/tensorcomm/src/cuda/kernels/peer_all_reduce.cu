@@ -28,6 +28,10 @@
 // The push kernel's grid, fixed so that a vector always belongs to the
 // same block, and its per-block call counts after the barrier counts.
 #define PUSH_BLOCKS 32
+// Its block size, two blocks an SM at least: a thread holds every peer's
+// two lines of a vector at once (registers for 512 threads would run out),
+// and 8 ranks of one process sharing a GPU need 256 blocks in at once.
+#define PUSH_THREADS 256
 #define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)
 
 struct PeerArgs {
@@ -66,29 +70,40 @@ __device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
 // Called every 256 tries of a wait for `peer`: true (and the reason left
 // in `status`) when the host raised the abort word or the wait, which
 // began at `*start` (0: now), has passed the timeout.
-__device__ __noinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 peer) {
-  if (*(volatile u32*)a.abort_flag != 0) {
-    atomicCAS_system((u32*)a.status, 0u, (2u << 16) | peer);
+// (The arguments' three fields, not the whole block: a reference to it
+// would make every kernel copy it to local memory.)
+__device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 timeout_ns, u64* start, u32 peer) {
+  if (*(volatile u32*)abort_flag != 0) {
+    atomicCAS_system((u32*)status, 0u, (2u << 16) | peer);
     return true;
   }
   const u64 t = peer_now_ns();
   if (*start == 0) {
     *start = t;
-  } else if (t - *start > a.timeout_ns) {
-    atomicCAS_system((u32*)a.status, 0u, (1u << 16) | peer);
+  } else if (t - *start > timeout_ns) {
+    atomicCAS_system((u32*)status, 0u, (1u << 16) | peer);
     return true;
   }
   return false;
 }
 
+__device__ __forceinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 peer) {
+  return peer_give_up_at(a.abort_flag, a.status, a.timeout_ns, start, peer);
+}
+
 // Waits until *word has reached `epoch` (counts wrap: compared as a
 // signed difference).
-__device__ __noinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
+__device__ __noinline__ bool peer_wait_at(const u32* word, u32 epoch, u64 abort_flag, u64 status, u64 timeout_ns,
+                                          u32 peer) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
     if ((int)(peer_load_acquire(word) - epoch) >= 0) return true;
-    if ((n & 255) == 0 && peer_give_up(a, &start, peer)) return false;
+    if ((n & 255) == 0 && peer_give_up_at(abort_flag, status, timeout_ns, &start, peer)) return false;
   }
+}
+
+__device__ __forceinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
+  return peer_wait_at(word, epoch, a.abort_flag, a.status, a.timeout_ns, peer);
 }
 
 // Synchronises this block with block blockIdx.x of every other rank.
@@ -141,37 +156,53 @@ __device__ __forceinline__ void peer_store_user(const PeerArgs& a, u64 p, u64 v,
     if (first + j < a.numel) ((S*)p)[first + j] = e[j];
 }
 
-// The reduction of every rank's vector (raw[r] from rank r), in rank
-// order 0, 1, ... (so every rank computes the same bits).
+// A reduction in f32 of 16-byte vectors, element by element: start with
+// rank 0's vector, add the others in rank order (so every rank computes
+// the same bits), then finish (AVG divides) and pack.
 template <typename Op>
-__device__ __forceinline__ uint4 peer_reduce_raw(const PeerArgs& a, const uint4 (&raw)[PEER_MAX]) {
+struct PeerAcc {
   typedef typename Op::S S;
-  const int N = 16 / sizeof(S);
+  static const int N = 16 / sizeof(S);
   float acc[N];
-  const S* e0 = (const S*)&raw[0];
+
+  __device__ __forceinline__ void start(uint4 x) {
+    const S* e = (const S*)&x;
 #pragma unroll
-  for (int j = 0; j < N; ++j) acc[j] = Op::in(e0[j]);
+    for (int j = 0; j < N; ++j) acc[j] = Op::in(e[j]);
+  }
+
+  __device__ __forceinline__ void add(const PeerArgs& a, uint4 x) {
+    const S* e = (const S*)&x;
 #pragma unroll
-  for (int r = 1; r < PEER_MAX; ++r) {
-    if (r < (int)a.world) {
-      const S* er = (const S*)&raw[r];
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float x = Op::in(er[j]);
-        acc[j] = a.op <= 1 ? acc[j] + x : (a.op == 2 ? fminf(acc[j], x) : fmaxf(acc[j], x));
-      }
+    for (int j = 0; j < N; ++j) {
+      const float y = Op::in(e[j]);
+      acc[j] = a.op <= 1 ? acc[j] + y : (a.op == 2 ? fminf(acc[j], y) : fmaxf(acc[j], y));
     }
   }
-  if (a.op == 1) {
-    const float n = (float)a.world;
+
+  __device__ __forceinline__ uint4 finish(const PeerArgs& a) {
+    if (a.op == 1) {
+      const float n = (float)a.world;
 #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = acc[j] / n;
+      for (int j = 0; j < N; ++j) acc[j] = acc[j] / n;
+    }
+    uint4 out;
+    S* o = (S*)&out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) o[j] = Op::out(acc[j]);
+    return out;
   }
-  uint4 out;
-  S* o = (S*)&out;
+};
+
+// The reduction of every rank's vector (raw[r] from rank r).
+template <typename Op>
+__device__ __forceinline__ uint4 peer_reduce_raw(const PeerArgs& a, const uint4 (&raw)[PEER_MAX]) {
+  PeerAcc<Op> acc;
+  acc.start(raw[0]);
 #pragma unroll
-  for (int j = 0; j < N; ++j) o[j] = Op::out(acc[j]);
-  return out;
+  for (int r = 1; r < PEER_MAX; ++r)
+    if (r < (int)a.world) acc.add(a, raw[r]);
+  return acc.finish(a);
 }
 
 // The reduction of vector v over every rank's buffer.
@@ -326,7 +357,7 @@ __device__ void peer_push(const PeerArgs& a) {
     if (v >= nvec) break;
     // Every peer's two lines are loaded at once (one memory round trip, not
     // one per line); only lines not there yet are polled again.
-    uint4 raw[PEER_MAX];
+    const uint4 own = peer_load_user<Op>(a, a.input, v);
     uint4 line[2 * PEER_MAX];
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
@@ -338,17 +369,27 @@ __device__ void peer_push(const PeerArgs& a) {
     }
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
-      if (r >= (int)a.world) continue;
-      if (r == (int)a.rank) {
-        raw[r] = peer_load_user<Op>(a, a.input, v);
-        continue;
+      if (r < (int)a.world && r != (int)a.rank) {
+        const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
+        if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
       }
-      const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
-      if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
-      if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
-      raw[r] = make_uint4(line[2 * r].x, line[2 * r].z, line[2 * r + 1].x, line[2 * r + 1].z);
     }
-    peer_store_user<Op>(a, a.output, v, peer_reduce_raw<Op>(a, raw));
+    PeerAcc<Op> acc;
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r) {
+      if (r < (int)a.world) {
+        const uint4 x = r == (int)a.rank
+                            ? own
+                            : make_uint4(line[2 * r].x, line[2 * r].z, line[2 * r + 1].x, line[2 * r + 1].z);
+        if (r == 0) {
+          acc.start(x);
+        } else {
+          acc.add(a, x);
+        }
+      }
+    }
+    peer_store_user<Op>(a, a.output, v, acc.finish(a));
   }
 }
 
@@ -358,6 +399,6 @@ extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<
 extern "C" __global__ void peer_two_shot_f32(const PeerArgs a) { peer_two_shot<OpF32>(a); }
 extern "C" __global__ void peer_two_shot_f16(const PeerArgs a) { peer_two_shot<OpF16>(a); }
 extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_two_shot<OpBF16>(a); }
-extern "C" __global__ void peer_push_f32(const PeerArgs a) { peer_push<OpF32>(a); }
-extern "C" __global__ void peer_push_f16(const PeerArgs a) { peer_push<OpF16>(a); }
-extern "C" __global__ void peer_push_bf16(const PeerArgs a) { peer_push<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f32(const PeerArgs a) { peer_push<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f16(const PeerArgs a) { peer_push<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_bf16(const PeerArgs a) { peer_push<OpBF16>(a); }

@@ -15,6 +15,8 @@ pub(crate) const PEER_MAX: usize = 8;
 pub(crate) const PEER_BLOCKS: usize = 128;
 /// Blocks of every push launch (`PUSH_BLOCKS`).
 const PUSH_BLOCKS: usize = 32;
+/// Threads per push block (`PUSH_THREADS`, the kernels' launch bound).
+const PUSH_THREADS: u32 = 256;
 /// Threads per block.
 const THREADS: u32 = 512;
 /// Bytes of one rank's signal pad: a word per block and rank (the peers'
@@ -155,7 +157,12 @@ pub(crate) fn peer_all_reduce(
     }
     let function = kernel(ctx, kernel_name(shot, dtype)?)?;
     let grid = peer_grid(shot, args.numel as usize, dtype, world);
-    function.launch(stream, grid, THREADS, &[KernelArg::new(args)])
+    let threads = if shot == Shot::Push {
+        PUSH_THREADS
+    } else {
+        THREADS
+    };
+    function.launch(stream, grid, threads, &[KernelArg::new(args)])
 }
 
 #[cfg(test)]
@@ -207,6 +214,7 @@ mod tests {
             ("PEER_MAX", PEER_MAX),
             ("PEER_BLOCKS", PEER_BLOCKS),
             ("PUSH_BLOCKS", PUSH_BLOCKS),
+            ("PUSH_THREADS", PUSH_THREADS as usize),
         ] {
             let line = format!("#define {name} {value}\n");
             assert!(source.contains(&line), "{line}");
