@@ -58,6 +58,14 @@ impl AllReduceAlgo {
 /// Largest message (bytes) push takes by default in a group of `world`
 /// ranks (never above 256 KiB, its inbox).
 ///
+/// Measured on four H200s (NVLink, `bench/results/intranode-push-h200x4`,
+/// f32, eager calls): at 2 ranks push beat one-shot at every size up to
+/// 128 KiB (8.5 against 9.5 µs there) and tied at 256 KiB; at 3 ranks it
+/// tied at 64 KiB (9.9 against 9.7 µs) and lost at 128 KiB; at 4 ranks it
+/// tied at 4 KiB (9.3 against 9.4 µs) and lost from 16 KiB (10.2 against
+/// 9.7 µs), though in CUDA graphs it still won there. 5 to 8 ranks take
+/// 4 ranks' limit, not yet measured.
+///
 /// ```
 /// use tensorcomm::cuda::intranode::{one_shot_max, push_max};
 /// assert!(push_max(2) <= one_shot_max(2));
@@ -66,7 +74,7 @@ pub const fn push_max(world: usize) -> usize {
     match world {
         0..=2 => 128 << 10,
         3 => 64 << 10,
-        _ => 16 << 10,
+        _ => 4 << 10,
     }
 }
 
