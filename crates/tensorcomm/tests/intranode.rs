@@ -293,6 +293,49 @@ fn sizes_around_each_threshold_take_the_path_the_counter_shows() {
 }
 
 #[test]
+fn forced_push_takes_messages_up_to_its_inbox_and_one_shot_beyond() {
+    if !can_run("forced_push_takes_messages_up_to_its_inbox_and_one_shot_beyond") {
+        return;
+    }
+    let inbox = 256 << 10; // bytes of one message push's inbox holds
+    for world in [2, 4] {
+        let ranks = comms(
+            world,
+            &format!("push-inbox-{world}"),
+            &options(AlgoChoice::Force(AllReduceAlgo::Push), 1 << 20),
+        );
+        for (call, (bytes, want)) in [
+            (inbox, AllReduceAlgo::Push),
+            (inbox - 4, AllReduceAlgo::Push),
+            (inbox + 4, AllReduceAlgo::OneShot),
+            (inbox, AllReduceAlgo::Push),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let ran = on_every_rank(&ranks, |c, s| {
+                let t = gpu_input(DType::F32, c.rank(), bytes / 4, 0, call);
+                let algo = c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+                s.synchronize().unwrap();
+                c.check().unwrap();
+                assert_reference(
+                    &t,
+                    ReduceOp::Sum,
+                    world,
+                    call,
+                    &format!("{world} ranks {bytes} bytes"),
+                );
+                algo
+            });
+            assert!(
+                ran.iter().all(|&a| a == want),
+                "{world} ranks {bytes} bytes: ran {ran:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_thousand_back_to_back_calls_never_see_stale_data() {
     if !can_run("a_thousand_back_to_back_calls_never_see_stale_data") {
         return;
@@ -307,19 +350,23 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             &format!("thousand-{algo:?}"),
             &options(AlgoChoice::Force(algo), 1 << 20),
         );
-        // Every rank makes its inputs before any queues a call: copying to
-        // the GPU may wait for the whole device, where another rank's first
-        // call already waits for this one (a deadlock until the timeout).
-        let made = std::sync::Barrier::new(2);
+        // Every rank's inputs are made before any rank queues a call
+        // (copying to the GPU while a peer's first call waits may wait for
+        // it): distinct values per call, and sizes that change from call to
+        // call, so that a half of push's inbox holds lines of an older,
+        // longer call beside the new ones.
+        let inputs: Vec<Vec<Tensor<'static>>> = (0..2)
+            .map(|rank| {
+                (0..1000)
+                    .map(|call| gpu_input(DType::F32, rank, 200 + (call * 37) % 1800, 0, call))
+                    .collect()
+            })
+            .collect();
         on_every_rank(&ranks, |c, s| {
-            let n = 1000;
-            // Distinct inputs per call, queued back to back; every result
-            // lands in its own tensor, checked after all have run.
-            let tensors: Vec<_> = (0..1000)
-                .map(|call| gpu_input(DType::F32, c.rank(), n, 0, call))
-                .collect();
-            made.wait();
-            for t in &tensors {
+            // Queued back to back; every result lands in its own tensor,
+            // checked after all have run.
+            let tensors = &inputs[c.rank()];
+            for t in tensors {
                 c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
             }
             s.synchronize().unwrap();

@@ -6,9 +6,10 @@
 //! over buffer-sized chunks).
 //!
 //! The size limits depend on the world size ([`push_max`],
-//! [`one_shot_max`], [`two_shot_max`]): measured for 2 ranks on two NVLink-connected H100s;
-//! PyTorch IntraNodeComm's (one-shot up to 256 KiB, two-shot up to 10 MiB)
-//! for 3 to 8 ranks until they are measured there.
+//! [`one_shot_max`], [`two_shot_max`]; each says where it was measured):
+//! push's at 2, 3 and 4 ranks on four H200s, one-shot's and two-shot's at
+//! 2 ranks on two H100s and at 4 ranks on four H200s; other world sizes
+//! take the nearest measured one's.
 //! `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +24,9 @@ use crate::{Error, Result};
 pub enum AllReduceAlgo {
     /// One kernel, no barrier: every rank stores its input, each word
     /// beside the call's flag, into every peer's inbox and reduces what
-    /// arrives in its own, in rank order. Messages up to 256 KiB (the
-    /// flags double the bytes moved).
+    /// arrives in its own, in rank order. By default for the smallest
+    /// messages ([`push_max`]; the flags double the bytes moved), forced
+    /// up to 256 KiB (its inbox).
     Push,
     /// One kernel, one barrier; every rank reduces the whole message.
     OneShot,

@@ -9,7 +9,7 @@ use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
-    peer_all_reduce, peer_dtype_supported, PeerArgs, PeerOp, Shot, PUSH_SLOT_BYTES,
+    peer_all_reduce, peer_dtype_supported, push_grid, PeerArgs, PeerOp, Shot, PUSH_SLOT_BYTES,
 };
 use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
 use crate::group::ReduceOp;
@@ -268,7 +268,7 @@ impl IntraNodeComm {
             let peer = status & 0xffff;
             let reason = match status >> 16 {
                 1 => format!(
-                    "peer rank {peer} did not reach the barrier within {:?}",
+                    "peer rank {peer} did not arrive (reach the barrier or send its data) within {:?}",
                     self.kernel_timeout.unwrap_or_default()
                 ),
                 3 => "a call failed to queue part of its kernels".into(),
@@ -380,7 +380,12 @@ impl IntraNodeComm {
         let numel = tensor.numel();
         let region = self.memory.region_bytes();
         let (shot, chunk) = match algo {
-            AllReduceAlgo::Push => (Shot::Push, numel),
+            AllReduceAlgo::Push => (
+                Shot::Push {
+                    blocks: push_grid(self.memory.ranks_per_gpu()),
+                },
+                numel,
+            ),
             AllReduceAlgo::OneShot => (Shot::One, numel),
             AllReduceAlgo::TwoShot => (Shot::Two, numel),
             _ => (Shot::Two, region / elem),
@@ -393,7 +398,7 @@ impl IntraNodeComm {
         while done < numel {
             let n = chunk.min(numel - done);
             let at = addr + (done * elem) as u64;
-            let buf = if shot == Shot::Push {
+            let buf = if matches!(shot, Shot::Push { .. }) {
                 // The inboxes: no region, and no end barrier in graphs.
                 self.memory.inboxes()
             } else if capturing {
@@ -519,7 +524,7 @@ fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
     let algo = match options.algo {
         Some(AlgoChoice::Force(AllReduceAlgo::None)) => {
             return Err(Error::InvalidArgument(
-                "IntraNodeOptions::algo: expected Auto or Force(OneShot, TwoShot or Large), found Force(None)"
+                "IntraNodeOptions::algo: expected Auto or Force(Push, OneShot, TwoShot or Large), found Force(None)"
                     .into(),
             ))
         }

@@ -51,6 +51,8 @@ pub(crate) struct SymmetricMemory {
     region: usize,
     /// Bytes of the push kernel's inbox, between the pad and the regions.
     inbox: usize,
+    /// The most ranks of the group on one GPU.
+    ranks_per_gpu: usize,
 }
 
 impl Drop for SymmetricMemory {
@@ -216,6 +218,11 @@ impl Rendezvous<'_> {
             mine: Some(mine),
             region: self.region,
             inbox: push_inbox_bytes(self.world),
+            ranks_per_gpu: infos
+                .iter()
+                .map(|i| infos.iter().filter(|o| o.uuid == i.uuid).count())
+                .max()
+                .unwrap_or(1),
         })
     }
 
@@ -320,6 +327,12 @@ impl SymmetricMemory {
     /// Bytes of one region.
     pub(crate) fn region_bytes(&self) -> usize {
         self.region
+    }
+
+    /// The most ranks of the group that share one GPU (1: every rank has
+    /// its own).
+    pub(crate) fn ranks_per_gpu(&self) -> usize {
+        self.ranks_per_gpu
     }
 }
 

@@ -25,8 +25,9 @@
 #define PEER_MAX 8
 #define PEER_BLOCKS 128
 #define PEER_FLAGS (PEER_BLOCKS * PEER_MAX)
-// The push kernel's grid, fixed so that a vector always belongs to the
-// same block, and its per-block call counts after the barrier counts.
+// The push kernel's largest grid (a communicator keeps one grid, so that a
+// vector always belongs to the same block), and its per-block call counts
+// after the barrier counts.
 #define PUSH_BLOCKS 32
 // Its block size, two blocks an SM at least: a thread holds every peer's
 // two lines of a vector at once (registers for 512 threads would run out),
@@ -309,9 +310,10 @@ __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerAr
 // line whose two flags show this call holds this call's words. Then
 // every vector is reduced, in rank order, from this rank's input and its
 // own inbox, into the output.
-// The flag: block b counts its calls (every rank runs every push call
-// with PUSH_BLOCKS blocks, so the counts agree); call c flags with
-// 2c + 1 (never 0, the zeroed inbox) in half c % 2. A half is written
+// The flag: block b counts its calls (every rank runs every push call of
+// a communicator on the same grid, at most PUSH_BLOCKS blocks, so the
+// counts agree); call c flags with 2c + 1 (never 0, the zeroed inbox) in
+// half c % 2, and the reader clears each line it took. A half is written
 // again two calls later, once its reader is done with it: a rank starts
 // call c + 2 only after its call c + 1 received every peer's data of c + 1,
 // which each peer sent after its own call c had ended.
@@ -373,6 +375,18 @@ __device__ void peer_push(const PeerArgs& a) {
         const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
         if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
         if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
+      }
+    }
+    // The lines read are cleared, so that a line is only ever seen with
+    // the flag of the call that wrote it: without this, a line left
+    // unwritten for 2^31 calls would show the flag of the call 2^31 later
+    // (the counts wrap) before that call's sender had written it.
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r) {
+      if (r < (int)a.world && r != (int)a.rank) {
+        uint4* from = (uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        push_store(from, make_uint4(0, 0, 0, 0));
+        push_store(from + 1, make_uint4(0, 0, 0, 0));
       }
     }
     PeerAcc<Op> acc;

@@ -13,8 +13,9 @@ pub(crate) const PEER_MAX: usize = 8;
 /// Blocks one launch uses at most (`PEER_BLOCKS`): the signal pads hold a
 /// word per block and rank.
 pub(crate) const PEER_BLOCKS: usize = 128;
-/// Blocks of every push launch (`PUSH_BLOCKS`).
-const PUSH_BLOCKS: usize = 32;
+/// Blocks of a push launch at most (`PUSH_BLOCKS`: the pads hold a count
+/// per block).
+pub(crate) const PUSH_BLOCKS: usize = 32;
 /// Threads per push block (`PUSH_THREADS`, the kernels' launch bound).
 const PUSH_THREADS: u32 = 256;
 /// Threads per block.
@@ -42,8 +43,10 @@ pub(crate) const fn push_inbox_bytes(world: usize) -> usize {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shot {
     /// Every rank stores its input, flagged, into every peer's inbox
-    /// (`buf` holds the inboxes); messages up to [`PUSH_MAX_BYTES`].
-    Push,
+    /// (`buf` holds the inboxes); messages up to [`PUSH_MAX_BYTES`], on a
+    /// grid of `blocks` (at most [`PUSH_BLOCKS`]) that a communicator
+    /// never changes: each block counts its calls.
+    Push { blocks: u32 },
     /// Every rank reads every rank's whole input.
     One,
     /// Reduce-scatter, then all-gather, through the buffers.
@@ -87,9 +90,9 @@ pub(crate) fn peer_dtype_supported(dtype: DType) -> bool {
 
 fn kernel_name(shot: Shot, dtype: DType) -> Result<&'static str> {
     Ok(match (shot, dtype) {
-        (Shot::Push, DType::F32) => "peer_push_f32",
-        (Shot::Push, DType::F16) => "peer_push_f16",
-        (Shot::Push, DType::BF16) => "peer_push_bf16",
+        (Shot::Push { .. }, DType::F32) => "peer_push_f32",
+        (Shot::Push { .. }, DType::F16) => "peer_push_f16",
+        (Shot::Push { .. }, DType::BF16) => "peer_push_bf16",
         (Shot::One, DType::F32) => "peer_one_shot_f32",
         (Shot::One, DType::F16) => "peer_one_shot_f16",
         (Shot::One, DType::BF16) => "peer_one_shot_bf16",
@@ -110,13 +113,22 @@ pub(crate) fn peer_buffer_bytes(numel: usize, dtype: DType) -> usize {
     (numel * dtype.size()).div_ceil(16) * 16
 }
 
+/// The push grid of a communicator whose GPUs each run up to
+/// `ranks_per_gpu` of its ranks: every block of every rank on one GPU
+/// must be resident at once (each waits for the others' data), so ranks
+/// sharing a GPU split [`PUSH_BLOCKS`] between them (two blocks fit an SM,
+/// so 16 SMs always hold them).
+pub(crate) fn push_grid(ranks_per_gpu: usize) -> u32 {
+    (PUSH_BLOCKS / ranks_per_gpu.max(1)).max(1) as u32
+}
+
 /// The grid of a call: a function of the call alone (not of the GPU), so
 /// that every rank launches the same blocks and block b meets block b.
-/// Push calls always take [`PUSH_BLOCKS`]: each block counts its calls.
+/// Push calls take the communicator's fixed grid.
 pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) -> u32 {
     let vectors = peer_buffer_bytes(numel, dtype) / 16;
     let per_block_work = match shot {
-        Shot::Push => return PUSH_BLOCKS as u32,
+        Shot::Push { blocks } => return blocks,
         Shot::One => vectors,
         Shot::Two => vectors.div_ceil(world.max(1)),
     };
@@ -145,22 +157,24 @@ pub(crate) fn peer_all_reduce(
             args.rank
         )));
     }
-    if shot == Shot::Push
-        && (args.numel as usize * dtype.size() > PUSH_MAX_BYTES
-            || args.inbox_slot as usize != PUSH_SLOT_BYTES)
-    {
-        return Err(Error::InvalidArgument(format!(
-            "peer push kernel: expected at most {PUSH_MAX_BYTES} bytes and inbox parts of {PUSH_SLOT_BYTES}, found {} bytes and parts of {}",
-            args.numel as usize * dtype.size(),
-            args.inbox_slot
-        )));
+    if let Shot::Push { blocks } = shot {
+        if args.numel as usize * dtype.size() > PUSH_MAX_BYTES
+            || args.inbox_slot as usize != PUSH_SLOT_BYTES
+            || blocks == 0
+            || blocks as usize > PUSH_BLOCKS
+        {
+            return Err(Error::InvalidArgument(format!(
+                "peer push kernel: expected at most {PUSH_MAX_BYTES} bytes, inbox parts of {PUSH_SLOT_BYTES} and 1 to {PUSH_BLOCKS} blocks, found {} bytes, parts of {} and {blocks} blocks",
+                args.numel as usize * dtype.size(),
+                args.inbox_slot
+            )));
+        }
     }
     let function = kernel(ctx, kernel_name(shot, dtype)?)?;
     let grid = peer_grid(shot, args.numel as usize, dtype, world);
-    let threads = if shot == Shot::Push {
-        PUSH_THREADS
-    } else {
-        THREADS
+    let threads = match shot {
+        Shot::Push { .. } => PUSH_THREADS,
+        _ => THREADS,
     };
     function.launch(stream, grid, threads, &[KernelArg::new(args)])
 }
@@ -172,7 +186,7 @@ mod tests {
     #[test]
     fn every_supported_dtype_and_shot_has_a_declared_kernel() {
         for dtype in DType::ALL {
-            for shot in [Shot::Push, Shot::One, Shot::Two] {
+            for shot in [Shot::Push { blocks: 1 }, Shot::One, Shot::Two] {
                 match kernel_name(shot, dtype) {
                     Ok(name) => {
                         assert!(peer_dtype_supported(dtype));
@@ -194,12 +208,13 @@ mod tests {
         // 512 vectors of 16 bytes fill one block; one more needs a second.
         assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2), 1);
         assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2), 2);
-        // Push always launches the same blocks.
-        assert_eq!(peer_grid(Shot::Push, 1, DType::F32, 2), PUSH_BLOCKS as u32);
-        assert_eq!(
-            peer_grid(Shot::Push, 1 << 16, DType::BF16, 8),
-            PUSH_BLOCKS as u32
-        );
+        // Push launches the communicator's grid whatever the size.
+        let push = Shot::Push { blocks: 7 };
+        assert_eq!(peer_grid(push, 1, DType::F32, 2), 7);
+        assert_eq!(peer_grid(push, 1 << 16, DType::BF16, 8), 7);
+        assert_eq!(push_grid(1), PUSH_BLOCKS as u32);
+        assert_eq!(push_grid(2), 16);
+        assert_eq!(push_grid(8), 4);
         // Two-shot cuts the vectors into one slice per rank first.
         assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4), 1);
         assert_eq!(peer_buffer_bytes(3, DType::BF16), 16);
