@@ -34,7 +34,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::backend::is_aborted;
 use super::fingerprint::{CollectiveKind, Fingerprint, FINGERPRINT_LEN};
@@ -481,6 +481,12 @@ pub(crate) struct FailureBoard {
     lost: OnceLock<String>,
 }
 
+/// How long a rank whose device backend failed without naming a rank
+/// waits for another rank to post the cause (on four H200s a rank of a
+/// mismatched NCCL call failed 1 ms before its peer posted the mismatch,
+/// and 0.5 s before another did).
+const SECONDARY_PATIENCE: Duration = Duration::from_secs(2);
+
 impl FailureBoard {
     pub(crate) fn new(store: Arc<dyn Store>, key_prefix: &str) -> Self {
         FailureBoard {
@@ -515,13 +521,26 @@ impl FailureBoard {
             // A device backend aborted by this group's own failure handling
             // (its stall monitor found a mismatch while the call was stuck
             // queuing, and posted it) fails the call with the abort: the
-            // posted cause is the one to tell.
-            if is_aborted(&err) {
+            // posted cause is the one to tell. A backend's own failure
+            // that names no rank (NCCL's "unhandled system error" when a
+            // peer ran another collective) is most often another rank's
+            // doing, which that rank is about to post: it is waited for a
+            // little.
+            let patience = match &err {
+                e if is_aborted(e) => Duration::ZERO,
+                Error::Nccl { .. } => SECONDARY_PATIENCE,
+                _ => return err,
+            };
+            let deadline = Instant::now() + patience;
+            loop {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }
+                if Instant::now() >= deadline {
+                    return err;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            return err;
         };
         let encoded = report.encode();
         let key = failure_key(&self.key_prefix, fp.seq);
@@ -805,6 +824,58 @@ mod tests {
             assert_eq!(FailureReport::decode(&longer), None);
         }
         assert_eq!(FailureReport::decode(b"not a report at all"), None);
+    }
+
+    #[test]
+    fn an_unnamed_nccl_failure_adopts_the_cause_a_peer_posts_soon_after() {
+        let store: Arc<dyn Store> = Arc::new(HashStore::new());
+        let board = Arc::new(FailureBoard::new(store.clone(), "g"));
+        let nccl = || Error::Nccl {
+            call: "ncclGroupEnd".into(),
+            code: "ncclSystemError".into(),
+            message: "unhandled system error".into(),
+        };
+        // Rank 3 finds rank 2's call different 300 ms after rank 1's NCCL
+        // call failed.
+        let poster = {
+            let board = board.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let mismatch = Error::CollectiveMismatch {
+                    rank: 3,
+                    peer: 2,
+                    mine: fp(8, 0).to_string(),
+                    theirs: fp(9, 0).to_string(),
+                };
+                board.settle(&fp(8, 0), 3, mismatch, Some((2, fp(9, 0).encode())))
+            })
+        };
+        let started = Instant::now();
+        match board.settle(&fp(8, 0), 1, nccl(), None) {
+            Error::CollectiveMismatch {
+                rank: 1, peer: 2, ..
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < SECONDARY_PATIENCE,
+            "{:?}",
+            started.elapsed()
+        );
+        poster.join().unwrap();
+        // With nothing posted (another group) the rank's own error comes
+        // back, after the patience and no longer.
+        let quiet = FailureBoard::new(store, "h");
+        let started = Instant::now();
+        assert!(matches!(
+            quiet.settle(&fp(8, 0), 1, nccl(), None),
+            Error::Nccl { .. }
+        ));
+        let took = started.elapsed();
+        assert!(
+            took >= SECONDARY_PATIENCE && took < SECONDARY_PATIENCE * 3,
+            "{took:?}"
+        );
     }
 
     #[test]
