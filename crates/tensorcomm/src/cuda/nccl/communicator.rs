@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::time::{Duration, Instant};
 
+use super::aborts_in_flight::{wait_for_aborts_at_exit_once, ABORTS};
 use super::library::{nccl, Config, Nccl, RawComm, UniqueId, IN_PROGRESS, SUCCESS};
 use std::sync::Arc;
 
@@ -131,6 +132,7 @@ impl Communicator {
         timeout: Duration,
     ) -> Result<Communicator> {
         let nccl = nccl()?;
+        wait_for_aborts_at_exit_once();
         let started = Instant::now();
         let ctx = runtime::context(device)?;
         ctx.bind()?;
@@ -593,6 +595,8 @@ impl Communicator {
     /// and it takes no more. Waits for uses in progress; only the first
     /// call does anything.
     pub(crate) fn abort(&self) {
+        // The process's exit waits for this (see `aborts_in_flight`).
+        let _aborting = ABORTS.begin();
         {
             let _exclusive = self.gate.write().unwrap_or_else(PoisonError::into_inner);
             if !self.aborted.swap(true, Ordering::AcqRel) {

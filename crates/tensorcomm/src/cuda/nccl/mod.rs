@@ -6,6 +6,8 @@
 //!   [`Error::Nccl`](crate::Error::Nccl)).
 //! - `communicator`: one NCCL communicator: the unique id through the
 //!   store, non-blocking creation within a timeout, split, abort.
+//! - `aborts_in_flight`: the aborts running, which the process's exit
+//!   waits for.
 //! - `types`: dtypes and reduce ops as NCCL's.
 //! - `plan`: a collective as the NCCL calls that run it, resolved before
 //!   any is made.
@@ -20,6 +22,7 @@
 //! each rank's progress), failure reports through the store and the flight
 //! recorder.
 
+mod aborts_in_flight;
 mod communicator;
 mod group_backend;
 mod library;
