@@ -60,7 +60,7 @@ impl AllReduceAlgo {
 /// Largest message (bytes) push takes by default in a group of `world`
 /// ranks (never above 256 KiB, its inbox).
 ///
-/// Measured on four H200s (NVLink, `bench/results/intranode-push-h200x4`,
+/// Measured on four H200s (NVLink, `bench/results/push-and-faults-h200x4`,
 /// f32, eager calls): at 2 ranks push beat one-shot at every size up to
 /// 128 KiB (8.5 against 9.5 µs there) and tied at 256 KiB; at 3 ranks it
 /// tied at 64 KiB (9.9 against 9.7 µs) and lost at 128 KiB; at 4 ranks it
