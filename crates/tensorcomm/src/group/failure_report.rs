@@ -481,6 +481,12 @@ pub(crate) struct FailureBoard {
     lost: OnceLock<String>,
 }
 
+/// NCCL failures that name no rank and often come from another rank's
+/// doing: system and remote errors (not, say, invalid usage or memory).
+fn names_no_rank_and_may_be_a_peers(err: &Error) -> bool {
+    matches!(err, Error::Nccl { code, .. } if code == "ncclSystemError" || code == "ncclRemoteError")
+}
+
 /// How long a rank whose device backend failed without naming a rank
 /// waits for another rank to post the cause (on four H200s a rank of a
 /// mismatched NCCL call failed 1 ms before its peer posted the mismatch,
@@ -526,20 +532,32 @@ impl FailureBoard {
             // peer ran another collective) is most often another rank's
             // doing, which that rank is about to post: it is waited for a
             // little.
-            let patience = match &err {
-                e if is_aborted(e) => Duration::ZERO,
-                Error::Nccl { .. } => SECONDARY_PATIENCE,
-                _ => return err,
-            };
-            let deadline = Instant::now() + patience;
-            loop {
+            if is_aborted(&err) {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }
-                if Instant::now() >= deadline {
-                    return err;
+                return err;
+            }
+            if !names_no_rank_and_may_be_a_peers(&err) {
+                return err;
+            }
+            let deadline = Instant::now() + SECONDARY_PATIENCE;
+            loop {
+                match self.posted_up_to(fp.seq) {
+                    Some(first) if first.seq == fp.seq => {
+                        tracing::debug!(
+                            seq = fp.seq,
+                            "reporting the cause rank {} posted instead of: {err}",
+                            first.reporter
+                        );
+                        return first.to_error(fp, rank);
+                    }
+                    // An earlier collective failed: not this one's cause
+                    // to tell (and waiting would not change that).
+                    Some(_) => return err,
+                    None if Instant::now() >= deadline => return err,
+                    None => std::thread::sleep(Duration::from_millis(50)),
                 }
-                std::thread::sleep(Duration::from_millis(50));
             }
         };
         let encoded = report.encode();
@@ -863,6 +881,26 @@ mod tests {
             started.elapsed()
         );
         poster.join().unwrap();
+        // A later collective's failure is not blamed on that cause (it
+        // names another collective), and does not wait for one.
+        let started = Instant::now();
+        assert!(matches!(
+            board.settle(&fp(8, 1), 1, nccl(), None),
+            Error::Nccl { .. }
+        ));
+        assert!(started.elapsed() < SECONDARY_PATIENCE);
+        // Nor does an NCCL failure of this rank's own kind.
+        let usage = Error::Nccl {
+            call: "ncclAllReduce".into(),
+            code: "ncclInvalidUsage".into(),
+            message: "invalid usage".into(),
+        };
+        let started = Instant::now();
+        assert!(matches!(
+            board.settle(&fp(8, 2), 1, usage, None),
+            Error::Nccl { .. }
+        ));
+        assert!(started.elapsed() < SECONDARY_PATIENCE);
         // With nothing posted (another group) the rank's own error comes
         // back, after the patience and no longer.
         let quiet = FailureBoard::new(store, "h");

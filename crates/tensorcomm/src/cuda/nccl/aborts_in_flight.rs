@@ -4,12 +4,14 @@
 //! rank reported its group's failure and exited while the watchdog still
 //! aborted the communicator).
 
+use std::io::Write;
 use std::sync::{Condvar, Mutex, Once, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A count of aborts in progress, and a way to wait until there are none.
 pub(crate) struct AbortsInFlight {
-    count: Mutex<usize>,
+    /// Aborts running, and whether the process is exiting (no new ones).
+    state: Mutex<(usize, bool)>,
     idle: Condvar,
 }
 
@@ -18,9 +20,9 @@ pub(crate) struct Aborting<'a>(&'a AbortsInFlight);
 
 impl Drop for Aborting<'_> {
     fn drop(&mut self) {
-        let mut n = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *n -= 1;
-        if *n == 0 {
+        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.0 -= 1;
+        if state.0 == 0 {
             self.0.idle.notify_all();
         }
     }
@@ -29,33 +31,46 @@ impl Drop for Aborting<'_> {
 impl AbortsInFlight {
     pub(crate) const fn new() -> Self {
         AbortsInFlight {
-            count: Mutex::new(0),
+            state: Mutex::new((0, false)),
             idle: Condvar::new(),
         }
     }
 
-    /// Counts an abort until the returned guard is dropped.
-    pub(crate) fn begin(&self) -> Aborting<'_> {
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        Aborting(self)
+    /// Counts an abort until the returned guard is dropped; `None` once
+    /// [`exiting`](AbortsInFlight::exiting) ran: the abort must not call
+    /// NCCL then.
+    pub(crate) fn begin(&self) -> Option<Aborting<'_>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.1 {
+            return None;
+        }
+        state.0 += 1;
+        Some(Aborting(self))
     }
 
     /// Waits until no abort runs, at most `limit`; true when none does.
     pub(crate) fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        let mut n = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        while *n > 0 {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.0 > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
-            n = self
+            state = self
                 .idle
-                .wait_timeout(n, left)
+                .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
         true
+    }
+
+    /// Refuses every later [`begin`](AbortsInFlight::begin), then waits
+    /// (at most `limit`) for the aborts running; true when none is left.
+    pub(crate) fn exiting(&self, limit: Duration) -> bool {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.wait_idle(limit)
     }
 }
 
@@ -67,8 +82,10 @@ pub(crate) static ABORTS: AbortsInFlight = AbortsInFlight::new();
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 extern "C" fn wait_for_aborts_at_exit() {
-    if !ABORTS.wait_idle(EXIT_WAIT) {
-        eprintln!(
+    if !ABORTS.exiting(EXIT_WAIT) {
+        // Never a panic here (a closed stderr): it would abort the exit.
+        let _ = writeln!(
+            std::io::stderr(),
             "tensorcomm: exiting while an NCCL communicator is still being aborted (waited {EXIT_WAIT:?})"
         );
     }
@@ -97,8 +114,8 @@ mod tests {
         let aborts = AbortsInFlight::new();
         assert!(aborts.wait_idle(Duration::ZERO), "none running");
         std::thread::scope(|s| {
-            let first = aborts.begin();
-            let second = aborts.begin();
+            let first = aborts.begin().unwrap();
+            let second = aborts.begin().unwrap();
             assert!(!aborts.wait_idle(Duration::from_millis(50)));
             drop(first);
             assert!(!aborts.wait_idle(Duration::from_millis(50)), "one left");
@@ -110,5 +127,8 @@ mod tests {
             assert!(aborts.wait_idle(Duration::from_secs(10)));
             assert!(started.elapsed() < Duration::from_secs(5));
         });
+        // At exit: no new abort is counted (nor calls NCCL).
+        assert!(aborts.exiting(Duration::ZERO));
+        assert!(aborts.begin().is_none());
     }
 }

@@ -132,7 +132,6 @@ impl Communicator {
         timeout: Duration,
     ) -> Result<Communicator> {
         let nccl = nccl()?;
-        wait_for_aborts_at_exit_once();
         let started = Instant::now();
         let ctx = runtime::context(device)?;
         ctx.bind()?;
@@ -221,7 +220,12 @@ impl Communicator {
                 // that never came.
                 comm.into_blocking(timeout.saturating_sub(started.elapsed()))
             }
-            Ok(()) => Ok(comm),
+            Ok(()) => {
+                // Once NCCL has set itself up (handlers registered later
+                // run earlier at exit).
+                wait_for_aborts_at_exit_once();
+                Ok(comm)
+            }
             Err(None) => {
                 comm.abort();
                 let joined = store
@@ -595,8 +599,12 @@ impl Communicator {
     /// and it takes no more. Waits for uses in progress; only the first
     /// call does anything.
     pub(crate) fn abort(&self) {
-        // The process's exit waits for this (see `aborts_in_flight`).
-        let _aborting = ABORTS.begin();
+        // The process's exit waits for this (see `aborts_in_flight`); once
+        // it is exiting, NCCL is not called any more.
+        let Some(_aborting) = ABORTS.begin() else {
+            self.aborted.store(true, Ordering::Release);
+            return;
+        };
         {
             let _exclusive = self.gate.write().unwrap_or_else(PoisonError::into_inner);
             if !self.aborted.swap(true, Ordering::AcqRel) {
