@@ -32,6 +32,9 @@ struct FakeBackend {
     /// aborted (or the call's deadline), as NCCL's non-blocking group end
     /// does for a mismatched or unconnectable group.
     stuck: Option<CollectiveKind>,
+    /// Every call fails at once with the link to this rank closed (a rank
+    /// whose peer died, as its own transport would find).
+    lost_peer: Option<usize>,
     aborted: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -65,6 +68,13 @@ impl DeviceEvent for FakeEvent {
 impl GroupBackend for FakeBackend {
     fn run(&self, _: &Collective, call: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
         let fp = call.fingerprint;
+        if let Some(peer) = self.lost_peer {
+            return Err(Error::PeerClosed {
+                peer,
+                during: "queuing".into(),
+                reason: "the fake link to it closed".into(),
+            });
+        }
         if Some(fp.kind) == self.stuck {
             let (lock, cv) = &*self.aborted;
             let mut aborted = lock.lock().unwrap();
@@ -116,14 +126,26 @@ fn engines_stuck_on(
     timeout: Duration,
     stuck: impl Fn(usize) -> Option<CollectiveKind>,
 ) -> Vec<(Engine, Scope)> {
+    engines_with(size, timeout, |rank| (stuck(rank), None))
+}
+
+/// `engines`, where `setup(r)` gives rank r's backend the kind of call it
+/// cannot queue and the peer whose link it finds closed on every call.
+fn engines_with(
+    size: usize,
+    timeout: Duration,
+    setup: impl Fn(usize) -> (Option<CollectiveKind>, Option<usize>),
+) -> Vec<(Engine, Scope)> {
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
     let device = Arc::new(Device::default());
     (0..size)
         .map(|rank| {
+            let (stuck, lost_peer) = setup(rank);
             let backend = Arc::new(FakeBackend {
                 device: device.clone(),
                 size,
-                stuck: stuck(rank),
+                stuck,
+                lost_peer,
                 aborted: Arc::default(),
             });
             let recorder = FlightRecorder::new(16, rank, size, "fake");
@@ -320,5 +342,40 @@ fn a_call_that_never_gets_queued_names_the_rank_that_never_came() {
             "rank {rank}: {text}"
         );
         assert!(text.contains("ncclInProgress"), "rank {rank}: {text}");
+    }
+}
+
+#[test]
+fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
+    // Rank 0 finds its link to rank 2 closed and posts that; rank 1 cannot
+    // queue its all_reduce (NCCL's group end in progress, connecting to the
+    // gone rank). Rank 1 must fail with rank 0's cause long before its
+    // 30 s timeout, not wait for it.
+    let groups = engines_with(3, Duration::from_secs(30), |rank| match rank {
+        0 => (None, Some(2)),
+        1 => (Some(CollectiveKind::AllReduce), None),
+        _ => (None, None),
+    });
+    let started = Instant::now();
+    let outcomes = on_each(&groups[..2], |scope| {
+        let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        let err = outcome.expect_err("the call must fail");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[2]),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            text.contains("the fake link to it closed"),
+            "rank {rank}: {text}"
+        );
     }
 }

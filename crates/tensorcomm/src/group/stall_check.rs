@@ -350,6 +350,15 @@ impl StallMonitor {
                 engine.abort();
                 return;
             }
+            // Another rank's failure, posted for this group (a peer gone,
+            // as a rank's own links find it): the blocked collective would
+            // otherwise wait for its deadline. It fails now, through the
+            // abort, reporting that cause.
+            if let Some((failed, error)) = posted_failure(store, keys, &recent, &fp) {
+                engine.fail_pending(failed.seq, engine.named(&failed, error));
+                engine.abort();
+                return;
+            }
         }
     }
 }
