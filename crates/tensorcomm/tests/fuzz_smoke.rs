@@ -217,6 +217,7 @@ fn every_target_has_a_smoke_test() {
         "init_method",
         "size",
         "sparse",
+        "sparse_all_reduce",
     ];
     let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
     assert_eq!(names, tested);
@@ -255,4 +256,9 @@ fn size() {
 #[test]
 fn sparse() {
     smoke("sparse");
+}
+
+#[test]
+fn sparse_all_reduce() {
+    smoke("sparse_all_reduce");
 }
