@@ -2,7 +2,7 @@
 //! checked-in seed corpus (`fuzz/corpus/<target>/`) and on mutations of
 //! it drawn from a fixed-seed generator: a few thousand inputs per
 //! target, a few seconds in all, on the stable toolchain. The long runs
-//! use `cargo fuzz` (see `fuzz/README.md`).
+//! use `cargo fuzz` (see the README's Fuzzing section).
 //!
 //! An input fails the test when the body panics, or when it made a single
 //! allocation larger than [`MAX_ALLOCATION`] (memory must follow the bytes
