@@ -132,6 +132,22 @@ def main():
     write("sparse", "matrix", sparse + peer)
     write("sparse", "coords", bytes([3, 5, 5, 5, 0, 3]) + bytes([1, 2, 1, 0, 0, 0, 4, 4, 4]))
 
+    # sparse_all_reduce: world (2 + b % 3), rank, then this rank's tensor as
+    # the body reads it (ndim, sizes, dense_dim, nnz, dtype 0 = i64,
+    # coordinates), then what the peers send: each peer's metadata (nnz,
+    # sparse_dim, sizes), then each peer's entries (coordinates, values).
+    own = bytes([2, 3, 4, 1, 2, 0, 0, 2])  # [3, 4], 1 dense dim, rows 0 and 2
+    meta = lambda nnz: u64(nnz) + u64(1) + u64(3) + u64(4)
+    row = lambda i, v: u64(i) + b"".join(u64(v + k) for k in range(4))
+    write("sparse_all_reduce", "two_ranks", bytes([0, 0]) + own + meta(1) + row(2, 10))
+    three = meta(2) + meta(0) + u64(1) + u64(2) + b"".join(u64(7) for _ in range(8))
+    write("sparse_all_reduce", "three_ranks", bytes([1, 1]) + own + three)
+    empty = bytes([2, 0]) + bytes([1, 5, 0, 0, 1]) + (u64(0) + u64(1) + u64(5)) * 3
+    write("sparse_all_reduce", "four_ranks_empty", empty)
+    # A peer announcing 2^40 entries and vanishing after one coordinate:
+    # the rank must fail, not reserve 40 TiB (the bug the smoke run found).
+    write("sparse_all_reduce", "announces_2_40", bytes([0, 0]) + own + meta(1 << 40) + u64(2))
+
 
 if __name__ == "__main__":
     main()

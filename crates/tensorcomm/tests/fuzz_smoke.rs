@@ -2,7 +2,7 @@
 //! checked-in seed corpus (`fuzz/corpus/<target>/`) and on mutations of
 //! it drawn from a fixed-seed generator: a few thousand inputs per
 //! target, a few seconds in all, on the stable toolchain. The long runs
-//! use `cargo fuzz` (see `fuzz/README.md`).
+//! use `cargo fuzz` (see the README's Fuzzing section).
 //!
 //! An input fails the test when the body panics, or when it made a single
 //! allocation larger than [`MAX_ALLOCATION`] (memory must follow the bytes
@@ -217,6 +217,7 @@ fn every_target_has_a_smoke_test() {
         "init_method",
         "size",
         "sparse",
+        "sparse_all_reduce",
     ];
     let names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
     assert_eq!(names, tested);
@@ -255,4 +256,9 @@ fn size() {
 #[test]
 fn sparse() {
     smoke("sparse");
+}
+
+#[test]
+fn sparse_all_reduce() {
+    smoke("sparse_all_reduce");
 }

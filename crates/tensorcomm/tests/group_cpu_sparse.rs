@@ -1,7 +1,8 @@
 //! Sparse all-reduce of the CPU process group for world sizes 1, 2, 3, 4
 //! and 8, over TCP and over shared memory (modules `tcp` and `shm`), against
 //! a dense reference summed independently here: duplicate coordinates
-//! within and across ranks, disjoint ones, dense dimensions, empty inputs.
+//! within and across ranks, disjoint ones, dense dimensions, empty inputs,
+//! and entries large enough to travel in several pieces.
 
 mod common;
 
@@ -18,6 +19,7 @@ over_transports!(
     sums_match_a_dense_reference_for_world_sizes_1_to_8,
     two_sparse_dims_in_f32_with_duplicates_across_ranks,
     only_sum_is_accepted_and_mismatched_sizes_are_reported,
+    entries_of_several_pieces_and_unequal_counts_arrive_whole,
 );
 
 /// Rank `rank`'s entries of a [10, 3] tensor (1 sparse, 1 dense dim):
@@ -153,5 +155,42 @@ fn only_sum_is_accepted_and_mismatched_sizes_are_reported(choice: TransportChoic
             }
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// The entries travel in pieces that double from 1 MiB: 0, 1 and 9 MiB of
+/// entries on three ranks make pairs where one side sends more pieces than
+/// it receives, and every receiver grows its buffer piece by piece.
+fn entries_of_several_pieces_and_unequal_counts_arrive_whole(choice: TransportChoice) {
+    const ROWS: usize = 1000;
+    // 32 bytes an entry: one coordinate, three i64 values.
+    let count = |rank: usize| [0, 1 << 15, 9 << 15][rank];
+    let entry = |rank: usize, j: usize| ((j * 7 + rank) % ROWS, [j as i64, rank as i64, 1]);
+    let pgs = groups(3, &Arc::new(HashStore::new()), "pg", choice);
+    let results = on_every_rank(&pgs, |pg| {
+        let r = pg.rank();
+        let mine: Vec<_> = (0..count(r)).map(|j| entry(r, j)).collect();
+        let indices = mine.iter().map(|(i, _)| *i as i64).collect();
+        let values: Vec<i64> = mine.iter().flat_map(|(_, v)| *v).collect();
+        let values = Tensor::from_vec(values, &[mine.len(), 3]).unwrap();
+        let s = SparseTensor::new(indices, values, &[ROWS, 3]).unwrap();
+        let sum = pg
+            .all_reduce_sparse(&s, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        sum.to_dense().unwrap().to_vec::<i64>().unwrap()
+    });
+    let mut expected = vec![0i64; ROWS * 3];
+    for rank in 0..3 {
+        for j in 0..count(rank) {
+            let (i, v) = entry(rank, j);
+            for (d, x) in v.iter().enumerate() {
+                expected[i * 3 + d] += x;
+            }
+        }
+    }
+    for (rank, got) in results.into_iter().enumerate() {
+        assert!(got == expected, "rank {rank} summed other values");
     }
 }

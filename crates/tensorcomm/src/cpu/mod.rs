@@ -28,7 +28,7 @@ pub mod transport;
 
 mod monitored_barrier;
 pub(crate) mod p2p;
-mod sparse_all_reduce;
+pub(crate) mod sparse_all_reduce;
 
 pub use helper_threads::HelperThreads;
 

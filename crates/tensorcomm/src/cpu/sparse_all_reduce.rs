@@ -3,7 +3,25 @@
 //! dimensions, sizes), then its indices and values; every rank concatenates
 //! all entries in rank order and coalesces them. Each rank sums the same
 //! entries in the same order, so all get bit-identical results.
+//!
+//! # What a peer's count may make this rank allocate
+//!
+//! A peer's metadata announces how many entries it will send. This rank
+//! never reserves that up front: each rank's entries travel in pieces
+//! ([`pieces`]: the first up to [`FIRST_PIECE`] bytes, each next one as
+//! long as all before it), and the receiver grows its buffer by a piece
+//! only as that piece is received. So a peer that announces more than it
+//! sends costs this rank at most twice what actually arrived (or one
+//! first piece), and then a closed peer or a timeout, never an allocation
+//! of the announced size. An announcement that no rank could hold (all
+//! ranks' entries together, or the summed result, over `isize::MAX`
+//! bytes) is refused before anything is received, with
+//! [`Error::PeerProtocol`] naming the peer, the bound and the count.
+//! Entries of zero bytes (no sparse dimension and an empty dense part)
+//! carry nothing to wait for and all coalesce into one, so each rank's
+//! count of them is taken as at most one.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use super::transport::Transport;
@@ -20,6 +38,63 @@ fn read_u64(bytes: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// The size of the first piece of a rank's entries: messages up to this
+/// size go in one piece.
+const FIRST_PIECE: usize = 1 << 20;
+
+/// The byte ranges a message of `len` bytes travels in: the first up to
+/// [`FIRST_PIECE`], each next as long as all before it, the last cut to
+/// what remains. Sender and receiver both know `len` (the receiver from
+/// the metadata), so they cut it alike. Pieces double, so a message of
+/// `len` bytes takes about `log2(len / FIRST_PIECE)` of them.
+fn pieces(len: usize) -> impl Iterator<Item = Range<usize>> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        (start < len).then(|| {
+            let end = start + start.max(FIRST_PIECE).min(len - start);
+            let piece = start..end;
+            start = end;
+            piece
+        })
+    })
+}
+
+/// Sends `mine` to `to` while receiving `len` bytes from `from` into a
+/// buffer that grows by each piece as it is received (see the module
+/// docs); returns the received bytes.
+fn exchange(
+    t: &dyn Transport,
+    to: usize,
+    mine: &[u8],
+    from: usize,
+    len: usize,
+    deadline: Instant,
+) -> Result<Vec<u8>> {
+    let mut theirs = Vec::new();
+    let (mut outgoing, mut incoming) = (pieces(mine.len()), pieces(len));
+    loop {
+        match (outgoing.next(), incoming.next()) {
+            (None, None) => return Ok(theirs),
+            (Some(out), None) => t.send(to, &mine[out], deadline)?,
+            (out, Some(piece)) => {
+                theirs
+                    .try_reserve_exact(piece.len())
+                    .map_err(|_| Error::PeerProtocol {
+                        peer: from,
+                        expected: "sparse entries that fit in this rank's memory".into(),
+                        found: format!("{len} bytes of entries"),
+                    })?;
+                theirs.resize(piece.end, 0);
+                let buf = &mut theirs[piece];
+                match out {
+                    Some(out) => t.send_recv(to, &mine[out], from, buf, deadline)?,
+                    None => t.recv(from, buf, deadline)?,
+                }
+            }
+        }
+    }
+}
+
 /// Sums `input` over all ranks; every rank gets the coalesced result.
 pub(crate) fn all_reduce_sparse(
     t: &dyn Transport,
@@ -29,12 +104,20 @@ pub(crate) fn all_reduce_sparse(
     let (rank, world) = (t.rank(), t.world_size());
     let sizes = input.sizes();
     let sparse_dim = input.sparse_dim();
+    // A row's bytes; with no entries here, from the dense sizes, which may
+    // then be too large for any entry to exist (saturated: any count but
+    // zero is refused below).
     let row_bytes = input
         .values()
         .nbytes()
         .checked_div(input.nnz())
-        .unwrap_or_else(|| sizes[sparse_dim..].iter().product::<usize>() * input.dtype().size());
-    let entry_bytes = sparse_dim * 8 + row_bytes;
+        .unwrap_or_else(|| {
+            sizes[sparse_dim..]
+                .iter()
+                .try_fold(input.dtype().size(), |n, &s| n.checked_mul(s))
+                .unwrap_or(usize::MAX)
+        });
+    let entry_bytes = (sparse_dim * 8).saturating_add(row_bytes);
 
     // Metadata: nnz, sparse_dim, then the sizes.
     let meta = u64s(
@@ -62,41 +145,46 @@ pub(crate) fn all_reduce_sparse(
                 found: format!("sizes {theirs:?} with {} sparse dimensions", read_u64(m, 1)),
             });
         }
-        nnz[r] = usize::try_from(read_u64(m, 0))
-            .ok()
-            .filter(|n| n.checked_mul(entry_bytes).is_some())
-            .ok_or_else(|| Error::PeerProtocol {
+        nnz[r] = usize::try_from(read_u64(m, 0)).unwrap_or(usize::MAX);
+        if entry_bytes == 0 {
+            nnz[r] = nnz[r].min(1);
+        }
+    }
+    // All entries together must fit in memory (the summed values and the
+    // indices are each at most that many bytes); a count past it is one no
+    // rank could have sent.
+    let limit = isize::MAX as usize / entry_bytes.max(1);
+    let mut total = 0usize;
+    for (r, &n) in nnz.iter().enumerate() {
+        if n > limit - total {
+            return Err(Error::PeerProtocol {
                 peer: r,
-                expected: "a number of sparse entries this rank can hold".into(),
-                found: read_u64(m, 0).to_string(),
-            })?;
+                expected: format!(
+                    "at most {} sparse entries of {entry_bytes} bytes (all ranks' entries \
+                     together within isize::MAX bytes, {total} announced by the ranks before)",
+                    limit - total
+                ),
+                found: format!("{} entries announced", read_u64(&metas[r], 0)),
+            });
+        }
+        total += n;
     }
 
     // Entries: this rank's indices then its values.
     let mut mine = u64s(input.indices().iter().map(|&i| i as u64));
     input.values().with_bytes(|v| mine.extend_from_slice(v))?;
-    let mut entries: Vec<Vec<u8>> = Vec::with_capacity(world);
-    for (r, &n) in nnz.iter().enumerate() {
-        let mut buf = Vec::new();
-        if r != rank {
-            buf.try_reserve_exact(n * entry_bytes)
-                .map_err(|_| Error::PeerProtocol {
-                    peer: r,
-                    expected: "a sparse tensor that fits in this rank's memory".into(),
-                    found: format!("{n} entries of {entry_bytes} bytes"),
-                })?;
-            buf.resize(n * entry_bytes, 0);
-        }
-        entries.push(buf);
+    if entry_bytes == 0 {
+        // As announced: nothing to send (see the module docs).
+        mine.clear();
     }
+    let mut entries: Vec<Vec<u8>> = vec![Vec::new(); world];
     for shift in 1..world {
         let (to, from) = ((rank + shift) % world, (rank + world - shift) % world);
-        t.send_recv(to, &mine, from, &mut entries[from], deadline)?;
+        entries[from] = exchange(t, to, &mine, from, nnz[from] * entry_bytes, deadline)?;
     }
     entries[rank] = mine;
 
     // Concatenate in rank order and coalesce.
-    let total: usize = nnz.iter().sum();
     let mut indices = Vec::with_capacity(total * sparse_dim);
     for d in 0..sparse_dim {
         for (r, e) in entries.iter().enumerate() {

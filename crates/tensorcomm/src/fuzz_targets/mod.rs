@@ -22,6 +22,8 @@
 //! - `size.rs`: size suffixes (`64K`, `16M`).
 //! - `sparse.rs`: sparse COO metadata (`SparseTensor::new`, coalescing,
 //!   densifying).
+//! - `sparse_all_reduce.rs`: the sparse all-reduce reading its peers'
+//!   metadata and entries.
 
 mod input;
 mod mock_transport;
@@ -30,6 +32,7 @@ mod fingerprint;
 mod init_method;
 mod size;
 mod sparse;
+mod sparse_all_reduce;
 mod store_codec;
 mod store_server;
 mod transport_frames;
@@ -38,6 +41,7 @@ pub use fingerprint::fingerprint;
 pub use init_method::init_method;
 pub use size::size;
 pub use sparse::sparse;
+pub use sparse_all_reduce::sparse_all_reduce;
 pub use store_codec::store_codec;
 pub use store_server::store_server;
 pub use transport_frames::transport_frames;
@@ -55,4 +59,5 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("init_method", init_method),
     ("size", size),
     ("sparse", sparse),
+    ("sparse_all_reduce", sparse_all_reduce),
 ];

@@ -2,10 +2,8 @@
 //! the input go to `SparseTensor::new`; a tensor it accepts is coalesced
 //! and densified. Checked: no panic, and coalescing keeps the dense value.
 //!
-//! Not covered yet: the sparse all-reduce reading a peer's metadata. The
-//! smoke run found that it reserves what the peer's entry count announces
-//! (terabytes for a lying peer) before any entry arrives; see the README's
-//! Fuzzing section.
+//! The sparse all-reduce reading a peer's metadata and entries is its own
+//! target, `sparse_all_reduce.rs`.
 
 use super::input::Input;
 use crate::tensor::{SparseTensor, Tensor};
