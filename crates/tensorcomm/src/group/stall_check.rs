@@ -350,10 +350,15 @@ impl StallMonitor {
                 engine.abort();
                 return;
             }
-            // Another rank's failure, posted for this group (a peer gone,
-            // as a rank's own links find it): the blocked collective would
-            // otherwise wait for its deadline. It fails now, through the
-            // abort, reporting that cause.
+            // A device group's call stuck being queued, with another rank's
+            // failure posted for this group (a peer gone, as a rank's own
+            // links find it): it would otherwise wait for its deadline. It
+            // fails now, through the abort, reporting that cause. (A host
+            // group's own links find such failures; its abort would turn
+            // its own timeout into a closed link.)
+            if self.records {
+                continue;
+            }
             if let Some((failed, error)) = posted_failure(store, keys, &recent, &fp) {
                 engine.fail_pending(failed.seq, engine.named(&failed, error));
                 engine.abort();
