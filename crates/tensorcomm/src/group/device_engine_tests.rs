@@ -189,6 +189,34 @@ fn on_each(
     })
 }
 
+/// An all_reduce of 8 elements on ranks 0 and 1 of `groups`, each rank's
+/// outcome; all of it well within 10 s (the tests' timeouts are longer or
+/// the calls must fail before them).
+fn all_reduce_on_ranks_0_and_1_failing_fast(groups: &[(Engine, Scope)]) -> Vec<Result<()>> {
+    let started = Instant::now();
+    let outcomes = on_each(&groups[..2], |scope| {
+        let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
+        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    outcomes
+}
+
+/// The text of rank `rank`'s failure, which must name the ranks `named`.
+fn failure_naming(outcome: Result<()>, rank: usize, named: &[usize]) -> String {
+    let err = outcome.expect_err("the call must fail");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == named),
+        "rank {rank}: {text}"
+    );
+    text
+}
+
 #[test]
 fn matching_calls_complete_on_the_device() {
     let groups = engines(2, Duration::from_secs(30));
@@ -320,23 +348,9 @@ fn a_call_that_never_gets_queued_names_the_rank_that_never_came() {
     let groups = engines_stuck_on(3, Duration::from_millis(600), |rank| {
         (rank < 2).then_some(CollectiveKind::AllReduce)
     });
-    let started = Instant::now();
-    let outcomes = on_each(&groups[..2], |scope| {
-        let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
-        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
-    });
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
+    let outcomes = all_reduce_on_ranks_0_and_1_failing_fast(&groups);
     for (rank, outcome) in outcomes.into_iter().enumerate() {
-        let err = outcome.expect_err("an unqueued call must fail");
-        let text = err.to_string();
-        assert!(
-            matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[2]),
-            "rank {rank}: {text}"
-        );
+        let text = failure_naming(outcome, rank, &[2]);
         assert!(
             text.contains("rank 2 had started none"),
             "rank {rank}: {text}"
@@ -356,23 +370,9 @@ fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
         1 => (Some(CollectiveKind::AllReduce), None),
         _ => (None, None),
     });
-    let started = Instant::now();
-    let outcomes = on_each(&groups[..2], |scope| {
-        let t = Tensor::zeros(&[8], crate::tensor::DType::F32).unwrap();
-        Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap()
-    });
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
+    let outcomes = all_reduce_on_ranks_0_and_1_failing_fast(&groups);
     for (rank, outcome) in outcomes.into_iter().enumerate() {
-        let err = outcome.expect_err("the call must fail");
-        let text = err.to_string();
-        assert!(
-            matches!(&err, Error::CollectiveFailed { ranks, .. } if ranks == &[2]),
-            "rank {rank}: {text}"
-        );
+        let text = failure_naming(outcome, rank, &[2]);
         assert!(
             text.contains("the fake link to it closed"),
             "rank {rank}: {text}"
