@@ -2,11 +2,16 @@
 """tensorcomm's DDP Reducer against PyTorch DDP over Gloo, side by side.
 
 PyTorch trains the real model (bench/ddp_torch.py: six 2048x2048 layers
-and a 2048x10 head, batch 32, SGD) at world size 1, 2, 4...; its world-size-1
-step time (no communication) sets the compute that `tensorcomm bench --op
-ddp --model mlp` simulates per layer (step / 7 layers), so both runs do
-about the same compute; then both run at each world size and the table
-gives step times and the ratio tensorcomm / PyTorch (below 1.0: faster).
+and a 2048x10 head, batch 32, SGD) at world size 1, 2, 4...; at each world
+size N it first times one process without DDP using the intra-op threads a
+rank of N gets (the host's CPUs / N), whose step (no communication) sets
+the compute that `tensorcomm bench --op ddp --model mlp` simulates per
+layer (step / 7 layers), so both sides do about the same compute per
+rank; then both run at N ranks and the table gives step times and the
+ratio tensorcomm / PyTorch (below 1.0: faster). tensorcomm's columns:
+comm = time any bucket's all-reduce hook was in flight; exposed = the part
+of it after the last gradient was ready (what backward did not hide);
+tail = last gradient ready to finish() returning (also the write-back).
 
     python3 bench/compare_ddp.py --tensorcomm target/release/tensorcomm --ranks 2,4
 
@@ -52,19 +57,21 @@ def main():
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "ddp_torch.py")
-    base = run([sys.executable, script, "--steps", a.steps])
-    if not base:
-        sys.exit(1)
     layers = 7
-    compute_us = int(base["step_ms"] * 1000 / layers)
-    print(f"# PyTorch world size 1: {base['step_ms']:.1f} ms per step; tensorcomm simulates "
-          f"{compute_us} us of compute per layer ({layers} layers), all-reduce hook, CPU ranks")
+    cpus = os.cpu_count() or 1
+    print(f"# {cpus} cpus; all-reduce hook, CPU ranks; compute per layer = PyTorch's step without DDP "
+          f"at the threads of one rank / {layers} layers")
     modes = [False, True] if a.grad_as_bucket_view else [False]
     mode_head = f" {'grads':>5}" if a.grad_as_bucket_view else ""
-    print(f"{'ranks':>5}{mode_head} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} "
-          f"{'comm ms':>8} {'exposed ms':>11}")
+    print(f"{'ranks':>5}{mode_head} {'compute ms':>10} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} "
+          f"{'comm ms':>8} {'exposed ms':>11} {'tail ms':>8}")
     ok = True
     for n in [1] + [int(r) for r in a.ranks.split(",")]:
+        base = run([sys.executable, script, "--steps", a.steps, "--threads", str(max(1, cpus // n))])
+        if not base:
+            ok = False
+            continue
+        compute_us = int(base["step_ms"] * 1000 / layers)
         for view in modes:
             if n == 1:
                 t = base  # no DDP at world size 1: no bucket, no copies
@@ -81,8 +88,9 @@ def main():
                 continue
             tc_ms = c["step_us"] / 1000
             mode = f" {'view' if view else 'copy':>5}" if a.grad_as_bucket_view else ""
-            print(f"{n:>5}{mode} {t['step_ms']:>9.1f} {tc_ms:>14.1f} {tc_ms / t['step_ms']:>6.2f} "
-                  f"{c['comm_us'] / 1000:>8.1f} {c['exposed_us'] / 1000:>11.1f}", flush=True)
+            print(f"{n:>5}{mode} {base['step_ms']:>10.1f} {t['step_ms']:>9.1f} {tc_ms:>14.1f} "
+                  f"{tc_ms / t['step_ms']:>6.2f} {c['comm_us'] / 1000:>8.1f} "
+                  f"{c['exposed_us'] / 1000:>11.1f} {c['tail_us'] / 1000:>8.1f}", flush=True)
     sys.exit(0 if ok else 1)
 
 

@@ -38,9 +38,11 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--gradient-as-bucket-view", action="store_true")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads (default: the host's CPUs / world size)")
     a = p.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // world))
     torch.manual_seed(0)
     net = model()
     if world > 1:

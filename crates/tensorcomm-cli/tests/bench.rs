@@ -499,20 +499,22 @@ fn ddp_reports_step_communication_and_exposed_times() {
     assert_eq!(row["hook"], "allreduce");
     assert_eq!(row["compute_us"], 150);
     assert!(row["buckets"].as_u64().unwrap() >= 2, "{row}");
-    let (step, comm, exposed) = (
+    let (step, comm, exposed, tail) = (
         row["step_us"].as_f64().unwrap(),
         row["comm_us"].as_f64().unwrap(),
         row["exposed_us"].as_f64().unwrap(),
+        row["tail_us"].as_f64().unwrap(),
     );
-    // A step holds its compute and the exposed communication.
-    assert!(step >= 150.0 && comm > 0.0 && exposed > 0.0, "{row}");
-    assert!(exposed <= step, "{row}");
+    // A step holds its compute and its tail; the exposed communication is
+    // part of both the communication time and the tail.
+    assert!(step >= 150.0 && comm > 0.0 && tail > 0.0, "{row}");
+    assert!(exposed <= comm && exposed <= tail && tail <= step, "{row}");
 
     let (ok, stdout, stderr) = bench(&[&common[..], &["--hook", "powersgd"]].concat());
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("powersgd hook"), "{stdout}");
     let last = stdout.lines().last().unwrap();
-    assert_eq!(last.split_whitespace().count(), 5, "{stdout}");
+    assert_eq!(last.split_whitespace().count(), 6, "{stdout}");
     assert_eq!(last.split_whitespace().next(), Some("20736"), "{stdout}");
 
     let (ok, _, stderr) = bench(&["--op", "ddp", "--hook", "gzip"]);

@@ -8,13 +8,14 @@
 //! `--compute-us` µs (the layer's backward compute, on this rank's core),
 //! then marks the layer's gradients ready, so the Reducer starts each
 //! bucket's hook (`--hook`) as its last gradient arrives, then calls
-//! `finish()`. Per step it measures the step time, the communication span
-//! (from the first bucket's hook starting to the last bucket's result
-//! arriving; it includes the compute and the Reducer's copies that ran
-//! meanwhile) and the tail (from the last gradient ready to `finish()`
-//! returning; it includes writing the averaged gradients back, which the
-//! no-op hook also pays: compare a row with its `--hook noop` row to see
-//! what communication itself left exposed). Ranks start
+//! `finish()`. Per step it measures the step time; the communication time
+//! (`comm_us`: how long at least one bucket's hook was in flight, from its
+//! start to its result's arrival, the union of those spans); the exposed
+//! communication (`exposed_us`: the part of that union after the last
+//! gradient was marked ready, which the backward pass could not hide);
+//! and the tail (`tail_us`: from the last gradient ready to `finish()`
+//! returning, which also holds writing the averaged gradients back, as
+//! the no-op hook's row shows). Ranks start
 //! each step together (a barrier, untimed). The row gives each measure's
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
@@ -301,15 +302,39 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     crate::launch::launch_local_with(&exe, &rank_args, args.nproc, None, &[], false)
 }
 
-/// When the hooks of one step started and finished.
+/// When each bucket's hook started and when its result was known, in one
+/// step.
 #[derive(Default)]
 struct Timeline {
-    first_start: Option<Instant>,
-    last_done: Option<Instant>,
+    /// Per bucket index: the hook's start and its result's arrival.
+    spans: Vec<(Instant, Option<Instant>)>,
 }
 
-/// Runs the inner hook and notes when the first bucket starts and when
-/// the last one's result is known.
+impl Timeline {
+    /// How long, from `from` on, at least one bucket's communication was
+    /// in flight (the union of the hooks' spans, clipped to start at
+    /// `from`). A span still open counts up to `until`.
+    fn busy_after(&self, from: Instant, until: Instant) -> Duration {
+        let mut spans: Vec<(Instant, Instant)> = self
+            .spans
+            .iter()
+            .map(|&(a, b)| (a.max(from), b.unwrap_or(until).max(from)))
+            .collect();
+        spans.sort();
+        let (mut total, mut reach) = (Duration::ZERO, from);
+        for (a, b) in spans {
+            let a = a.max(reach);
+            if b > a {
+                total += b - a;
+                reach = b;
+            }
+        }
+        total
+    }
+}
+
+/// Runs the inner hook and notes when each bucket's hook starts and when
+/// its result is known.
 struct TimedHook {
     inner: Arc<dyn CommHook>,
     timeline: Arc<Mutex<Timeline>>,
@@ -321,17 +346,16 @@ impl CommHook for TimedHook {
         group: &Arc<dyn ProcessGroup>,
         bucket: GradBucket,
     ) -> tensorcomm::Result<WorkFuture<Tensor<'static>>> {
-        let now = Instant::now();
-        self.timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .first_start
-            .get_or_insert(now);
+        let slot = {
+            let mut t = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+            t.spans.push((Instant::now(), None));
+            t.spans.len() - 1
+        };
         let timeline = self.timeline.clone();
         Ok(self.inner.run(group, bucket)?.then(move |value| {
             let now = Instant::now();
             let mut t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            t.last_done = Some(t.last_done.map_or(now, |last| last.max(now)));
+            t.spans[slot].1 = Some(now);
             value
         }))
     }
@@ -410,7 +434,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             ids
         })
         .collect();
-    let (mut steps, mut comms, mut exposed) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut steps, mut comms, mut exposed, mut tails) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for it in 0..args.warmup + args.iters {
         pg.barrier(None)?.wait()?;
         *timeline.lock().unwrap_or_else(PoisonError::into_inner) = Timeline::default();
@@ -445,26 +469,29 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         let end = Instant::now();
         if it >= args.warmup {
             let t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            let comm = match (t.first_start, t.last_done) {
-                (Some(a), Some(b)) => b.saturating_duration_since(a),
-                _ => Duration::ZERO,
-            };
-            steps.push((end - start).as_secs_f64() * 1e6);
-            comms.push(comm.as_secs_f64() * 1e6);
-            exposed.push((end - ready).as_secs_f64() * 1e6);
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
+            steps.push(us(end - start));
+            comms.push(us(t.busy_after(start, end)));
+            exposed.push(us(t.busy_after(ready, end)));
+            tails.push(us(end - ready));
         }
     }
     let slowest = Tensor::from_vec(
-        vec![median(&mut steps), median(&mut comms), median(&mut exposed)],
-        &[3],
+        vec![
+            median(&mut steps),
+            median(&mut comms),
+            median(&mut exposed),
+            median(&mut tails),
+        ],
+        &[4],
     )?
     .into_device(device)?;
     pg.all_reduce(&slowest, ReduceOp::Max, None)?
         .synchronize()?;
-    let [step_us, comm_us, exposed_us]: [f64; 3] = slowest
+    let [step_us, comm_us, exposed_us, tail_us]: [f64; 4] = slowest
         .to_vec::<f64>()?
         .try_into()
-        .map_err(|_| tensorcomm::Error::InvalidArgument("three medians".into()))?;
+        .map_err(|_| tensorcomm::Error::InvalidArgument("four medians".into()))?;
     // What the CPU run says is unchanged; a CUDA run says where.
     let on_transport = format!(" on {transport} transport");
     let (placement, json_placement) = match (args.backend, device) {
@@ -492,7 +519,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         let compute_us = args.compute_us * layers.len() as u64;
         if args.json {
             println!(
-                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1}{json_placement}{views_json}}}",
+                "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1},\"tail_us\":{tail_us:.1}{json_placement}{views_json}}}",
                 model.name,
                 shapes.len(),
                 layers.len(),
@@ -515,11 +542,11 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
                 args.warmup
             );
             println!(
-                "{:>10} {:>12} {:>12} {:>12} {:>12}",
-                "params", "compute_us", "step_us", "comm_us", "exposed_us"
+                "{:>10} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                "params", "compute_us", "step_us", "comm_us", "exposed_us", "tail_us"
             );
             println!(
-                "{numel:>10} {compute_us:>12} {step_us:>12.1} {comm_us:>12.1} {exposed_us:>12.1}"
+                "{numel:>10} {compute_us:>12} {step_us:>12.1} {comm_us:>12.1} {exposed_us:>12.1} {tail_us:>12.1}"
             );
         }
     }
@@ -530,6 +557,28 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn communication_time_is_the_union_of_the_hooks_spans_and_exposed_is_its_part_after_ready() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Two overlapping spans (10-30, 20-40), one apart (50-60), one
+        // still open at the end (70-).
+        let timeline = Timeline {
+            spans: vec![
+                (at(20), Some(at(40))),
+                (at(10), Some(at(30))),
+                (at(50), Some(at(60))),
+                (at(70), None),
+            ],
+        };
+        let ms = |d: Duration| d.as_millis();
+        assert_eq!(ms(timeline.busy_after(t0, at(80))), 30 + 10 + 10);
+        // Ready at 35: 35-40, 50-60, 70-80.
+        assert_eq!(ms(timeline.busy_after(at(35), at(80))), 5 + 10 + 10);
+        assert_eq!(ms(timeline.busy_after(at(90), at(90))), 0);
+        assert_eq!(ms(Timeline::default().busy_after(t0, at(80))), 0);
+    }
 
     #[test]
     fn models_have_their_published_parameter_counts() {
