@@ -434,7 +434,8 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             ids
         })
         .collect();
-    let (mut steps, mut comms, mut exposed, mut tails) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut steps, mut comms, mut exposed, mut tails) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for it in 0..args.warmup + args.iters {
         pg.barrier(None)?.wait()?;
         *timeline.lock().unwrap_or_else(PoisonError::into_inner) = Timeline::default();
