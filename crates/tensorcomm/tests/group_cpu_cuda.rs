@@ -753,3 +753,48 @@ fn a_group_that_cannot_use_peer_memory_stages_and_says_why() {
         assert_eq!(get(&t), vec![1.0; 10]);
     });
 }
+
+#[test]
+fn small_tensors_of_every_byte_length_shape_copy_back_whole() {
+    // Results under 32 KiB go back to the GPU as copies of several rows
+    // (see `SMALL_HTOD_BYTES`): odd, prime, even and boundary byte counts
+    // must all arrive whole, and the bytes around them untouched.
+    if !can_run("small_tensors_of_every_byte_length_shape_copy_back_whole") {
+        return;
+    }
+    let pgs = two_ranks("small-rows");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        for len in [1usize, 2, 3, 7, 9, 15, 4093, 4096, 32767, 32768, 32769] {
+            // A u8 tensor of `len` bytes in the middle of a larger one,
+            // whose other bytes must keep their value.
+            let backing: Vec<u8> = (0..len + 64).map(|i| (i % 7) as u8).collect();
+            let whole = Tensor::from_vec(backing.clone(), &[len + 64])
+                .unwrap()
+                .to_device(GPU)
+                .unwrap();
+            let part = whole.narrow(0, 32, len).unwrap();
+            let host_part = Tensor::from_vec(vec![me as u8 + 1; len], &[len]).unwrap();
+            part.copy_from(&host_part).unwrap();
+            pg.all_reduce(&part, ReduceOp::Sum, None)
+                .unwrap()
+                .synchronize()
+                .unwrap();
+            let got = whole.to_vec::<u8>().unwrap();
+            assert!(
+                got[32..32 + len].iter().all(|&v| v == 3),
+                "rank {me}, {len} bytes"
+            );
+            assert_eq!(
+                got[..32],
+                backing[..32],
+                "rank {me}, {len} bytes: bytes before"
+            );
+            assert_eq!(
+                got[32 + len..],
+                backing[32 + len..],
+                "rank {me}, {len} bytes: bytes after"
+            );
+        }
+    });
+}
