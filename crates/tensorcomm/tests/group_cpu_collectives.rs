@@ -25,6 +25,7 @@ over_transports!(
     reduce_combines_one_shape_held_in_different_layouts,
     large_tensors_cross_the_ring_in_several_segments,
     large_reduces_match_references_at_every_root,
+    large_averages_are_finished_exactly_once,
     large_all_to_alls_in_every_form_match_references,
     large_gathers_and_scatters_match_references_at_every_root,
     invalid_arguments_are_refused_before_sending_and_the_group_stays_usable,
@@ -547,6 +548,44 @@ fn large_tensors_cross_the_ring_in_several_segments(choice: TransportChoice) {
                 out.to_vec::<f32>().unwrap() == want,
                 "all_to_all_single uneven"
             );
+        });
+    }
+}
+
+fn large_averages_are_finished_exactly_once(choice: TransportChoice) {
+    // Several pipelined arena steps over shared memory (where each share
+    // is finished by the rank that reduced it) and ring segments over TCP:
+    // AVG and PREMUL_SUM must divide or scale every element once, to the
+    // bits of the exact sum then one rounding (the inputs are small
+    // integers, so every partial sum is exact).
+    let n = 700_000usize;
+    let v = |r: usize, i: usize| ((r * 5 + i * 3) % 17) as f32 - 8.0;
+    for world in [2, 3] {
+        let pgs = groups(world, choice);
+        on_every_rank(&pgs, |pg| {
+            let rank = pg.rank();
+            let sum = |i: usize| (0..world).map(|r| v(r, i)).sum::<f32>();
+            for (op, want) in [
+                (
+                    ReduceOp::Avg,
+                    Box::new(move |s: f32| s / world as f32) as Box<dyn Fn(f32) -> f32>,
+                ),
+                (ReduceOp::PremulSum(0.25), Box::new(|s: f32| s * 0.25)),
+            ] {
+                let t = Tensor::from_vec((0..n).map(|i| v(rank, i)).collect(), &[n]).unwrap();
+                pg.all_reduce(&t, op, None).unwrap().wait().unwrap();
+                let got = t.to_vec::<f32>().unwrap();
+                let bad = (0..n).find(|&i| got[i].to_bits() != want(sum(i)).to_bits());
+                assert_eq!(bad, None, "all_reduce {op} on {world} ranks");
+
+                let t = Tensor::from_vec((0..n).map(|i| v(rank, i)).collect(), &[n]).unwrap();
+                pg.reduce(&t, world - 1, op, None).unwrap().wait().unwrap();
+                if rank == world - 1 {
+                    let got = t.to_vec::<f32>().unwrap();
+                    let bad = (0..n).find(|&i| got[i].to_bits() != want(sum(i)).to_bits());
+                    assert_eq!(bad, None, "reduce {op} on {world} ranks");
+                }
+            }
         });
     }
 }

@@ -139,8 +139,9 @@ impl Lane<'_, '_> {
     }
 
     /// Reduces step `k`'s part of this rank's share: its input in its
-    /// buffer, combined with the other ranks' slots in rank order, then
-    /// published in this rank's slot for the others to copy out.
+    /// buffer, combined with the other ranks' slots in rank order and
+    /// finished (AVG, PREMUL_SUM), then published in this rank's slot for
+    /// the others to copy out.
     fn reduce(&mut self, k: usize, dtype: DType, op: ReduceOp) -> Result<bool> {
         let step = self.steps[k].step;
         if !self.wait_all(Progress::CopiedIn, step)? {
@@ -163,6 +164,9 @@ impl Lane<'_, '_> {
         };
         self.arena
             .reduce_share_into(parity, range, acc, dtype, op)?;
+        // AVG's division and PREMUL_SUM's factor while the part is in
+        // cache, rather than in one more pass over the whole message.
+        finish(op, dtype, acc, self.t.world_size())?;
         self.arena.copy_in(parity, *offset, acc);
         self.waiter.publish(Progress::Reduced, step);
         Ok(true)
@@ -367,7 +371,8 @@ fn reduce_shm_arena(
             "all_reduce_shm_arena",
         );
         arena.mark_unfenced();
-        outcome?;
+        // Every share was finished by the rank that reduced it.
+        return outcome;
     }
     if root.is_some_and(|r| r != t.rank()) {
         return Ok(());
