@@ -26,6 +26,32 @@ def parse_size(s):
     return int(s[:-1] if mult > 1 else s) * mult
 
 
+def rows_copy(dev, host, size, stream):
+    """Copies the first `size` bytes of pinned `host` to `dev` as one
+    cuMemcpy2DAsync of `rows` equal rows (the smallest factor of size)."""
+    import ctypes
+
+    class Memcpy2D(ctypes.Structure):
+        _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
+                    ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
+                    ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                    ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t),
+                    ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
+                    ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
+                    ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t),
+                    ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+    rows = next((f for f in range(2, int(size ** 0.5) + 1) if size % f == 0), size)
+    m = Memcpy2D()
+    m.srcMemoryType, m.srcHost = 1, host.data_ptr()  # CU_MEMORYTYPE_HOST
+    m.dstMemoryType, m.dstDevice = 2, dev.data_ptr()  # CU_MEMORYTYPE_DEVICE
+    m.srcPitch = m.dstPitch = m.WidthInBytes = size // rows
+    m.Height = rows
+    r = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2(ctypes.byref(m), ctypes.c_void_p(stream.cuda_stream))
+    if r != 0:
+        raise RuntimeError(f"cuMemcpy2DAsync_v2: CUresult {r}")
+
+
 def worker(rank, sizes, iters, barrier, out, sync_mode, op):
     import torch
     torch.cuda.set_device(0)
@@ -62,6 +88,12 @@ def worker(rank, sizes, iters, barrier, out, sync_mode, op):
                 host_big.copy_(dev_big, non_blocking=True)
                 ev.record(stream)
                 ev.synchronize()
+            if op == "h2d_rows":
+                # the bytes as rows of one 2D copy (what tensorcomm's
+                # staging does under 32 KiB), through the driver API
+                rows_copy(dev, host, size, stream)
+                ev.record(stream)
+                ev.synchronize()
             if op == "h2d_scratch":
                 # 32 KiB up into a scratch, then the tensor's bytes on the device
                 dev_big.copy_(host_big, non_blocking=True)
@@ -89,9 +121,10 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--sync", default="spin", choices=["spin", "blocking"])
     ap.add_argument("--op", default="pair",
-                    choices=["pair", "h2d", "d2h", "d2d", "kernel", "d2h_window", "h2d_scratch"],
+                    choices=["pair", "h2d", "d2h", "d2d", "kernel", "d2h_window", "h2d_scratch", "h2d_rows"],
                     help="pair: copy down and up; h2d/d2h: one way; d2d: a device copy; kernel: an "
-                         "in-place add; d2h_window: 32 KiB down; h2d_scratch: 32 KiB up then a device copy")
+                         "in-place add; d2h_window: 32 KiB down; h2d_scratch: 32 KiB up then a device copy; "
+                         "h2d_rows: up as one copy of several rows")
     a = ap.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     ctx = mp.get_context("spawn")
