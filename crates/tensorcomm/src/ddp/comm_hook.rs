@@ -78,25 +78,30 @@ impl CommHook for AllReduceHook {
 }
 
 /// Divides `buffer` by the world size, then starts summing it over
-/// `group`; the future's value is `buffer`, holding the mean. A host
-/// buffer is divided here; an f32 or f64 GPU buffer is scaled by the
-/// collective itself (a pre-multiplied sum by 1/world size, on the device:
-/// each input is scaled before the sum, as on the host; the same bits for
-/// a power-of-two world size, within one rounding otherwise). Half
-/// precision is divided on the host, where it rounds as the host path
-/// does.
+/// `group`; the future's value is `buffer`, holding the mean. An f32 or
+/// f64 GPU buffer is scaled by the collective itself (a pre-multiplied sum
+/// by 1/world size, on the device: each input is scaled before the sum,
+/// as on the host; the same bits for a power-of-two world size, within
+/// one rounding otherwise). An f32 or f64 host buffer in a power-of-two
+/// world is summed, then scaled by 1/world size inside the collective, on
+/// the group's thread rather than the caller's: scaling by a power of two
+/// commutes with rounding, so these are the bits of dividing first unless
+/// an input is subnormal or a sum overflows. Other host buffers, and half
+/// precision, are divided here first.
 pub(crate) fn all_reduce_mean(
     group: &Arc<dyn ProcessGroup>,
     buffer: Tensor<'static>,
     context: &str,
 ) -> Result<WorkFuture<Tensor<'static>>> {
-    let world = group.size() as f64;
-    let scaled_on_device = matches!(buffer.dtype(), DType::F32 | DType::F64);
-    let op = if buffer.device().is_cpu() || !scaled_on_device {
+    let size = group.size();
+    let world = size as f64;
+    let wide = matches!(buffer.dtype(), DType::F32 | DType::F64);
+    let scaled_in_collective = wide && (!buffer.device().is_cpu() || size.is_power_of_two());
+    let op = if scaled_in_collective {
+        ReduceOp::PremulSum(1.0 / world)
+    } else {
         divide_in_place(&buffer, world, context)?;
         ReduceOp::Sum
-    } else {
-        ReduceOp::PremulSum(1.0 / world)
     };
     let work = group.all_reduce(&buffer, op, None)?;
     Ok(work.get_future().then(move |done| done.map(|()| buffer)))
