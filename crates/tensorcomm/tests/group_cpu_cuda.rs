@@ -798,3 +798,108 @@ fn small_tensors_of_every_byte_length_shape_copy_back_whole() {
         }
     });
 }
+
+/// Two ranks sharing cuda:0 in groups created with peer memory asked
+/// for (which two ranks on one GPU do not get: `auto`), so large
+/// all_reduces vote to pipeline their staging.
+fn two_ranks_pipelining(prefix: &str) -> Vec<ProcessGroupCpu> {
+    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
+    let store = Arc::new(HashStore::new());
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let store = store.clone();
+                s.spawn(move || {
+                    let options = CpuOptions {
+                        timeout: std::time::Duration::from_secs(60),
+                        peer_memory: Some(PeerMemory {
+                            device: 0,
+                            options: Default::default(),
+                        }),
+                        ..CpuOptions::default()
+                    };
+                    ProcessGroupCpu::new(store, prefix, rank, 2, &options).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tensor() {
+    if !can_run("large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tensor") {
+        return;
+    }
+    let pgs = two_ranks_pipelining("pipelined");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        assert!(
+            pg.intranode().is_none(),
+            "two ranks on one GPU: no peer memory"
+        );
+        // 3M + 5 f32 (12 MiB and a ragged last chunk); inputs exact in f32.
+        let n = 3 * (1 << 20) + 5;
+        let input =
+            |r: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + r * 3) % 101) as f32).collect() };
+        let sum: Vec<f32> = (0..n).map(|i| input(0)[i] + input(1)[i]).collect();
+        let mut expected_chunked = 0;
+        // Both ranks on the GPU; SUM and AVG.
+        for (op, want) in [
+            (ReduceOp::Sum, sum.clone()),
+            (
+                ReduceOp::Avg,
+                sum.iter().map(|v| v / 2.0).collect::<Vec<_>>(),
+            ),
+        ] {
+            let t = on(GPU, input(me), &[n]);
+            pg.all_reduce(&t, op, None).unwrap().synchronize().unwrap();
+            expected_chunked += 1;
+            assert!(get(&t) == want, "rank {me}: {op} on two GPU tensors");
+            assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
+        }
+        // Rank 1 on the host: both still cut the message the same way.
+        let device = if me == 0 { GPU } else { Device::Cpu };
+        let t = on(device, input(me), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        expected_chunked += 1;
+        assert!(get(&t) == sum, "rank {me}: mixed placements");
+        assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
+        // Both on the host, a permuted CUDA tensor, or under 2 MiB: whole.
+        let t = on(Device::Cpu, input(me), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(get(&t) == sum, "rank {me}: host tensors");
+        let rows = (n - 5) / 1024;
+        let square = on(GPU, input(me)[..rows * 1024].to_vec(), &[rows, 1024]);
+        let permuted = square.permute(&[1, 0]).unwrap();
+        pg.all_reduce(&permuted, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(get(&square) == sum[..rows * 1024], "rank {me}: permuted");
+        let small = on(GPU, input(me)[..(1 << 19) - 1].to_vec(), &[(1 << 19) - 1]);
+        pg.all_reduce(&small, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(
+            get(&small) == sum[..(1 << 19) - 1],
+            "rank {me}: under 2 MiB"
+        );
+        assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
+        // Back to back without waiting: the second reads the first's result.
+        let t = on(GPU, input(me), &[n]);
+        let first = pg.all_reduce(&t, ReduceOp::Sum, None).unwrap();
+        let second = pg.all_reduce(&t, ReduceOp::Sum, None).unwrap();
+        first.synchronize().unwrap();
+        second.synchronize().unwrap();
+        let twice: Vec<f32> = sum.iter().map(|v| 2.0 * v).collect();
+        assert!(get(&t) == twice, "rank {me}: back to back");
+    });
+}

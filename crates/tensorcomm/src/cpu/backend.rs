@@ -85,7 +85,11 @@ pub struct CpuOptions {
     /// one-element vote of the ranks); other calls are staged through host
     /// memory. A group whose ranks cannot use peer memory is created
     /// without it ([`ProcessGroupCpu::intranode_reason`] says why).
-    /// `None` (the default): every CUDA tensor is staged.
+    /// With `Some`, also all_reduces of 2 MiB or more start with that
+    /// vote, and when some rank stages a CUDA tensor they are staged in
+    /// pipelined chunks ([`ProcessGroupCpu::pipelined_all_reduces`]), on
+    /// shared GPUs too. `None` (the default): every CUDA tensor is staged
+    /// whole, and no call votes.
     #[cfg(feature = "cuda")]
     pub peer_memory: Option<PeerMemory>,
 }
@@ -311,6 +315,10 @@ impl ProcessGroupCpu {
             peer,
             #[cfg(feature = "cuda")]
             peer_reason,
+            #[cfg(feature = "cuda")]
+            pipelines: options.peer_memory.is_some(),
+            #[cfg(feature = "cuda")]
+            chunked: Default::default(),
         });
         let engine = Engine::start(
             backend.clone(),
@@ -362,6 +370,27 @@ impl ProcessGroupCpu {
     #[cfg(feature = "cuda")]
     pub fn intranode(&self) -> Option<&crate::cuda::intranode::IntraNodeComm> {
         self.backend.peer.as_deref()
+    }
+
+    /// How many all_reduces this rank ran in pipelined chunks: in a group
+    /// created with [`CpuOptions::peer_memory`], an all_reduce of 2 MiB or
+    /// more that some rank passes a CUDA tensor to, every rank's tensor
+    /// contiguous, and not on peer memory, is staged chunk by chunk, its
+    /// copies overlapping the host reduction (ranks with host tensors cut
+    /// theirs the same way).
+    ///
+    /// ```
+    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
+    /// use tensorcomm::store::HashStore;
+    /// let pg = ProcessGroupCpu::new(std::sync::Arc::new(HashStore::new()), "doc", 0, 1, &CpuOptions::default())?;
+    /// assert_eq!(pg.pipelined_all_reduces(), 0);
+    /// # Ok::<(), tensorcomm::Error>(())
+    /// ```
+    #[cfg(feature = "cuda")]
+    pub fn pipelined_all_reduces(&self) -> u64 {
+        self.backend
+            .chunked
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Why [`intranode`](ProcessGroupCpu::intranode) is `None` (empty when

@@ -46,6 +46,13 @@ pub(crate) struct CpuBackend {
     /// Why `peer` is absent (empty when present).
     #[cfg(feature = "cuda")]
     pub(crate) peer_reason: String,
+    /// Large all_reduces vote to pipeline their staging (groups created
+    /// with `CpuOptions::peer_memory`, on every rank).
+    #[cfg(feature = "cuda")]
+    pub(crate) pipelines: bool,
+    /// All-reduces this rank ran in chunks.
+    #[cfg(feature = "cuda")]
+    pub(crate) chunked: std::sync::atomic::AtomicU64,
 }
 
 impl GroupBackend for CpuBackend {
@@ -68,12 +75,20 @@ impl GroupBackend for CpuBackend {
                     "the CPU backend was handed a call it did not prepare".into(),
                 ));
             };
-            if let (Some(peer), Collective::AllReduce { tensor, op }) = (&self.peer, collective) {
-                let mine = crate::cuda::staged::peer_path_eligible(peer, tensor, *op);
-                if self.all_vote(mine, collective, call)? {
-                    return ordered.peer_all_reduce(peer, tensor, *op).map(Some);
+            if let Collective::AllReduce { tensor, op } = collective {
+                match self.all_reduce_path(tensor, *op, collective, call)? {
+                    AllReducePath::Peer(peer) => {
+                        return ordered.peer_all_reduce(peer, tensor, *op).map(Some)
+                    }
+                    AllReducePath::Chunked => {
+                        let mut run_host = |c: &Collective| self.run_on_host(c, collective, call);
+                        return ordered
+                            .pipelined_all_reduce(tensor, *op, call.deadline, &mut run_host)
+                            .inspect_err(|_| call.describe(describe(&call.fingerprint, collective)))
+                            .map(Some);
+                    }
+                    AllReducePath::Whole => {}
                 }
-                peer.count_fallback();
             }
             let staged = ordered.copy_down(collective, self.rank)?;
             let ran = staged
@@ -88,11 +103,15 @@ impl GroupBackend for CpuBackend {
         #[cfg(not(feature = "cuda"))]
         drop(prepared);
         #[cfg(feature = "cuda")]
-        if let (Some(peer), Collective::AllReduce { .. }) = (&self.peer, collective) {
-            // A host tensor here: vote no, so that ranks with CUDA tensors
-            // stage theirs too.
-            self.all_vote(false, collective, call)?;
-            peer.count_fallback();
+        if let Collective::AllReduce { tensor, op } = collective {
+            // A host tensor: it votes against the device path, so that
+            // ranks with CUDA tensors stage theirs too, and cuts its
+            // message into the same chunks when they pipeline theirs.
+            if let AllReducePath::Chunked = self.all_reduce_path(tensor, *op, collective, call)? {
+                let mut run_host = |c: &Collective| self.run_on_host(c, collective, call);
+                return crate::cuda::staged::all_reduce_host_chunks(tensor, *op, &mut run_host)
+                    .map(|()| None);
+            }
         }
         self.run_on_host(collective, collective, call)
             .map(|()| None)
@@ -107,18 +126,75 @@ impl GroupBackend for CpuBackend {
     }
 }
 
+/// How an all_reduce runs, as the ranks voted (see
+/// [`CpuBackend::all_reduce_path`]).
+#[cfg(feature = "cuda")]
+enum AllReducePath<'a> {
+    /// On peer memory: every rank passed an eligible CUDA tensor.
+    Peer(&'a Arc<crate::cuda::intranode::IntraNodeComm>),
+    /// In chunks (`cuda::staged::pipelined`): a large message that some
+    /// rank stages, and every rank's tensor is contiguous.
+    Chunked,
+    /// Whole, staged or on the host.
+    Whole,
+}
+
 impl CpuBackend {
-    /// True when every rank votes yes: a one-element MIN all_reduce over
-    /// the host transport, as part of `call` (`described` on failure).
+    /// How this all_reduce of `tensor` runs. In groups with peer memory
+    /// every all_reduce starts with a vote; in groups created with
+    /// `CpuOptions::peer_memory` (where ranks pass CUDA tensors) so do
+    /// those of `PIPELINE_MIN_BYTES` or more. The vote is a two-element
+    /// MIN all_reduce over the host transport, as part of `call`
+    /// (`described` on failure): what every rank can take (0: neither
+    /// path, 1: chunks, 2: also peer memory), and whether any rank stages
+    /// a CUDA tensor. Ranks decide from what every rank knows (the group,
+    /// the size), so they all vote or none does.
     #[cfg(feature = "cuda")]
-    fn all_vote(&self, mine: bool, described: &Collective, call: &Call) -> Result<bool> {
-        let ballot = crate::tensor::Tensor::from_vec(vec![i32::from(mine)], &[1])?;
+    fn all_reduce_path(
+        &self,
+        tensor: &crate::tensor::Tensor<'static>,
+        op: crate::group::ReduceOp,
+        described: &Collective,
+        call: &Call,
+    ) -> Result<AllReducePath<'_>> {
+        use crate::cuda::staged::{peer_path_eligible, PIPELINE_MIN_BYTES};
+        let large = tensor.nbytes() >= PIPELINE_MIN_BYTES;
+        if self.peer.is_none() && !(self.pipelines && large) {
+            return Ok(AllReducePath::Whole);
+        }
+        let on_gpu = tensor.device().is_cuda();
+        let can = match &self.peer {
+            _ if !tensor.is_contiguous() => 0,
+            Some(peer) if on_gpu && peer_path_eligible(peer, tensor, op) => 2,
+            _ => 1,
+        };
+        let ballot = crate::tensor::Tensor::from_vec(vec![can, -i32::from(on_gpu)], &[2])?;
         let vote = Collective::AllReduce {
             tensor: ballot.clone(),
             op: crate::group::ReduceOp::Min,
         };
         self.run_on_host(&vote, described, call)?;
-        Ok(ballot.to_vec::<i32>()?[0] == 1)
+        let (all_can, someone_stages) = match ballot.to_vec::<i32>()?[..] {
+            [a, b] => (a, b < 0),
+            _ => (0, false),
+        };
+        if let (2, Some(peer)) = (all_can, &self.peer) {
+            return Ok(AllReducePath::Peer(peer));
+        }
+        if let Some(peer) = &self.peer {
+            peer.count_fallback();
+        }
+        if all_can >= 1 && someone_stages && large && self.pipelines {
+            self.chunked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(
+                rank = self.rank,
+                bytes = tensor.nbytes(),
+                "all_reduce staged in chunks"
+            );
+            return Ok(AllReducePath::Chunked);
+        }
+        Ok(AllReducePath::Whole)
     }
 
     /// Runs `collective` to its end on this thread; on failure describes

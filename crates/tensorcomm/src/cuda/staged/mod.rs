@@ -20,13 +20,16 @@
 //!   memory when every rank can take it (groups created with
 //!   `CpuOptions::peer_memory`).
 //!
-//! Not done: pipelining large messages (copying chunk i+1 down while
-//! chunk i is reduced); each call copies everything down, reduces, then
-//! copies everything up.
+//! - `pipelined`: a large all_reduce of a contiguous CUDA tensor in
+//!   chunks, chunk i+1 copied down and chunk i-1 copied up while chunk i
+//!   is reduced (groups created with `CpuOptions::peer_memory`, where the
+//!   ranks vote on it); other calls copy everything down, reduce, then
+//!   copy everything up.
 
 mod one_gpu;
 mod peer_path;
 mod pinned_pool;
+mod pipelined;
 mod staged_call;
 mod staged_event;
 mod staged_p2p;
@@ -37,6 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub(crate) use one_gpu::gpu_of;
 pub(crate) use peer_path::peer_path_eligible;
+pub(crate) use pipelined::{all_reduce_host_chunks, PIPELINE_MIN_BYTES};
 pub(crate) use staged_call::{Ordered, StagedCall};
 pub(crate) use staged_p2p::StagedP2p;
 pub(crate) use staging_device::StagingDevice;

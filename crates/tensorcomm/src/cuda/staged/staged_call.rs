@@ -141,25 +141,7 @@ impl StagedCall {
     /// caller's stream, and a stream that does not get there in time is
     /// this rank's problem, said as such (not a peer's timeout).
     pub(crate) fn wait_copied_down_until(&self, deadline: std::time::Instant) -> Result<()> {
-        let started = std::time::Instant::now();
-        while !self.down.query()? {
-            if std::time::Instant::now() >= deadline {
-                return Err(crate::Error::Cuda {
-                    call: "copying CUDA tensors to pinned host memory".into(),
-                    code: "timeout".into(),
-                    message: format!(
-                        "the copies had not run after {:?}: they wait for the work queued before the call on the caller's current stream, which had not finished",
-                        started.elapsed()
-                    ),
-                });
-            }
-            if started.elapsed() < std::time::Duration::from_micros(200) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
-        }
-        Ok(())
+        wait_until(&self.down, deadline)
     }
 
     /// Step 3, after the host collective succeeded: queues the copies up
@@ -209,4 +191,29 @@ impl StagedCall {
             }
         }
     }
+}
+
+/// Waits for the copies down before `down`, up to `deadline` (they wait
+/// for the caller's stream: a stream that does not get there in time is
+/// this rank's problem, said as such, not a peer's timeout).
+pub(crate) fn wait_until(down: &StagedEvent, deadline: std::time::Instant) -> Result<()> {
+    let started = std::time::Instant::now();
+    while !down.query()? {
+        if std::time::Instant::now() >= deadline {
+            return Err(crate::Error::Cuda {
+                call: "copying CUDA tensors to pinned host memory".into(),
+                code: "timeout".into(),
+                message: format!(
+                    "the copies had not run after {:?}: they wait for the work queued before the call on the caller's current stream, which had not finished",
+                    started.elapsed()
+                ),
+            });
+        }
+        if started.elapsed() < std::time::Duration::from_micros(200) {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+    Ok(())
 }
