@@ -26,6 +26,10 @@ back); the ratio is tensorcomm/gloo as before.
     python3 bench/compare_gloo.py --device cuda --tensorcomm target/release/tensorcomm \
         --ranks 2 --transports shm -b 8 -e 256M -f 4
 
+--peer-memory (with --device cuda) creates tensorcomm's group with peer
+memory asked for: the device path where the ranks qualify, and large
+all_reduces staged in pipelined chunks.
+
 --no-gloo runs the tensorcomm half only (where PyTorch is missing);
 --json-out FILE also writes every measurement as JSON lines. Output lines
 that are not JSON objects (headers, launcher prefixes such as
@@ -98,7 +102,7 @@ def tensorcomm_cmd(args, op, ranks, transport):
     return [args.tensorcomm, "bench", "--op", op, "--backend", "cpu", "-n", str(ranks),
             "-b", args.begin, "-e", args.end, "-f", str(args.factor), "--dtype", args.dtype,
             "--iters", str(args.iters), "--warmup", str(args.warmup), "--json",
-            "--device", args.device] + flags
+            "--device", args.device] + flags + (["--peer-memory"] if args.peer_memory else [])
 
 
 def gloo_cmd(args, op, ranks):
@@ -182,6 +186,9 @@ def main(argv=None):
                         f"with --device cuda, in {here})")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where the tensors are (cuda: see above)")
+    p.add_argument("--peer-memory", action="store_true",
+                   help="with --device cuda: tensorcomm's group asks for peer memory (the device "
+                        "path where eligible; large all_reduces staged in pipelined chunks)")
     p.add_argument("--ops", default="all_reduce", help="comma-separated ops")
     p.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts")
     p.add_argument("-b", "--begin", default="8")
