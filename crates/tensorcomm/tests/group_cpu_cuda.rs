@@ -840,9 +840,11 @@ fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tens
         );
         // 3M + 5 f32 (12 MiB and a ragged last chunk); inputs exact in f32.
         let n = 3 * (1 << 20) + 5;
-        let input =
-            |r: usize| -> Vec<f32> { (0..n).map(|i| ((i * 7 + r * 3) % 101) as f32).collect() };
-        let sum: Vec<f32> = (0..n).map(|i| input(0)[i] + input(1)[i]).collect();
+        let inputs: Vec<Vec<f32>> = (0..2)
+            .map(|r| (0..n).map(|i| ((i * 7 + r * 3) % 101) as f32).collect())
+            .collect();
+        let input = |r: usize| inputs[r].clone();
+        let sum: Vec<f32> = (0..n).map(|i| inputs[0][i] + inputs[1][i]).collect();
         let mut expected_chunked = 0;
         // Both ranks on the GPU; SUM and AVG.
         for (op, want) in [

@@ -290,7 +290,16 @@ fn kill_mid_collective(
             panic!("{transport}, rank {victim} killed: expected CollectiveFailed, got {other:?}")
         }
     }
+    // Dropping the group must not wait on a store that died with the
+    // victim (its stall checks once retried a refused store until the
+    // store's timeout: 30 s).
+    let dropping = Instant::now();
     drop(ops);
+    assert!(
+        dropping.elapsed() < PROMPT,
+        "{transport}, rank {victim} killed: dropping the group took {:?}",
+        dropping.elapsed()
+    );
     Killed { message, live }
 }
 

@@ -123,9 +123,35 @@ fn dropping_the_server_wakes_a_waiting_client_promptly() {
     assert!(matches!(err, Error::StoreConnectionLost { .. }), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 
-    // The next call tries to connect again, and says it could not.
+    // The next call tries to connect again and is refused: the server
+    // it reached before is gone, which it says at once.
     let err = store.set("k", b"v").unwrap_err();
-    assert!(matches!(err, Error::StoreConnect { .. }), "{err}");
+    assert!(matches!(err, Error::StoreConnectionLost { .. }), "{err}");
+}
+
+#[test]
+fn a_call_to_a_server_that_went_away_fails_at_once_not_at_its_timeout() {
+    let server = server();
+    let store = TcpStore::connect(
+        &server.local_addr().to_string(),
+        &options(Duration::from_secs(20)),
+    )
+    .unwrap();
+    store.set("k", b"v").unwrap();
+    drop(server);
+    // The pooled connection breaks; then a new one is refused.
+    let _ = store.get("k");
+    let start = Instant::now();
+    let err = store.set("k", b"w").unwrap_err();
+    assert!(
+        matches!(&err, Error::StoreConnectionLost { reason, .. } if reason.contains("refused")),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]

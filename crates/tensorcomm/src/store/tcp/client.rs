@@ -125,6 +125,7 @@ impl TcpStore {
             addr: addr.to_string(),
             token: options.token.clone(),
             timeout: options.timeout,
+            reached: Default::default(),
         };
         let connection = dial.open(true)?;
         Ok(TcpStore {
@@ -435,6 +436,10 @@ struct Dial {
     addr: String,
     token: Option<String>,
     timeout: Duration,
+    /// Set once a connection has been made: a server that then refuses
+    /// connections has gone (nothing listens on its port any more), and
+    /// retrying until the timeout only delays the error.
+    reached: std::sync::atomic::AtomicBool,
 }
 
 /// Why one connection attempt failed.
@@ -455,7 +460,11 @@ impl Dial {
         let mut said = started;
         loop {
             let reason = match self.attempt(join, deadline) {
-                Ok(connection) => return Ok(connection),
+                Ok(connection) => {
+                    self.reached
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(connection);
+                }
                 Err(Attempt::Final(err)) => return Err(err),
                 Err(Attempt::Retry(reason)) => reason,
             };
@@ -503,6 +512,17 @@ impl Dial {
                 .min(MAX_SOCKET_TIMEOUT);
             match TcpStream::connect_timeout(&candidate, left) {
                 Ok(stream) => return self.handshake(stream, candidate, join),
+                Err(e)
+                    if e.kind() == io::ErrorKind::ConnectionRefused
+                        && self.reached.load(std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    return Err(Attempt::Final(Error::StoreConnectionLost {
+                        addr: self.addr.clone(),
+                        reason: format!(
+                            "{candidate} refused a new connection after earlier ones were accepted: the store server is gone ({e})"
+                        ),
+                    }))
+                }
                 Err(e) => last = format!("{candidate}: {e}"),
             }
         }
