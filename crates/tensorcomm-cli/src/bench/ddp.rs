@@ -12,10 +12,11 @@
 //! (`comm_us`: how long at least one bucket's hook was in flight, from its
 //! start to its result's arrival, the union of those spans); the exposed
 //! communication (`exposed_us`: the part of that union after the last
-//! gradient was marked ready, which the backward pass could not hide);
-//! and the tail (`tail_us`: from the last gradient ready to `finish()`
-//! returning, which also holds writing the averaged gradients back, as
-//! the no-op hook's row shows). Ranks start
+//! layer's compute ended, which the backward pass could not hide); and
+//! the tail (`tail_us`: from the end of the last layer's compute to
+//! `finish()` returning, which also holds marking that layer's gradients
+//! ready and writing the averaged gradients back, as the no-op hook's
+//! row shows). Ranks start
 //! each step together (a barrier, untimed). The row gives each measure's
 //! median over `--iters` steps after `--warmup` (the first step also
 //! rebuilds the buckets), the slowest rank's.
@@ -440,6 +441,8 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         pg.barrier(None)?.wait()?;
         *timeline.lock().unwrap_or_else(PoisonError::into_inner) = Timeline::default();
         let start = Instant::now();
+        // When the last layer's compute ended (the tail starts there).
+        let mut ready = start;
         if args.grad_as_bucket_view {
             // Before the backward pass: where each gradient goes (the
             // first finish() rebuilds the buckets, so every step).
@@ -453,6 +456,9 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
                 }
                 let written = began.elapsed().as_micros() as u64;
                 spin(args.compute_us.saturating_sub(written));
+                // The backward's compute ends here; what marking the
+                // last layer ready costs is the Reducer's, so exposed.
+                ready = Instant::now();
                 for &p in layer.iter().rev() {
                     reducer.mark_ready(p, &views[p])?;
                 }
@@ -460,12 +466,12 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         } else {
             for layer in layers.iter().rev() {
                 spin(args.compute_us);
+                ready = Instant::now();
                 for &p in layer.iter().rev() {
                     reducer.mark_ready(p, &grads[p])?;
                 }
             }
         }
-        let ready = Instant::now();
         reducer.finish()?;
         let end = Instant::now();
         if it >= args.warmup {

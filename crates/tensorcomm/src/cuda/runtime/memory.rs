@@ -379,32 +379,33 @@ pub(crate) unsafe fn copy_htod_async(
     }
     ctx.bind()?;
     if (2..SMALL_HTOD_BYTES).contains(&len) {
-        // See `SMALL_HTOD_BYTES`: the same bytes as `height` rows.
-        let height = smallest_factor(len);
-        let width = len / height;
-        let copy = sys::CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
-            srcHost: src.cast(),
-            srcDevice: 0,
-            srcArray: std::ptr::null_mut(),
-            srcPitch: width,
-            dstXInBytes: 0,
-            dstY: 0,
-            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            dstHost: std::ptr::null_mut(),
-            dstDevice: dst.0,
-            dstArray: std::ptr::null_mut(),
-            dstPitch: width,
-            WidthInBytes: width,
-            Height: height,
-        };
-        // SAFETY: the caller upholds the contract above; the rows cover
-        // exactly `src .. src + len` and `dst .. dst + len`.
-        return check_raw("cuMemcpy2DAsync", unsafe {
-            sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream())
-        });
+        // See `SMALL_HTOD_BYTES`: the same bytes as copies of two rows.
+        for (offset, width) in two_row_copies(len) {
+            let copy = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                srcHost: src.wrapping_add(offset).cast(),
+                srcDevice: 0,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: width,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: dst.0 + offset as u64,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: width,
+                WidthInBytes: width,
+                Height: 2,
+            };
+            // SAFETY: the caller upholds the contract above; the two rows
+            // lie within `src .. src + len` and `dst .. dst + len`.
+            check_raw("cuMemcpy2DAsync", unsafe {
+                sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream())
+            })?;
+        }
+        return Ok(());
     }
     // SAFETY: the caller upholds the contract above.
     check_raw("cuMemcpyHtoDAsync", unsafe {
@@ -419,17 +420,21 @@ pub(crate) unsafe fn copy_htod_async(
 /// processes copying at once (`bench/shared_gpu_copies.py`,
 /// `bench/results/shared-gpu-copies-h200/`): 271 µs per 8-byte or 4 KiB
 /// copy, 12 µs from 32 KiB; the same bytes as a copy of several rows
-/// (`cuMemcpy2DAsync`) run on a copy engine: 12.6 µs at 8 bytes. Alone on
-/// the GPU the rows cost about 2 µs more.
+/// (`cuMemcpy2DAsync`) run on a copy engine: 12.6 µs at 8 bytes. Rows
+/// cost more the more there are, so these copies use two (an odd length
+/// adds a second copy of its last two bytes).
 const SMALL_HTOD_BYTES: usize = 32 << 10;
 
-/// The smallest factor of `n` above 1 (`n` itself when prime): the row
-/// count of a small copy, so its rows are as wide as they can be.
-fn smallest_factor(n: usize) -> usize {
-    (2..)
-        .take_while(|f| f * f <= n)
-        .find(|&f| n.is_multiple_of(f))
-        .unwrap_or(n)
+/// The two-row copies that carry `len` bytes (at least 2): (offset,
+/// row width). An even length is one copy of its two halves; an odd one
+/// also copies its last two bytes as two one-byte rows, the byte they
+/// share with the first copy written twice with the same value.
+fn two_row_copies(len: usize) -> Vec<(usize, usize)> {
+    let mut copies = vec![(0, len / 2)];
+    if len % 2 == 1 {
+        copies.push((len - 2, 1));
+    }
+    copies
 }
 
 /// Queues a copy of `len` bytes between device buffers, possibly on two
@@ -539,15 +544,22 @@ pub(crate) fn cudarc_slice_parts<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::smallest_factor;
+    use super::two_row_copies;
 
     #[test]
-    fn small_copies_split_into_the_fewest_equal_rows() {
-        let rows: Vec<usize> = [2, 3, 4, 8, 9, 15, 4093, 4096, 32767]
-            .iter()
-            .map(|&n| smallest_factor(n))
-            .collect();
-        // 4093 is prime (one-byte rows); 32767 = 7 x 31 x 151.
-        assert_eq!(rows, [2, 3, 2, 2, 3, 3, 4093, 2, 7]);
+    fn small_copies_cover_every_byte_in_rows_of_half_the_length() {
+        for len in [2usize, 3, 4, 7, 8, 4093, 4096, 32767] {
+            let copies = two_row_copies(len);
+            let mut written = vec![0u32; len];
+            for &(offset, width) in &copies {
+                assert!(offset + 2 * width <= len, "{len}: {copies:?}");
+                for b in &mut written[offset..offset + 2 * width] {
+                    *b += 1;
+                }
+            }
+            assert!(written.iter().all(|&n| n >= 1), "{len}: {copies:?}");
+            assert_eq!(copies[0], (0, len / 2), "{len}");
+            assert_eq!(copies.len(), 1 + len % 2, "{len}");
+        }
     }
 }
