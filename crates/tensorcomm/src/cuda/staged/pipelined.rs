@@ -2,9 +2,9 @@
 //! that the copies overlap the host reduction (PyTorch's Gloo stages the
 //! whole message each way): every chunk's copy down is queued at once,
 //! each followed by an event; then chunk by chunk the host waits for its
-//! copy, all-reduces it with the other ranks, and queues its copy back,
-//! so chunk i+1 is copied down and chunk i-1 copied up while chunk i is
-//! reduced. Every rank must cut the message into the same chunks, so the
+//! copy, all-reduces it with the other ranks, and queues its copy back on
+//! a second stream (so copies in both directions run at once), so chunk
+//! i+1 is copied down and chunk i-1 copied up while chunk i is reduced. Every rank must cut the message into the same chunks, so the
 //! ranks agree to take this path with a vote (see `cpu/group_backend.rs`):
 //! a rank with a host tensor all-reduces the same chunks of it.
 
@@ -92,14 +92,20 @@ impl Ordered {
                     tensor: cpu.clone(),
                     op,
                 })?;
-                device.copy_up(cpu, gpu)?;
+                device.copy_up_beside(cpu, gpu)?;
             }
             Ok(())
         };
         let reduced = reduce_all();
         // Also after a failure: the copies back queued so far hold both
-        // ends until they are done.
-        let done = device.record(keep());
+        // ends until they are done (a failed join waits for them).
+        let done = match device.join_up() {
+            Ok(()) => device.record(keep()),
+            Err(e) => {
+                device.settle();
+                Err(e)
+            }
+        };
         reduced?;
         let done: Arc<dyn DeviceEvent> = done?;
         Ok(done)

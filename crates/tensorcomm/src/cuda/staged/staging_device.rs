@@ -24,6 +24,10 @@ use crate::{Error, Result};
 pub(crate) struct StagingDevice {
     ctx: Arc<Context>,
     stream: Stream,
+    /// A second stream for the copies back of a pipelined call, so they
+    /// run beside its copies down (the other direction of the link);
+    /// joined into `stream` before the call's last event.
+    up: Stream,
     pool: Arc<PinnedPool>,
     in_flight: Mutex<Vec<Arc<StagedEvent>>>,
 }
@@ -33,9 +37,11 @@ impl StagingDevice {
     pub(crate) fn new(ordinal: usize) -> Result<Self> {
         let ctx = context(ordinal)?;
         let stream = ctx.new_stream()?;
+        let up = ctx.new_stream()?;
         Ok(StagingDevice {
             ctx,
             stream,
+            up,
             pool: Arc::new(PinnedPool::for_device(ordinal)),
             in_flight: Mutex::default(),
         })
@@ -92,6 +98,35 @@ impl StagingDevice {
 
     /// Queues the copy of `host`'s bytes into CUDA tensor `device`.
     pub(crate) fn copy_up(&self, host: &Tensor<'static>, device: &Tensor<'static>) -> Result<()> {
+        self.copy_up_on(host, device, &self.stream)
+    }
+
+    /// [`copy_up`](Self::copy_up) on the second stream, for a chunk whose
+    /// copy down the host has seen finish: it runs beside the copies down
+    /// still queued. Call [`join_up`](Self::join_up) before recording the
+    /// event that covers it.
+    pub(crate) fn copy_up_beside(
+        &self,
+        host: &Tensor<'static>,
+        device: &Tensor<'static>,
+    ) -> Result<()> {
+        self.copy_up_on(host, device, &self.up)
+    }
+
+    /// Makes the staging stream wait for the copies queued so far on the
+    /// second stream.
+    pub(crate) fn join_up(&self) -> Result<()> {
+        self.ctx.bind()?;
+        let point = self.up.record()?;
+        self.stream.wait(&point)
+    }
+
+    fn copy_up_on(
+        &self,
+        host: &Tensor<'static>,
+        device: &Tensor<'static>,
+        stream: &Stream,
+    ) -> Result<()> {
         let (ctx, dst) = self.cuda_ptr(device)?;
         let len = device.nbytes();
         let src = host.with_bytes(|b| {
@@ -101,7 +136,7 @@ impl StagingDevice {
         })??;
         // SAFETY: as in `copy_down`: both ends are held until the copy's
         // event has passed, and `host` is pinned.
-        unsafe { copy_htod_async(&ctx, dst, src, len, &self.stream) }
+        unsafe { copy_htod_async(&ctx, dst, src, len, stream) }
     }
 
     /// The staging stream (ordered after each caller's stream by
@@ -140,6 +175,7 @@ impl StagingDevice {
     /// failed call are no longer in use.
     pub(crate) fn settle(&self) {
         if self.ctx.bind().is_ok() {
+            let _ = self.up.synchronize();
             let _ = self.stream.synchronize();
         }
     }
