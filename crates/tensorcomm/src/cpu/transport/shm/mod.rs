@@ -28,7 +28,9 @@
 //!
 //! [`ShmArena`] (`arena.rs`) is one segment shared by a whole group on
 //! one host, for algorithms that reduce straight out of each other's
-//! memory instead of streaming through the rings.
+//! memory instead of streaming through the rings. Its waits on the
+//! ranks' progress counters follow the same [`ShmWait`], sleeping on a
+//! futex beside each counter.
 //!
 //! Linux only (open-file-description locks); on other systems this module
 //! is empty.

@@ -16,9 +16,11 @@
 //! running at all: it waits for the core this rank is spinning on, so
 //! spinning for 50 µs and then yielding only delays it (4 ranks on the
 //! 2-core VM took 130-195 µs per 8-byte all-reduce that way). A sleeping
-//! wait then spins only [`SLEEP_SPIN_FOR`] and goes to sleep on the ring's
-//! signal, which the peer's write wakes; waits without a signal still
-//! yield before they sleep.
+//! wait then spins only [`SLEEP_SPIN_FOR`] and goes to sleep on a signal
+//! (a futex) that the peer wakes: a ring's, which the peer's write wakes,
+//! or, in the arena, the signal of the progress counter it waits for,
+//! which the counter's owner wakes when it publishes (`arena.rs`). Waits
+//! without a signal (during set-up) still yield before they sleep.
 //!
 //! `TENSORCOMM_SHM_WAIT` (`auto`, `spin` or `sleep`) overrides the choice
 //! for a process group's links and arena, read when the group is created:
@@ -79,10 +81,11 @@ pub enum ShmWait {
     /// Spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency
     /// while every rank has a core of its own.
     Spin,
-    /// Spin ~5 µs, then sleep on the ring's futex, which the peer wakes:
-    /// for more ranks than cores. A wait without a futex (on the arena's
-    /// counters, or polling several links) yields until ~2 ms first, then
-    /// sleeps up to 1 ms at a time.
+    /// Spin ~5 µs, then sleep on a futex that the peer wakes: a ring's, or
+    /// that of the arena counter waited for (a barrier polling several
+    /// links sleeps on the ring of a peer it has not heard from yet); for
+    /// more ranks than cores. Sleeps end after at most 20 ms even unwoken,
+    /// which bounds how late a dead peer is noticed.
     Sleep,
 }
 
