@@ -1,13 +1,15 @@
-//! More ranks than cores over shared memory: with waits that sleep on the
-//! rings' futexes ([`ShmWait::Sleep`], what `Auto` picks on such a host),
-//! thousands of small all-reduces among 8 rank threads still give every
-//! rank the exact sum, whichever algorithm moves them, and rings smaller
-//! than a message (sends and receives waiting at once) still stream.
-//! The same holds for all-reduces through the group's shared-memory
-//! arena, whose waits then sleep on its counters' futexes (and its opening
-//! barrier on the rings'). A lost wake-up would stall a call until the
-//! sleep's timeout; the whole run is bounded far below what that would
-//! cost.
+//! More ranks than cores over shared memory: with waits that yield and
+//! then sleep on the rings' futexes ([`ShmWait::Sleep`], what `Auto`
+//! picks on such a host), thousands of small all-reduces among 8 rank
+//! threads still give every rank the exact sum, whichever algorithm moves
+//! them, and rings smaller than a message (sends and receives waiting at
+//! once) still stream. The same holds for all-reduces through the group's
+//! shared-memory arena, whose waits then sleep on its counters' futexes
+//! (and its opening barrier on the rings'). A lost wake-up would stall a
+//! call until the sleep's timeout; the whole run is bounded far below
+//! what that would cost. (Most waits here end while yielding; the arena's
+//! unit tests, `arena/wait_tests.rs`, sleep at once and with minute-long
+//! timeouts, so that a lost wake-up there stalls for good.)
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;

@@ -19,11 +19,12 @@
 //!
 //! # Waiting on the counters
 //!
-//! A rank that waits for a counter spins, and with [`ShmWait::Spin`] then
-//! yields and takes short plain sleeps, as a link's calls do. With
-//! [`ShmWait::Sleep`] (more of the group's ranks than CPUs) it spins
-//! ~5 µs and then sleeps on the counter's futex ([`Signal`]), which the
-//! counter's owner wakes when it publishes. Waking costs the publisher a
+//! A rank that waits for a counter spins, then yields until ~2 ms, as a
+//! link's calls do (`wait.rs`); with [`ShmWait::Spin`] it then takes
+//! short plain sleeps. With [`ShmWait::Sleep`] (more of the group's ranks
+//! than CPUs) it spins only ~5 µs before yielding, and then sleeps on the
+//! counter's futex ([`Signal`]), which the counter's owner wakes when it
+//! publishes. Waking costs the publisher a
 //! fence and a look at the sleepers, so it does that only while some rank
 //! of the arena waits by `Sleep`: each counts itself in the arena's
 //! shared count of sleeping ranks when it takes that wait
@@ -160,7 +161,8 @@ pub struct ShmArena {
     wait: ShmWait,
     /// Tests only: a sleep on a counter's signal lasts this long unless
     /// woken, so that a lost wake-up stalls a test instead of costing
-    /// one timeout of a few milliseconds.
+    /// one timeout of a few milliseconds; waits then sleep without
+    /// yielding first, so that they sleep often.
     #[cfg(test)]
     test_sleep: Option<Duration>,
     segment: Segment,
@@ -365,7 +367,13 @@ impl ShmArena {
         }
         let signal = self.signal(rank, lane, kind);
         let started = Instant::now();
-        let mut backoff = Backoff::with(self.wait);
+        let backoff = Backoff::with(self.wait);
+        #[cfg(test)]
+        let backoff = match self.test_sleep {
+            Some(_) => backoff.without_yield(),
+            None => backoff,
+        };
+        let mut backoff = backoff;
         let mut asked = started;
         loop {
             if counter.load(Ordering::Acquire) > step {
