@@ -1,20 +1,28 @@
-//! More ranks than cores over shared memory: with waits that sleep on the
-//! rings' futexes ([`ShmWait::Sleep`], what `Auto` picks on such a host),
-//! thousands of small all-reduces among 8 rank threads still give every
-//! rank the exact sum, whichever algorithm moves them, and rings smaller
-//! than a message (sends and receives waiting at once) still stream.
-//! A lost wake-up would stall a call until the sleep's timeout; the whole
-//! run is bounded far below what that would cost.
+//! More ranks than cores over shared memory: with waits that yield and
+//! then sleep on the rings' futexes ([`ShmWait::Sleep`], what `Auto`
+//! picks on such a host), thousands of small all-reduces among 8 rank
+//! threads still give every rank the exact sum, whichever algorithm moves
+//! them, and rings smaller than a message (sends and receives waiting at
+//! once) still stream. The same holds for all-reduces through the group's
+//! shared-memory arena, whose waits then sleep on its counters' futexes
+//! (and its opening barrier on the rings'). A lost wake-up would stall a
+//! call until the sleep's timeout; the whole run is bounded far below
+//! what that would cost. (Most waits here end while yielding; the arena's
+//! unit tests, `arena/wait_tests.rs`, sleep at once and with minute-long
+//! timeouts, so that a lost wake-up there stalls for good.)
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tensorcomm::cpu::algorithms::{all_reduce_with, AllReduceAlgorithm};
+use tensorcomm::cpu::algorithms::{
+    all_reduce_shm_arena, all_reduce_with, AllReduceAlgorithm, ArenaThreads,
+};
 use tensorcomm::cpu::reduce_kernels::ReduceOp;
-use tensorcomm::cpu::transport::shm::{ShmTransport, ShmTransportOptions, ShmWait};
+use tensorcomm::cpu::transport::shm::{ShmArena, ShmTransport, ShmTransportOptions, ShmWait};
 use tensorcomm::cpu::transport::Transport;
+use tensorcomm::cpu::HelperThreads;
 use tensorcomm::store::HashStore;
 use tensorcomm::tensor::DType;
 
@@ -27,6 +35,16 @@ fn run<R: Send>(
     wait: ShmWait,
     capacity: usize,
     f: impl Fn(&ShmTransport) -> R + Sync,
+) -> Vec<R> {
+    run_with_store(prefix, wait, capacity, |t, _| f(t))
+}
+
+/// [`run`], also handing each rank the store the mesh met through.
+fn run_with_store<R: Send>(
+    prefix: &str,
+    wait: ShmWait,
+    capacity: usize,
+    f: impl Fn(&ShmTransport, &HashStore) -> R + Sync,
 ) -> Vec<R> {
     let store = Arc::new(HashStore::new());
     let f = &f;
@@ -43,7 +61,7 @@ fn run<R: Send>(
                     let t = ShmTransport::connect(&*store, prefix, rank, WORLD, &options)
                         .expect("shm mesh setup");
                     assert_eq!(t.wait(), wait);
-                    f(&t)
+                    f(&t, &store)
                 })
             })
             .collect();
@@ -61,6 +79,18 @@ fn all_reduces(
     elems: usize,
 ) -> usize {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let all_reduce =
+        |buf: &mut [u8]| all_reduce_with(algorithm, t, buf, DType::I64, ReduceOp::Sum, deadline);
+    exact_sums(t, rounds, elems, all_reduce)
+}
+
+/// [`all_reduces`] through `all_reduce`.
+fn exact_sums(
+    t: &dyn Transport,
+    rounds: i64,
+    elems: usize,
+    all_reduce: impl Fn(&mut [u8]) -> tensorcomm::Result<()>,
+) -> usize {
     let rank = t.rank() as i64;
     let world = WORLD as i64;
     let mut wrong = 0;
@@ -69,8 +99,7 @@ fn all_reduces(
             .map(|e| i * 1000 + rank * 10 + e)
             .collect();
         let mut buf: Vec<u8> = mine.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        all_reduce_with(algorithm, t, &mut buf, DType::I64, ReduceOp::Sum, deadline)
-            .expect("all_reduce");
+        all_reduce(&mut buf).expect("all_reduce");
         for (e, got) in buf.chunks_exact(8).enumerate() {
             let got = i64::from_ne_bytes(got.try_into().unwrap());
             let want = world * (i * 1000 + e as i64) + 10 * world * (world - 1) / 2;
@@ -100,6 +129,48 @@ fn thousands_of_small_all_reduces_among_8_sleeping_ranks_are_exact() {
     // 2 × 1500 rounds; a wake-up lost once per 100 rounds would already
     // cost 30 × 100 µs-20 ms timeouts per rank, and one lost forever
     // would hang; on the 2-core VM this takes about a second.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn hundreds_of_arena_all_reduces_among_8_sleeping_ranks_are_exact() {
+    // 4 KiB slot halves: 2 KiB (one step), 16 KiB (4 steps, pipelined)
+    // and 100 KiB (25 steps) messages, one lane per rank as on a host
+    // with fewer cores than ranks, and two lanes.
+    let started = Instant::now();
+    for (lanes, elems, rounds) in [(1, 256, 400), (1, 2048, 100), (2, 12_800, 20)] {
+        let prefix = format!("oversub-arena-{lanes}-{elems}");
+        let wrong = run_with_store(&prefix, ShmWait::Sleep, 1 << 16, |t, store| {
+            let mut arena = ShmArena::connect(
+                store,
+                &prefix,
+                t.rank(),
+                WORLD,
+                4096,
+                Duration::from_secs(30),
+            )
+            .expect("arena setup");
+            arena.set_wait(ShmWait::Sleep);
+            let helpers = HelperThreads::new("oversub");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let threads = ArenaThreads {
+                helpers: &helpers,
+                count: lanes,
+            };
+            exact_sums(t, rounds, elems, |buf| {
+                all_reduce_shm_arena(t, &arena, threads, buf, DType::I64, ReduceOp::Sum, deadline)
+            })
+        });
+        assert_eq!(
+            wrong,
+            vec![0; WORLD],
+            "{lanes} lanes, {elems} elements: wrong elements per rank"
+        );
+    }
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "took {:?}",

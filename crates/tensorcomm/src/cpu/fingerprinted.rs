@@ -198,6 +198,10 @@ impl Transport for Fingerprinted<'_> {
         self.inner.has_data(from)
     }
 
+    fn sleep_for_data(&self, from: usize, timeout: std::time::Duration) {
+        self.inner.sleep_for_data(from, timeout)
+    }
+
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
         if self.first_recv(from) {
             self.check_header(from, deadline)?;

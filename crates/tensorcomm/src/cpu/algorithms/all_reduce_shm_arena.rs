@@ -385,7 +385,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::cpu::algorithms::testing::check_all_reduce_with;
+    use crate::cpu::algorithms::testing::{check_all_reduce_with, test_arena};
 
     /// Sums `len` bytes of ones over `arena` with `lanes` fresh helper
     /// threads: the call the failure tests make.
@@ -416,15 +416,7 @@ mod tests {
             worlds,
             lengths,
             |t, store| {
-                let arena = ShmArena::connect(
-                    store,
-                    "arena",
-                    t.rank(),
-                    t.world_size(),
-                    chunk,
-                    Duration::from_secs(30),
-                )
-                .expect("arena setup");
+                let arena = test_arena(t, store, "arena", chunk);
                 (arena, HelperThreads::new("test"))
             },
             |t, (arena, helpers), buf, dtype, op, deadline| {
@@ -456,8 +448,7 @@ mod tests {
         use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
         let started = Instant::now();
         let results = run_ranks_with_store(3, |t, store| {
-            let arena = ShmArena::connect(store, "gone", t.rank(), 3, 64, Duration::from_secs(30))
-                .expect("arena setup");
+            let arena = test_arena(t, store, "gone", 64);
             if t.rank() == 2 {
                 return None; // leaves: its transport closes
             }
@@ -483,8 +474,7 @@ mod tests {
         use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
         let started = Instant::now();
         let results = run_ranks_with_store(3, |t, store| {
-            let arena = ShmArena::connect(store, "dies", t.rank(), 3, 64, Duration::from_secs(30))
-                .expect("arena setup");
+            let arena = test_arena(t, store, "dies", 64);
             if t.rank() == 2 {
                 // Enters the call (its opening barrier), then is gone: its
                 // transport closes with its links, its counters never move.
@@ -519,9 +509,7 @@ mod tests {
     fn a_silent_peer_times_out_by_name_at_the_deadline() {
         use crate::cpu::algorithms::testing::run_ranks_with_store;
         let results = run_ranks_with_store(2, |t, store| {
-            let arena =
-                ShmArena::connect(store, "silent", t.rank(), 2, 64, Duration::from_secs(30))
-                    .expect("arena setup");
+            let arena = test_arena(t, store, "silent", 64);
             let soon = Instant::now() + Duration::from_millis(300);
             if t.rank() == 1 {
                 // Enters the call, then stays alive but never works.
@@ -553,9 +541,7 @@ mod tests {
     fn ranks_with_different_thread_counts_are_refused_by_name() {
         use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
         let results = run_ranks_with_store(2, |t, store| {
-            let arena =
-                ShmArena::connect(store, "counts", t.rank(), 2, 64, Duration::from_secs(30))
-                    .expect("arena setup");
+            let arena = test_arena(t, store, "counts", 64);
             sum_ones(t, &arena, 200, 1 + 3 * t.rank(), deadline())
         });
         for (rank, outcome) in results.into_iter().enumerate() {
@@ -587,9 +573,7 @@ mod tests {
         let world = 3;
         let plan: Vec<(usize, usize)> = (0..24).map(|k| (1 + k % 4, 1 + (k * 7) % 37)).collect();
         let results = run_ranks_with_store(world, |t, store| {
-            let arena =
-                ShmArena::connect(store, "mixed", t.rank(), world, 48, Duration::from_secs(30))
-                    .expect("arena setup");
+            let arena = test_arena(t, store, "mixed", 48);
             let helpers = HelperThreads::new("test");
             let mut out = Vec::new();
             for (k, &(lanes, n)) in plan.iter().enumerate() {

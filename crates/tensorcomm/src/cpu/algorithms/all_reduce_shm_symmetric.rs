@@ -197,7 +197,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store, test_arena};
     use crate::cpu::transport::shm::SymmetricRegistry;
     use crate::cpu::HelperThreads;
     use crate::store::HashStore;
@@ -213,7 +213,7 @@ mod tests {
     ) -> Option<Result<Vec<u8>>> {
         let (rank, world) = (t.rank(), t.world_size());
         let timeout = Duration::from_secs(30);
-        let arena = ShmArena::connect(store, "a", rank, world, 64, timeout).expect("arena");
+        let arena = test_arena(t, store, "a", 64);
         let registry = SymmetricRegistry::default();
         let mut region = registry
             .allocate(store, "s", (rank, world), len, timeout)
@@ -291,7 +291,7 @@ mod tests {
     fn a_tensor_outside_the_allocation_is_refused() {
         let results = run_ranks_with_store(2, |t, store| {
             let timeout = Duration::from_secs(30);
-            let arena = ShmArena::connect(store, "a", t.rank(), 2, 64, timeout).expect("arena");
+            let arena = test_arena(t, store, "a", 64);
             let registry = SymmetricRegistry::default();
             let region = registry
                 .allocate(store, "s", (t.rank(), 2), 100, timeout)

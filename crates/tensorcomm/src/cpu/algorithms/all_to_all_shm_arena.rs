@@ -93,10 +93,10 @@ pub fn all_to_all_shm_arena(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store, BlockBuffers};
+    use crate::cpu::algorithms::testing::{
+        deadline, run_ranks_with_store, test_arena, BlockBuffers,
+    };
 
     /// Bytes rank `from` sends rank `to`: uneven, some empty, some of
     /// several steps (windows are 128 / world bytes here).
@@ -112,9 +112,7 @@ mod tests {
     fn uneven_blocks_of_many_steps_reach_every_peer_back_to_back() {
         for world in [1, 2, 3, 4, 8] {
             let results = run_ranks_with_store(world, |t, store| {
-                let arena =
-                    ShmArena::connect(store, "a2a", t.rank(), world, 128, Duration::from_secs(30))
-                        .expect("arena setup");
+                let arena = test_arena(t, store, "a2a", 128);
                 let r = t.rank();
                 let mut out = Vec::new();
                 // 0: nothing moves; 1: within one window; 40: many steps.

@@ -98,7 +98,11 @@ const GONE_GRACE: Duration = Duration::from_secs(2);
 /// [`Transport::check_alive`]) fails the barrier if the peers still to
 /// come do not send within [`GONE_GRACE`]. Past it, every rank has
 /// finished its previous call. It polls the links' `has_data` itself, so
-/// it waits by `wait` (the arena's, [`ShmArena::wait`]) between polls.
+/// it waits by `wait` (the arena's, [`ShmArena::wait`]) between polls:
+/// with [`ShmWait::Sleep`] it sleeps on the data of a peer it has not
+/// heard from ([`Transport::sleep_for_data`]), which it cannot pass the
+/// barrier without, so that peer's message wakes it; messages from the
+/// others are taken when it wakes.
 pub(super) fn barrier_with_every_peer(
     t: &dyn Transport,
     value: &[u8],
@@ -150,7 +154,10 @@ pub(super) fn barrier_with_every_peer(
             }
             asked = Instant::now();
         }
-        backoff.snooze();
+        match wait {
+            ShmWait::Sleep => backoff.snooze_on(|d| t.sleep_for_data(waiting[0], d)),
+            _ => backoff.snooze(),
+        }
     }
     Ok(())
 }

@@ -59,19 +59,15 @@ pub fn broadcast_shm_arena(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store};
+    use crate::cpu::algorithms::testing::{deadline, run_ranks_with_store, test_arena};
 
     #[test]
     fn every_rank_gets_the_roots_bytes_for_every_root_and_length() {
         for world in [1, 2, 3, 4, 8] {
             let results = run_ranks_with_store(world, |t, store| {
                 // 16-byte chunks: messages of 0, 1, exactly 2 and 3+ chunks.
-                let arena =
-                    ShmArena::connect(store, "bcast", t.rank(), world, 16, Duration::from_secs(30))
-                        .expect("arena setup");
+                let arena = test_arena(t, store, "bcast", 16);
                 let mut out = Vec::new();
                 for root in 0..world {
                     for len in [0usize, 5, 32, 77] {

@@ -19,6 +19,34 @@ pub(crate) fn deadline() -> Instant {
     Instant::now() + Duration::from_secs(60)
 }
 
+/// The shared-memory arena of rank `t.rank()` of `t`'s ranks for a test
+/// (slot halves of `chunk` bytes, set up through `store` under `prefix`),
+/// waiting as `TENSORCOMM_SHM_WAIT` asks: `sleep` or `spin` in the test
+/// run's environment forces every arena test's waits (unset: `auto`, so
+/// `sleep` on a host with fewer CPUs than the test's ranks).
+#[cfg(target_os = "linux")]
+pub(crate) fn test_arena(
+    t: &dyn Transport,
+    store: &HashStore,
+    prefix: &str,
+    chunk: usize,
+) -> crate::cpu::transport::shm::ShmArena {
+    use crate::cpu::transport::shm::{ShmArena, ShmWait};
+    use crate::env_vars::EnvVar;
+    let wait = ShmWait::from_vars(&EnvVar::get_lossy).expect("TENSORCOMM_SHM_WAIT");
+    let mut arena = ShmArena::connect(
+        store,
+        prefix,
+        t.rank(),
+        t.world_size(),
+        chunk,
+        Duration::from_secs(30),
+    )
+    .expect("arena setup");
+    arena.set_wait(wait);
+    arena
+}
+
 /// Runs `f` on every rank of a fresh mesh of `world` ranks, one thread
 /// each, and returns the results in rank order.
 pub(crate) fn run_ranks<R: Send>(world: usize, f: impl Fn(&dyn Transport) -> R + Sync) -> Vec<R> {

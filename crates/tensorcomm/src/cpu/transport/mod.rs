@@ -43,7 +43,7 @@ mod routed;
 pub mod shm;
 pub(crate) mod tcp;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use choice::{TransportChoice, TRANSPORT_ENV};
 pub use host_identity::host_identity;
@@ -105,6 +105,18 @@ pub trait Transport: Send + Sync {
     /// order they come, and notice a peer that failed meanwhile, instead
     /// of blocking on one that may never send.
     fn has_data(&self, from: usize) -> Result<bool>;
+
+    /// Sleeps at most `timeout`, returning early once a message from
+    /// `from` may have arrived (or `from` closed its end), for a caller
+    /// that polls [`has_data`](Self::has_data) and sleeps in between. It
+    /// may also return early for nothing: the caller polls again. Over
+    /// shared memory the peer's write wakes it at once (the ring's
+    /// futex). The default, for a transport that cannot be woken so,
+    /// sleeps `timeout` but never more than a millisecond.
+    fn sleep_for_data(&self, from: usize, timeout: Duration) {
+        let _ = from;
+        std::thread::sleep(timeout.min(Duration::from_millis(1)));
+    }
 
     /// Tells `to` early that this rank has reached the current call, for a
     /// transport that checks each call's fingerprint: an algorithm calls it

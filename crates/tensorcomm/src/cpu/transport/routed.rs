@@ -309,6 +309,12 @@ impl Transport for RoutedTransport {
         self.transport(from, "has_data")?.has_data(from)
     }
 
+    fn sleep_for_data(&self, from: usize, timeout: Duration) {
+        if let Ok(t) = self.transport(from, "sleep_for_data") {
+            t.sleep_for_data(from, timeout);
+        }
+    }
+
     fn abort(&self) {
         if let Some(shm) = &self.shm {
             shm.abort();

@@ -5,7 +5,9 @@
 //! The segment starts with progress counters: for every rank and each of
 //! up to [`ARENA_MAX_LANES`] lanes (threads) of it, how many steps it has
 //! copied in, reduced and copied out ([`Progress`]), each on a cache line
-//! of its own. Then come `world_size` slots of `2 * chunk` bytes: each
+//! of its own with the [`Signal`] its waiters sleep on; then a line with
+//! the number of ranks whose waits sleep (see below). Then come
+//! `world_size` slots of `2 * chunk` bytes: each
 //! rank's slot, split into two halves (parity 0 and 1) so that one chunk
 //! of a message can be copied in while the previous one is still being
 //! read. The algorithms using the arena (see
@@ -15,6 +17,28 @@
 //! transport, which also carries the collective's fingerprint and reports
 //! a dead peer by name.
 //!
+//! # Waiting on the counters
+//!
+//! A rank that waits for a counter spins, then yields until ~2 ms, as a
+//! link's calls do (`wait.rs`); with [`ShmWait::Spin`] it then takes
+//! short plain sleeps. With [`ShmWait::Sleep`] (more of the group's ranks
+//! than CPUs) it spins only ~5 µs before yielding, and then sleeps on the
+//! counter's futex ([`Signal`]), which the counter's owner wakes when it
+//! publishes. Waking costs the publisher a
+//! fence and a look at the sleepers, so it does that only while some rank
+//! of the arena waits by `Sleep`: each counts itself in the arena's
+//! shared count of sleeping ranks when it takes that wait
+//! ([`ShmArena::set_wait`]), and out again when it leaves it. No wake-up
+//! is lost: a rank takes its wait outside any call (`set_wait` needs the
+//! arena to itself), and every algorithm opens its calls with a barrier
+//! in which every rank hears from every other, so each publisher of a call
+//! sees the count that includes every sleeper of it. Past that, the
+//! waiter announces itself on the signal, re-checks the counter and sleeps
+//! only if it has not moved, while the publisher stores the counter and
+//! then looks for sleepers, a fence on each side (`signal.rs`). Sleeps
+//! still end after a timeout (up to 20 ms), which bounds how late a dead
+//! peer or a failed lane of this rank is noticed.
+//!
 //! The segment is set up under `{key_prefix}/arena` by
 //! `group_segment::connect_group_segment`: rank 0 creates it, the others
 //! map it, and its name is unlinked once every rank has answered, so
@@ -22,11 +46,12 @@
 //! between); it succeeds or fails on every rank together.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::group_segment::{connect_group_segment, Purpose};
 use super::segment::Segment;
+use super::signal::Signal;
 use super::wait::{Backoff, ShmWait};
 use crate::cpu::reduce_kernels::{reduce_into, ReduceOp};
 use crate::store::Store;
@@ -71,12 +96,27 @@ pub struct Milestone {
     pub step: u64,
 }
 
-/// Bytes of one counter's cache line.
+/// Bytes of one counter's cache line: the counter, then its [`Signal`].
 const LINE: usize = 64;
 
-/// Bytes of the counters at the start of a `world_size`-rank arena.
+/// Where a counter's [`Signal`] lies in its line.
+const SIGNAL_AT: usize = 8;
+
+const _: () = assert!(
+    SIGNAL_AT >= std::mem::size_of::<AtomicU64>()
+        && SIGNAL_AT.is_multiple_of(std::mem::align_of::<Signal>())
+        && SIGNAL_AT + std::mem::size_of::<Signal>() <= LINE
+);
+
+/// Cache lines of counters in a `world_size`-rank arena.
+fn counter_lines(world_size: usize) -> usize {
+    world_size * ARENA_MAX_LANES * 3
+}
+
+/// Bytes of the control region at the start of a `world_size`-rank arena:
+/// the counters, then the line of the count of sleeping ranks.
 fn control_len(world_size: usize) -> usize {
-    world_size * ARENA_MAX_LANES * 3 * LINE
+    (counter_lines(world_size) + 1) * LINE
 }
 
 /// How often a wait on a peer's counter asks whether the peer is alive.
@@ -116,9 +156,15 @@ pub struct ShmArena {
     /// Set by an algorithm that leaves without a closing barrier, taken by
     /// one that relies on one (see [`ShmArena::take_unfenced`]).
     unfenced: AtomicBool,
-    /// How waits on the counters go: they have no futex to sleep on, but
-    /// with more ranks than cores they stop spinning sooner ([`ShmWait`]).
+    /// How waits on the counters go ([`ShmWait`]): with `Sleep` on the
+    /// counters' signals, counted in the arena's sleeping ranks.
     wait: ShmWait,
+    /// Tests only: a sleep on a counter's signal lasts this long unless
+    /// woken, so that a lost wake-up stalls a test instead of costing
+    /// one timeout of a few milliseconds; waits then sleep without
+    /// yielding first, so that they sleep often.
+    #[cfg(test)]
+    test_sleep: Option<Duration>,
     segment: Segment,
 }
 
@@ -129,6 +175,14 @@ impl std::fmt::Debug for ShmArena {
             .field("world_size", &self.world_size)
             .field("chunk", &self.chunk)
             .finish()
+    }
+}
+
+impl Drop for ShmArena {
+    /// Counts this rank out of the arena's sleeping ranks: nobody need
+    /// wake it any more.
+    fn drop(&mut self) {
+        self.set_wait(ShmWait::Spin);
     }
 }
 
@@ -164,22 +218,60 @@ impl ShmArena {
         let key = format!("{key_prefix}/arena");
         let segment =
             connect_group_segment(store, &key, (rank, world_size), len, &purpose, timeout)?;
-        Ok(ShmArena {
+        let mut arena = ShmArena {
             rank,
             world_size,
             chunk,
             steps: AtomicUsize::new(0),
             unfenced: AtomicBool::new(false),
-            wait: ShmWait::Auto.resolve(world_size, crate::cpu::host_cpus_online()),
+            wait: ShmWait::Spin,
+            #[cfg(test)]
+            test_sleep: None,
             segment,
-        })
+        };
+        arena.set_wait(ShmWait::Auto);
+        Ok(arena)
     }
 
     /// Sets how waits on the other ranks' counters go ([`ShmWait`]);
     /// `Auto` is resolved against this arena's ranks and the host's CPUs
-    /// online, as [`connect`](Self::connect) does.
+    /// online, as [`connect`](Self::connect) does. A rank that takes or
+    /// leaves `Sleep` counts itself in or out of the arena's sleeping
+    /// ranks, whom publishers then wake; its peers see that count from
+    /// the opening barrier of their next call on (see the module docs),
+    /// so set it between calls, never while a peer may be in one.
     pub fn set_wait(&mut self, wait: ShmWait) {
-        self.wait = wait.resolve(self.world_size, crate::cpu::host_cpus_online());
+        let wait = wait.resolve(self.world_size, crate::cpu::host_cpus_online());
+        match (self.wait, wait) {
+            (ShmWait::Sleep, ShmWait::Sleep) => {}
+            (_, ShmWait::Sleep) => {
+                self.sleeping_ranks().fetch_add(1, Ordering::SeqCst);
+            }
+            (ShmWait::Sleep, _) => {
+                self.sleeping_ranks().fetch_sub(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        self.wait = wait;
+    }
+
+    /// How many ranks of the arena wait by [`ShmWait::Sleep`] (see the
+    /// module docs).
+    fn sleeping_ranks(&self) -> &AtomicU32 {
+        let at = counter_lines(self.world_size) * LINE;
+        // SAFETY: the line after the counters lies inside the control
+        // region at the start of the mapping (which `connect` sized with
+        // `control_len`), 64-byte aligned within a page-aligned mapping
+        // that lives as long as self; only atomics touch it, and a new
+        // segment's zeroed bytes are a count of 0.
+        unsafe { &*self.segment.base().as_ptr().add(at).cast::<AtomicU32>() }
+    }
+
+    /// Whether some rank's counter waits may sleep on a counter's signal
+    /// (in which case [`publish`](Self::publish) wakes them).
+    #[cfg(test)]
+    pub(crate) fn wakes_sleepers(&self) -> bool {
+        self.sleeping_ranks().load(Ordering::Relaxed) != 0
     }
 
     /// How waits on the other ranks' counters go: [`ShmWait::Spin`] or
@@ -207,24 +299,48 @@ impl ShmArena {
         self.unfenced.swap(false, Ordering::Relaxed)
     }
 
-    /// The counter of `kind` for lane `lane` of `rank`.
-    fn progress(&self, rank: usize, lane: usize, kind: Progress) -> &AtomicU64 {
+    /// The byte offset of the line of the counter of `kind` for lane
+    /// `lane` of `rank`.
+    fn line(&self, rank: usize, lane: usize, kind: Progress) -> usize {
         assert!(
             rank < self.world_size && lane < ARENA_MAX_LANES,
             "arena counter out of bounds: rank {rank} lane {lane}"
         );
-        let at = ((rank * ARENA_MAX_LANES + lane) * 3 + kind as usize) * LINE;
+        ((rank * ARENA_MAX_LANES + lane) * 3 + kind as usize) * LINE
+    }
+
+    /// The counter of `kind` for lane `lane` of `rank`.
+    fn progress(&self, rank: usize, lane: usize, kind: Progress) -> &AtomicU64 {
+        let at = self.line(rank, lane, kind);
         // SAFETY: `at` lies in the counter region at the start of the
-        // mapping (checked above), 64-byte aligned within a page-aligned
+        // mapping (`line` checked), 64-byte aligned within a page-aligned
         // mapping that lives as long as self; only atomics touch it.
         unsafe { &*self.segment.base().as_ptr().add(at).cast::<AtomicU64>() }
     }
 
+    /// The signal the waiters on the counter of `kind` for lane `lane` of
+    /// `rank` sleep on.
+    fn signal(&self, rank: usize, lane: usize, kind: Progress) -> &Signal {
+        let at = self.line(rank, lane, kind) + SIGNAL_AT;
+        // SAFETY: `at` lies in the counter's line (`line` checked it, the
+        // assertion on SIGNAL_AT that the signal fits after the counter),
+        // aligned for a Signal, in a mapping that lives as long as self;
+        // a Signal is two atomics (repr(C)), and a new segment's zeroed
+        // bytes are its default.
+        unsafe { &*self.segment.base().as_ptr().add(at).cast::<Signal>() }
+    }
+
     /// Publishes that lane `lane` of this rank has done `kind` for every
-    /// step up to global step `step`.
+    /// step up to global step `step`, and wakes the ranks sleeping on it
+    /// if any rank of the arena may sleep (see the module docs): while
+    /// every rank spins this is one store and one load of a line nobody
+    /// writes.
     pub(crate) fn publish(&self, lane: usize, kind: Progress, step: u64) {
         self.progress(self.rank, lane, kind)
             .store(step + 1, Ordering::Release);
+        if self.sleeping_ranks().load(Ordering::Relaxed) != 0 {
+            self.signal(self.rank, lane, kind).notify();
+        }
     }
 
     /// Waits until another rank has reached `milestone`: `Ok(true)` then;
@@ -249,8 +365,15 @@ impl ShmArena {
         if counter.load(Ordering::Acquire) > step {
             return Ok(true);
         }
+        let signal = self.signal(rank, lane, kind);
         let started = Instant::now();
-        let mut backoff = Backoff::with(self.wait);
+        let backoff = Backoff::with(self.wait);
+        #[cfg(test)]
+        let backoff = match self.test_sleep {
+            Some(_) => backoff.without_yield(),
+            None => backoff,
+        };
+        let mut backoff = backoff;
         let mut asked = started;
         loop {
             if counter.load(Ordering::Acquire) > step {
@@ -286,7 +409,19 @@ impl ShmArena {
                     timeout: deadline.saturating_duration_since(call_started),
                 });
             }
-            backoff.snooze();
+            match self.wait {
+                // Woken by the counter's owner when it publishes (or by a
+                // timeout of at most 20 ms, after which the loop asks
+                // whether the peer is alive and this rank's lanes going).
+                ShmWait::Sleep => backoff.snooze_on(|d| {
+                    let d = d.min(deadline.saturating_duration_since(now));
+                    #[cfg(test)]
+                    let d = self.test_sleep.unwrap_or(d);
+                    let ready = || counter.load(Ordering::Acquire) > step || stopped();
+                    signal.sleep_unless(ready, d);
+                }),
+                _ => backoff.snooze(),
+            }
         }
     }
 
@@ -400,6 +535,9 @@ impl ShmArena {
 pub fn arena_chunk(world_size: usize) -> usize {
     ((8 << 20) / world_size.max(1)).clamp(DEFAULT_ARENA_CHUNK, 4 << 20)
 }
+
+#[cfg(test)]
+mod wait_tests;
 
 #[cfg(test)]
 mod tests {

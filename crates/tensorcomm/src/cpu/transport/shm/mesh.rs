@@ -224,6 +224,15 @@ impl Transport for ShmTransport {
             .has_data("waiting for a message from it")
     }
 
+    /// Sleeps on the link's data signal, which the peer's next write (or
+    /// its closing) wakes; returns at once when there is no such link
+    /// (the caller's next `has_data` says why).
+    fn sleep_for_data(&self, from: usize, timeout: Duration) {
+        if let Ok(link) = self.link(from, "sleep_for_data") {
+            link.sleep_for_data(timeout);
+        }
+    }
+
     fn send_recv(
         &self,
         to: usize,

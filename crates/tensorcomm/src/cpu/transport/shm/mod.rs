@@ -10,8 +10,9 @@
 //!
 //! A blocked call spins on the counters for ~50 µs, then yields until
 //! ~2 ms, then sleeps (`wait.rs`); on a host running more of the group's
-//! ranks than it has cores it spins ~5 µs and then sleeps on a futex that
-//! the peer's next write wakes ([`ShmWait`], `signal.rs`). While it waits it
+//! ranks than it has cores it spins only ~5 µs before yielding, and its
+//! sleeps are on a futex that the peer's next write wakes ([`ShmWait`],
+//! `signal.rs`). While it waits it
 //! watches the peer's `closed` flag (set when the peer drops its link) and,
 //! every 5 ms, asks the kernel whether the peer's process still holds its
 //! lock on the segment (`segment.rs` says why a lock and not `kill(pid, 0)`).
@@ -28,7 +29,9 @@
 //!
 //! [`ShmArena`] (`arena.rs`) is one segment shared by a whole group on
 //! one host, for algorithms that reduce straight out of each other's
-//! memory instead of streaming through the rings.
+//! memory instead of streaming through the rings. Its waits on the
+//! ranks' progress counters follow the same [`ShmWait`], sleeping on a
+//! futex beside each counter.
 //!
 //! Linux only (open-file-description locks); on other systems this module
 //! is empty.

@@ -41,6 +41,12 @@ impl Signal {
         self.sleepers.fetch_sub(1, Ordering::Release);
     }
 
+    /// Threads about to sleep or sleeping on this signal now.
+    #[cfg(test)]
+    pub fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::SeqCst)
+    }
+
     /// Wakes every thread sleeping on this signal, if any; call it after
     /// making the condition they wait for true.
     pub fn notify(&self) {

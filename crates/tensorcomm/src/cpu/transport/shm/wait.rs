@@ -14,15 +14,29 @@
 //! a group's ranks than it has CPUs online ([`ShmWait::Auto`]
 //! resolving to [`ShmWait::Sleep`]), the peer being waited for is often not
 //! running at all: it waits for the core this rank is spinning on, so
-//! spinning for 50 µs and then yielding only delays it (4 ranks on the
-//! 2-core VM took 130-195 µs per 8-byte all-reduce that way). A sleeping
-//! wait then spins only [`SLEEP_SPIN_FOR`] and goes to sleep on the ring's
-//! signal, which the peer's write wakes; waits without a signal still
-//! yield before they sleep.
+//! spinning for 50 µs only delays it (4 ranks on the 2-core VM took
+//! 130-195 µs per 8-byte all-reduce that way). A sleeping wait
+//! ([`ShmWait::Sleep`]) then spins only [`SLEEP_SPIN_FOR`] and yields, and
+//! past [`YIELD_UNTIL`] it sleeps on a signal (a futex) that the peer
+//! wakes: a ring's, which the peer's write wakes, or, in the arena, that
+//! of the progress counter it waits for, which the counter's owner wakes
+//! when it publishes (`arena.rs`). Waits without a signal (during set-up)
+//! sleep in plain steps instead.
+//!
+//! Yielding, not sleeping, is what the short waits of a collective want
+//! there: a yield hands the core to a runnable peer at the cost of a
+//! context switch, while a futex sleep makes the peer pay for waking this
+//! rank at each of its steps (a system call, and in a VM an interrupt to
+//! another CPU). On the 2-core VM, sleeping after the 5 µs spin took 2
+//! to 4 times as long per all-reduce among 4 or 8 ranks as yielding
+//! first, and a yield phase shorter than 2 ms was no faster
+//! (bench/results/oversubscription-vm-2core/README.md). The futex keeps
+//! long waits (a peer busy elsewhere) from polling, and wakes them as
+//! soon as the peer moves.
 //!
 //! `TENSORCOMM_SHM_WAIT` (`auto`, `spin` or `sleep`) overrides the choice
 //! for a process group's links and arena, read when the group is created:
-//! for a container whose CPU count misleads `auto`, or to save power.
+//! for a container whose CPU count misleads `auto`.
 //! Each rank's waiting is its own (a peer's write wakes a sleeper whatever
 //! the writer's own policy), so ranks may choose differently.
 
@@ -44,8 +58,8 @@ pub(super) const MAX_SLEEP: Duration = Duration::from_millis(1);
 /// The longest sleep on a ring's signal, which bounds how late a waiter
 /// notices a peer that died without a word (new data wakes it at once).
 pub(super) const MAX_SIGNAL_SLEEP: Duration = Duration::from_millis(20);
-/// With [`ShmWait::Sleep`]: spin this long before sleeping, enough to catch
-/// a peer that is running on another core and answers at once.
+/// With [`ShmWait::Sleep`]: spin this long before yielding, enough to
+/// catch a peer that is running on another core and answers at once.
 pub(super) const SLEEP_SPIN_FOR: Duration = Duration::from_micros(5);
 /// With [`ShmWait::Sleep`]: the first sleep on a signal. The peer's move
 /// wakes the sleeper; the timeout only bounds how late a dead peer is
@@ -79,10 +93,12 @@ pub enum ShmWait {
     /// Spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency
     /// while every rank has a core of its own.
     Spin,
-    /// Spin ~5 µs, then sleep on the ring's futex, which the peer wakes:
-    /// for more ranks than cores. A wait without a futex (on the arena's
-    /// counters, or polling several links) yields until ~2 ms first, then
-    /// sleeps up to 1 ms at a time.
+    /// Spin ~5 µs, then yield until ~2 ms, then sleep on a futex that the
+    /// peer wakes: a ring's, or that of the arena counter waited for (a
+    /// barrier polling several links sleeps on the ring of a peer it has
+    /// not heard from yet). For more ranks than cores, where spinning
+    /// takes the core a peer needs. Sleeps end after at most 20 ms even
+    /// unwoken, which bounds how late a dead peer is noticed.
     Sleep,
 }
 
@@ -150,6 +166,10 @@ impl fmt::Display for ShmWait {
 /// The waiting state of one blocked call.
 pub(crate) struct Backoff {
     wait: ShmWait,
+    /// Spin this long after the last progress...
+    spin_for: Duration,
+    /// ...then yield until this long after it, then sleep.
+    yield_until: Duration,
     since: Instant,
     /// Sleeps taken since the last progress (each doubles the next).
     slept: u32,
@@ -163,11 +183,25 @@ impl Backoff {
 
     /// Waiting by `wait` (`Auto` counts as `Spin`: resolve it first).
     pub fn with(wait: ShmWait) -> Backoff {
+        let spin_for = match wait {
+            ShmWait::Sleep => SLEEP_SPIN_FOR,
+            _ => SPIN_FOR,
+        };
         Backoff {
             wait,
+            spin_for,
+            yield_until: YIELD_UNTIL,
             since: Instant::now(),
             slept: 0,
         }
+    }
+
+    /// Tests only: sleeps right after the spin, without yielding first,
+    /// so that a test's waits exercise sleeping and waking.
+    #[cfg(test)]
+    pub fn without_yield(mut self) -> Backoff {
+        self.yield_until = self.spin_for;
+        self
     }
 
     /// Called after progress: the next wait spins again.
@@ -183,23 +217,17 @@ impl Backoff {
 
     /// [`snooze`](Self::snooze), but a sleep is `sleep(duration)`, which
     /// returns early when what the caller waits for happens (a ring's
-    /// signal), so sleeps grow to [`MAX_SIGNAL_SLEEP`]; with
-    /// [`ShmWait::Sleep`] they come right after a short spin.
+    /// signal), so sleeps grow to [`MAX_SIGNAL_SLEEP`].
     pub fn snooze_on(&mut self, sleep: impl FnOnce(Duration)) {
         self.snooze_with(sleep, true);
     }
 
     /// What the next snooze does, `idle` after the last progress.
     fn phase(&self, idle: Duration, on_signal: bool) -> Phase {
-        let (spin_for, yield_until) = match (self.wait, on_signal) {
-            (ShmWait::Sleep, true) => (SLEEP_SPIN_FOR, SLEEP_SPIN_FOR),
-            (ShmWait::Sleep, false) => (SLEEP_SPIN_FOR, YIELD_UNTIL),
-            _ => (SPIN_FOR, YIELD_UNTIL),
-        };
-        if idle < spin_for {
+        if idle < self.spin_for {
             return Phase::Spin;
         }
-        if idle < yield_until {
+        if idle < self.yield_until {
             return Phase::Yield;
         }
         let (first, longest) = match (self.wait, on_signal) {
@@ -269,20 +297,28 @@ mod tests {
     }
 
     #[test]
-    fn sleep_spins_briefly_then_sleeps_on_a_signal_without_yielding() {
+    fn sleep_spins_briefly_then_yields_then_sleeps() {
         let b = Backoff::with(ShmWait::Sleep);
-        assert_eq!(b.phase(Duration::ZERO, true), Phase::Spin);
+        for on_signal in [false, true] {
+            assert_eq!(b.phase(Duration::ZERO, on_signal), Phase::Spin);
+            assert_eq!(b.phase(SLEEP_SPIN_FOR, on_signal), Phase::Yield);
+            assert_eq!(b.phase(SPIN_FOR, on_signal), Phase::Yield);
+        }
+        assert_eq!(
+            b.phase(YIELD_UNTIL, true),
+            Phase::Sleep(SLEEP_FIRST_SIGNAL_SLEEP)
+        );
+        assert_eq!(b.phase(YIELD_UNTIL, false), Phase::Sleep(FIRST_SLEEP));
+        // Tests may skip the yield, to exercise sleeping and waking.
+        let b = Backoff::with(ShmWait::Sleep).without_yield();
         assert_eq!(
             b.phase(SLEEP_SPIN_FOR, true),
             Phase::Sleep(SLEEP_FIRST_SIGNAL_SLEEP)
         );
-        // Without a signal nobody would wake it: it yields first.
-        assert_eq!(b.phase(SLEEP_SPIN_FOR, false), Phase::Yield);
-        assert_eq!(b.phase(YIELD_UNTIL, false), Phase::Sleep(FIRST_SLEEP));
     }
 
     #[test]
-    fn a_sleeping_wait_calls_the_signal_sleep_within_microseconds() {
+    fn a_sleeping_wait_calls_the_signal_sleep_once_it_has_yielded() {
         let mut b = Backoff::with(ShmWait::Sleep);
         let started = Instant::now();
         let mut asked = None;
@@ -290,6 +326,7 @@ mod tests {
             b.snooze_on(|d| asked = Some(d));
             assert!(started.elapsed() < Duration::from_secs(5), "never slept");
         }
+        assert!(started.elapsed() >= YIELD_UNTIL);
         assert_eq!(asked, Some(SLEEP_FIRST_SIGNAL_SLEEP));
         // Later sleeps double up to the signal's longest.
         for _ in 0..20 {
