@@ -152,9 +152,8 @@ pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Re
                 });
             }
             DType::F32 => {
-                return t.with_bytes_mut(|bytes| {
-                    scale_f32(bytes, |v| (f64::from(v) / divisor) as f32)
-                })
+                return t
+                    .with_bytes_mut(|bytes| scale_f32(bytes, |v| (f64::from(v) / divisor) as f32))
             }
             DType::F64 => {
                 return t.with_bytes_mut(|bytes| {
@@ -256,7 +255,16 @@ mod tests {
             })
             .filter(|v| !v.is_nan())
             .collect();
-        values.extend([0.0, -0.0, f32::MIN_POSITIVE, 1e-45, f32::MAX, f32::INFINITY, 1.0, 3.0]);
+        values.extend([
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::MAX,
+            f32::INFINITY,
+            1.0,
+            3.0,
+        ]);
         for divisor in [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 64.0, 0.1, -2.0] {
             let t = Tensor::from_vec(values.clone(), &[values.len()]).unwrap();
             divide_in_place(&t, divisor, "test").unwrap();
@@ -264,7 +272,12 @@ mod tests {
                 .iter()
                 .map(|&v| ((f64::from(v) / divisor) as f32).to_bits())
                 .collect();
-            let got: Vec<u32> = t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+            let got: Vec<u32> = t
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
             assert_eq!(got, expect, "divisor {divisor}");
         }
     }
