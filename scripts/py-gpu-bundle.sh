@@ -19,7 +19,7 @@ if [ ! -x "$venv/bin/maturin" ]; then
 fi
 rm -f "$dest"/tensorcomm-*.whl
 "$venv/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out "$dest"
-cp python/tests_torch/torch_suite.py python/tests_torch/cuda_suite.py python/tests_torch/suite_runner.py bench/python_backend.py scripts/py-gpu-check.sh "$dest/"
+cp python/tests_torch/torch_suite.py python/tests_torch/cuda_suite.py python/tests_torch/suite_runner.py bench/python_backend.py bench/python_dispatch_pieces.py scripts/py-gpu-check.sh "$dest/"
 # PyTorch's own distributed suite against the backend (py-torch-upstream.sh;
 # torch.testing imports expecttest, which torch does not install).
 cp python/tests_torch/upstream/run_distributed_test.py scripts/py-torch-upstream.sh "$dest/"

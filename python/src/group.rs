@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use tensorcomm::group::ProcessGroup;
+use tensorcomm::group::{run_here, ProcessGroup};
 use tensorcomm::tensor::SparseTensor;
 use tensorcomm::{ReduceOp, Work};
 
@@ -87,7 +87,8 @@ impl PyGroup {
     /// `wait()` gives the outcome: what a caller that waits at once (a
     /// synchronous `torch.distributed` call) needs, without a second
     /// call, a second GIL release or a window for the group's thread to
-    /// take the collective over.
+    /// take the collective over: the collective is never queued to that
+    /// thread ([`run_here`]), which would cost a wake-up.
     fn start(
         &self,
         py: Python<'_>,
@@ -102,9 +103,13 @@ impl PyGroup {
             let (outcome, device_done) = py
                 .allow_threads(|| {
                     let _current = StreamGuard::new(stream)?;
-                    start(pg).map(|work| {
-                        let device_done = stream.is_some().then(|| work.get_future());
-                        (work.wait(), device_done)
+                    // Run here, not queued to the group's thread: no
+                    // wake-up of that thread for a call waited on at once.
+                    run_here(|| {
+                        start(pg).map(|work| {
+                            let device_done = stream.is_some().then(|| work.get_future());
+                            (work.wait(), device_done)
+                        })
                     })
                 })
                 .map_err(py_err)?;

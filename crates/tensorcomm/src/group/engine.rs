@@ -3,7 +3,9 @@
 //! group's queue; it runs on the group's own thread, or on a caller that
 //! waits on its [`Work`] before that thread reaches it (so call-then-wait
 //! costs no thread hand-off), always after every earlier collective of the
-//! group. On failure the engine breaks the group (later calls fail with
+//! group. A caller inside [`run_here`](super::run_here) runs its
+//! collective without queuing it to that thread at all (no wake-up). On
+//! failure the engine breaks the group (later calls fail with
 //! [`Error::GroupBroken`]), posts the root cause to the store before the
 //! backend closes its connections (so every rank names the same cause),
 //! and returns [`Error::CollectiveFailed`] naming the op, the sequence
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::absent_ranks::{blame_absent, blame_unqueued};
 use super::backend::{Call, GroupBackend};
 use super::call_description::describe;
+use super::caller_runs::to_queue;
 use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
@@ -244,7 +247,14 @@ impl Engine {
         });
         let runner = job.clone();
         let work = work.with_runner(Box::new(move || runner.run_once()));
-        if queue.jobs.send(job).is_err() {
+        // Kept off the group's thread when its caller runs it (see
+        // `caller_runs.rs`); an earlier one kept so is queued first.
+        let [first, job] = to_queue(job);
+        if let Some(first) = first {
+            // Its caller still runs it if the thread is gone.
+            let _ = queue.jobs.send(first);
+        }
+        if job.is_some_and(|job| queue.jobs.send(job).is_err()) {
             return Ok(Work::done(Err(Error::GroupBroken {
                 op: fingerprint.kind.name().into(),
                 seq: fingerprint.seq,

@@ -36,6 +36,9 @@
 mod absent_ranks;
 pub(crate) mod backend;
 pub(crate) mod call_description;
+mod caller_runs;
+#[cfg(test)]
+mod caller_runs_tests;
 pub(crate) mod collective;
 #[cfg(test)]
 mod device_engine_tests;
@@ -63,6 +66,7 @@ mod work;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use caller_runs::run_here;
 pub use reduce_op::ReduceOp;
 pub use work::{DeviceEvent, Work, WorkFuture};
 

@@ -228,8 +228,10 @@ pub(crate) struct StallMonitor {
     /// Whether [`begin`](StallMonitor::begin) records the call (a device
     /// group's watchdog records its calls itself).
     records: bool,
-    /// The running collective and when it started.
-    running: Mutex<Option<(Fingerprint, Instant)>>,
+    /// The running collective and when it started, and whether the
+    /// thread is parked (only then does a start wake it: a notify is a
+    /// syscall even with nobody to wake).
+    running: Mutex<(Option<(Fingerprint, Instant)>, bool)>,
     /// Wakes the thread, parked while nothing runs, when a collective
     /// starts or the monitor stops.
     wake: Condvar,
@@ -272,13 +274,22 @@ impl StallMonitor {
         if self.records {
             self.recent.record(fp);
         }
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some((*fp, Instant::now()));
-        self.wake.notify_one();
+        let parked = {
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            running.0 = Some((*fp, Instant::now()));
+            running.1
+        };
+        if parked {
+            self.wake.notify_one();
+        }
     }
 
     /// The running collective ended.
     pub(crate) fn end(&self) {
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0 = None;
     }
 
     /// Ends the thread and waits for it.
@@ -310,15 +321,21 @@ impl StallMonitor {
             {
                 // Parked while nothing runs (most of the time).
                 let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-                while running.is_none() && !self.stop.load(Ordering::Acquire) {
+                while running.0.is_none() && !self.stop.load(Ordering::Acquire) {
+                    running.1 = true;
                     running = self
                         .wake
                         .wait(running)
                         .unwrap_or_else(PoisonError::into_inner);
+                    running.1 = false;
                 }
             }
             std::thread::sleep(MONITOR_EVERY);
-            let running = *self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            let running = self
+                .running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
             let Some((fp, since)) = running else {
                 continue;
             };

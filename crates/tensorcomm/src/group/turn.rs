@@ -29,20 +29,32 @@ impl QueuedJob {
 /// here for its turn before running.
 #[derive(Default)]
 pub(crate) struct Turn {
-    next: Mutex<u64>,
+    state: Mutex<TurnState>,
     changed: Condvar,
+}
+
+#[derive(Default)]
+struct TurnState {
+    /// The sequence number of the next collective to run.
+    next: u64,
+    /// Threads blocked in [`Turn::wait_for`]: passing the turn on wakes
+    /// them only if there are any (a notify is a syscall even with nobody
+    /// to wake, and collectives run in order mostly find their turn).
+    waiting: usize,
 }
 
 impl Turn {
     /// Blocks until collective `seq` may run; dropping the returned guard
     /// (also on a panic) hands the turn to `seq + 1`.
     pub(crate) fn wait_for(&self, seq: u64) -> TurnGuard<'_> {
-        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
-        while *next != seq {
-            next = self
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.next != seq {
+            state.waiting += 1;
+            state = self
                 .changed
-                .wait(next)
+                .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiting -= 1;
         }
         TurnGuard { turn: self }
     }
@@ -55,11 +67,17 @@ pub(crate) struct TurnGuard<'a> {
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
-        *self
-            .turn
-            .next
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) += 1;
-        self.turn.changed.notify_all();
+        let waiting = {
+            let mut state = self
+                .turn
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            state.next += 1;
+            state.waiting > 0
+        };
+        if waiting {
+            self.turn.changed.notify_all();
+        }
     }
 }

@@ -34,6 +34,10 @@ struct State {
     event: Option<Arc<dyn DeviceEvent>>,
     /// Run once with the outcome: the futures of this work.
     hooks: Vec<Hook>,
+    /// Threads blocked on `done`: completing wakes them only if there are
+    /// any (a notify is a syscall even with nobody to wake, and a caller
+    /// that runs its own collective never waits).
+    waiters: usize,
 }
 
 /// The hooks of a work that [`Completion::settle`] completed, to run with
@@ -115,16 +119,18 @@ impl Completion {
         event: Option<Arc<dyn DeviceEvent>>,
     ) -> SettledHooks {
         let event = if outcome.is_ok() { event } else { None };
-        let hooks = {
+        let (hooks, waiters) = {
             let mut state = self.lock();
             if state.outcome.is_some() {
                 return SettledHooks::default();
             }
             state.outcome = Some(outcome.clone());
             state.event = event.clone();
-            std::mem::take(&mut state.hooks)
+            (std::mem::take(&mut state.hooks), state.waiters > 0)
         };
-        self.done.notify_all();
+        if waiters {
+            self.done.notify_all();
+        }
         SettledHooks {
             hooks,
             outcome: Some(outcome),
@@ -155,10 +161,12 @@ impl Completion {
             if let Some(outcome) = &state.outcome {
                 return outcome.clone().map(|()| state.event.clone());
             }
+            state.waiters += 1;
             state = self
                 .done
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiters -= 1;
         }
     }
 
@@ -332,12 +340,14 @@ impl Work {
             if left.is_zero() {
                 return false;
             }
+            state.waiters += 1;
             state = self
                 .completion
                 .done
                 .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.waiters -= 1;
         }
         drop(state);
         loop {
