@@ -26,7 +26,7 @@ zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
 PY
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 work="$(mktemp -d)"
-cp "$dir/torch_suite.py" "$dir/cuda_suite.py" "$dir/python_backend.py" "$work/"
+cp "$dir/torch_suite.py" "$dir/cuda_suite.py" "$dir/suite_runner.py" "$dir/python_backend.py" "$work/"
 # Bundles made before it was added lack the pieces benchmark.
 cp "$dir/python_dispatch_pieces.py" "$work/" 2>/dev/null || true
 cd "$work"
