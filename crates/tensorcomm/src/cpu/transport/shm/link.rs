@@ -71,6 +71,11 @@ pub struct ShmLink {
     rx: Mutex<Ring>,
     /// How blocked calls wait: `Spin` or `Sleep`, never `Auto`.
     wait: ShmWait,
+    /// Tests only: blocked `send`s and `recv`s sleep this long on the
+    /// ring's signal right after the spin, without yielding first, so
+    /// that a lost wake-up stalls them for that long (`link/wait_tests.rs`).
+    #[cfg(test)]
+    test_sleep: Option<Duration>,
     epoch: Instant,
     next_probe_ns: AtomicU64,
     /// Last, so the rings' pointers never outlive the mapping.
@@ -305,6 +310,8 @@ impl ShmLink {
             tx,
             rx,
             wait: ShmWait::Auto.resolve(2, crate::cpu::host_cpus_online()),
+            #[cfg(test)]
+            test_sleep: None,
             epoch: Instant::now(),
             next_probe_ns: AtomicU64::new(0),
             segment,
@@ -394,8 +401,24 @@ impl ShmLink {
                 timeout: now - started,
             });
         }
-        backoff.snooze_on(sleep);
+        backoff.snooze_on(|d| {
+            #[cfg(test)]
+            let d = self.test_sleep.unwrap_or(d);
+            sleep(d)
+        });
         Ok(())
+    }
+
+    /// The waiting state of a new blocked call (tests may make it sleep
+    /// at once: `test_sleep`).
+    fn backoff(&self) -> Backoff {
+        let backoff = Backoff::with(self.wait);
+        #[cfg(test)]
+        let backoff = match self.test_sleep {
+            Some(_) => backoff.without_yield(),
+            None => backoff,
+        };
+        backoff
     }
 
     /// Whether either side has closed the link (a sleeper then wakes).
@@ -435,7 +458,7 @@ impl ShmLink {
         if let Some(reason) = self.peer_gone(false) {
             return Err(self.died(during(), reason));
         }
-        let mut backoff = Backoff::with(self.wait);
+        let mut backoff = self.backoff();
         while sent < data.len() {
             let end = (sent + self.chunk).min(data.len());
             let n = tx.write(&data[sent..end]);
@@ -467,7 +490,7 @@ impl ShmLink {
         let mut rx = Self::lock(&self.rx);
         let len = buf.len();
         let mut got = 0;
-        let mut backoff = Backoff::with(self.wait);
+        let mut backoff = self.backoff();
         while got < len {
             let end = (got + self.chunk).min(len);
             let n = rx.read(&mut buf[got..end]);
@@ -691,6 +714,9 @@ impl Drop for ShmLink {
         self.close();
     }
 }
+
+#[cfg(test)]
+mod wait_tests;
 
 #[cfg(test)]
 mod tests {
