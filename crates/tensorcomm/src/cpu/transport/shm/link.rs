@@ -22,11 +22,12 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///
 /// Bytes arrive in order and exactly once; there are no message
 /// boundaries, so both sides agree on sizes (as with a TCP stream). `send`
-/// and `recv` block until done, spinning briefly before yielding and then
-/// sleeping (or, with [`ShmWait::Sleep`], sleeping after a short spin: see
-/// [`set_wait`](Self::set_wait)); `try_send_some` and `try_recv_some`
-/// never block. Concurrent
-/// sends (or recvs) from several threads are serialised, never interleaved.
+/// and `recv` block until done: they spin (~50 µs, or ~5 µs with
+/// [`ShmWait::Sleep`]: see [`set_wait`](Self::set_wait)), then yield until
+/// ~2 ms have passed, then sleep on the ring's futex, which the peer's
+/// next write (or read) wakes; `try_send_some` and `try_recv_some` never
+/// block. Concurrent sends (or recvs) from several threads are
+/// serialised, never interleaved.
 /// A call blocked on a peer that drops its link or whose process exits
 /// fails within a few milliseconds with [`Error::PeerClosed`]; one that
 /// reaches its deadline fails with [`Error::PeerTimeout`].
@@ -46,7 +47,7 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///     link.send(&buf.map(|b| b.to_ascii_uppercase()), deadline)
 /// });
 /// let mut link = ShmLink::connect(&*store, "job", 0, 1, 1 << 16, Duration::from_secs(10))?;
-/// // This side sleeps on the ring's futex after a short spin.
+/// // This side spins ~5 µs, yields until ~2 ms, then sleeps on the ring's futex.
 /// link.set_wait(ShmWait::Sleep);
 /// assert_eq!(link.wait(), ShmWait::Sleep);
 /// let deadline = Instant::now() + Duration::from_secs(10);
