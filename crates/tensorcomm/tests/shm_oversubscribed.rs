@@ -7,9 +7,10 @@
 //! shared-memory arena, whose waits then sleep on its counters' futexes
 //! (and its opening barrier on the rings'). A lost wake-up would stall a
 //! call until the sleep's timeout; the whole run is bounded far below
-//! what that would cost. (Most waits here end while yielding; the arena's
-//! unit tests, `arena/wait_tests.rs`, sleep at once and with minute-long
-//! timeouts, so that a lost wake-up there stalls for good.)
+//! what that would cost. (Most waits here end while yielding; the unit
+//! tests of the arena, `arena/wait_tests.rs`, and of the links,
+//! `link/wait_tests.rs`, sleep at once and with timeouts of seconds, so
+//! that a lost wake-up there stalls far past their bounds.)
 #![cfg(target_os = "linux")]
 
 use std::sync::Arc;

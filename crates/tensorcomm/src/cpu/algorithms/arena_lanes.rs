@@ -155,7 +155,12 @@ pub(super) fn barrier_with_every_peer(
             asked = Instant::now();
         }
         match wait {
-            ShmWait::Sleep => backoff.snooze_on(|d| t.sleep_for_data(waiting[0], d)),
+            // Woken by the peer's message (or its closing); never past the
+            // deadline, where the receive above fails naming the peer.
+            ShmWait::Sleep => backoff.snooze_on(|d| {
+                let d = d.min(deadline.saturating_duration_since(Instant::now()));
+                t.sleep_for_data(waiting[0], d)
+            }),
             _ => backoff.snooze(),
         }
     }
@@ -404,5 +409,90 @@ mod tests {
             results[1]
         );
         assert!(started.elapsed() < GONE_GRACE + Duration::from_secs(5));
+    }
+
+    /// `inner`, recording when each `sleep_for_data` was asked for and
+    /// for how long.
+    struct SleepsRecorded<'a> {
+        inner: &'a dyn Transport,
+        asked: Mutex<Vec<(Instant, Duration)>>,
+    }
+
+    impl Transport for SleepsRecorded<'_> {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn send(&self, to: usize, data: &[u8], deadline: Instant) -> Result<()> {
+            self.inner.send(to, data, deadline)
+        }
+        fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
+            self.inner.recv(from, buf, deadline)
+        }
+        fn send_recv(
+            &self,
+            to: usize,
+            data: &[u8],
+            from: usize,
+            buf: &mut [u8],
+            deadline: Instant,
+        ) -> Result<()> {
+            self.inner.send_recv(to, data, from, buf, deadline)
+        }
+        fn check_alive(&self, peer: usize) -> Result<()> {
+            self.inner.check_alive(peer)
+        }
+        fn has_data(&self, from: usize) -> Result<bool> {
+            self.inner.has_data(from)
+        }
+        fn sleep_for_data(&self, from: usize, timeout: Duration) {
+            self.asked.lock().unwrap().push((Instant::now(), timeout));
+            self.inner.sleep_for_data(from, timeout);
+        }
+        fn abort(&self) {
+            self.inner.abort()
+        }
+    }
+
+    /// A sleeping barrier whose peer never comes asks for sleeps that
+    /// end by the call's deadline (they grow to 20 ms otherwise), and
+    /// fails at the deadline naming the peer. (Over TCP, whose
+    /// `sleep_for_data` sleeps a millisecond at most: only what is asked
+    /// matters here.)
+    #[test]
+    fn a_sleeping_barrier_never_sleeps_past_its_deadline() {
+        let results = run_ranks(2, |t| -> Result<Vec<(Instant, Duration)>> {
+            if t.rank() == 1 {
+                // Silent until rank 0 has given up.
+                std::thread::sleep(Duration::from_millis(500));
+                return Ok(Vec::new());
+            }
+            let t = SleepsRecorded {
+                inner: t,
+                asked: Mutex::new(Vec::new()),
+            };
+            let deadline = Instant::now() + Duration::from_millis(80);
+            let what = |_: &[u8]| "a barrier".to_string();
+            let outcome = barrier_with_every_peer(&t, &[1], &what, ShmWait::Sleep, deadline);
+            assert!(
+                matches!(outcome, Err(Error::PeerTimeout { peer: 1, .. })),
+                "{outcome:?}"
+            );
+            let asked = t.asked.into_inner().unwrap();
+            assert!(!asked.is_empty(), "the barrier never slept");
+            // (`at` is taken a moment after the barrier measured what
+            // was left; uncapped, the last sleeps overshoot by ~20 ms.)
+            for &(at, timeout) in &asked {
+                assert!(
+                    at + timeout <= deadline + Duration::from_millis(2),
+                    "asked at {:?} before the deadline to sleep {timeout:?}",
+                    deadline - at
+                );
+            }
+            Ok(asked)
+        });
+        results[0].as_ref().unwrap();
     }
 }

@@ -43,6 +43,9 @@ mod routed;
 pub mod shm;
 pub(crate) mod tcp;
 
+#[cfg(all(test, target_os = "linux"))]
+mod sleep_for_data_tests;
+
 use std::time::{Duration, Instant};
 
 pub use choice::{TransportChoice, TRANSPORT_ENV};

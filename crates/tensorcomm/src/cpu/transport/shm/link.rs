@@ -22,11 +22,12 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///
 /// Bytes arrive in order and exactly once; there are no message
 /// boundaries, so both sides agree on sizes (as with a TCP stream). `send`
-/// and `recv` block until done, spinning briefly before yielding and then
-/// sleeping (or, with [`ShmWait::Sleep`], sleeping after a short spin: see
-/// [`set_wait`](Self::set_wait)); `try_send_some` and `try_recv_some`
-/// never block. Concurrent
-/// sends (or recvs) from several threads are serialised, never interleaved.
+/// and `recv` block until done: they spin (~50 µs, or ~5 µs with
+/// [`ShmWait::Sleep`]: see [`set_wait`](Self::set_wait)), then yield until
+/// ~2 ms have passed, then sleep on the ring's futex, which the peer's
+/// next write (or read) wakes; `try_send_some` and `try_recv_some` never
+/// block. Concurrent sends (or recvs) from several threads are
+/// serialised, never interleaved.
 /// A call blocked on a peer that drops its link or whose process exits
 /// fails within a few milliseconds with [`Error::PeerClosed`]; one that
 /// reaches its deadline fails with [`Error::PeerTimeout`].
@@ -46,7 +47,7 @@ const PROBE_EVERY: Duration = Duration::from_millis(5);
 ///     link.send(&buf.map(|b| b.to_ascii_uppercase()), deadline)
 /// });
 /// let mut link = ShmLink::connect(&*store, "job", 0, 1, 1 << 16, Duration::from_secs(10))?;
-/// // This side sleeps on the ring's futex after a short spin.
+/// // This side spins ~5 µs, yields until ~2 ms, then sleeps on the ring's futex.
 /// link.set_wait(ShmWait::Sleep);
 /// assert_eq!(link.wait(), ShmWait::Sleep);
 /// let deadline = Instant::now() + Duration::from_secs(10);
@@ -71,6 +72,11 @@ pub struct ShmLink {
     rx: Mutex<Ring>,
     /// How blocked calls wait: `Spin` or `Sleep`, never `Auto`.
     wait: ShmWait,
+    /// Tests only: blocked `send`s and `recv`s sleep this long on the
+    /// ring's signal right after the spin, without yielding first, so
+    /// that a lost wake-up stalls them for that long (`link/wait_tests.rs`).
+    #[cfg(test)]
+    test_sleep: Option<Duration>,
     epoch: Instant,
     next_probe_ns: AtomicU64,
     /// Last, so the rings' pointers never outlive the mapping.
@@ -305,6 +311,8 @@ impl ShmLink {
             tx,
             rx,
             wait: ShmWait::Auto.resolve(2, crate::cpu::host_cpus_online()),
+            #[cfg(test)]
+            test_sleep: None,
             epoch: Instant::now(),
             next_probe_ns: AtomicU64::new(0),
             segment,
@@ -394,8 +402,24 @@ impl ShmLink {
                 timeout: now - started,
             });
         }
-        backoff.snooze_on(sleep);
+        backoff.snooze_on(|d| {
+            #[cfg(test)]
+            let d = self.test_sleep.unwrap_or(d);
+            sleep(d)
+        });
         Ok(())
+    }
+
+    /// The waiting state of a new blocked call (tests may make it sleep
+    /// at once: `test_sleep`).
+    fn backoff(&self) -> Backoff {
+        let backoff = Backoff::with(self.wait);
+        #[cfg(test)]
+        let backoff = match self.test_sleep {
+            Some(_) => backoff.without_yield(),
+            None => backoff,
+        };
+        backoff
     }
 
     /// Whether either side has closed the link (a sleeper then wakes).
@@ -435,7 +459,7 @@ impl ShmLink {
         if let Some(reason) = self.peer_gone(false) {
             return Err(self.died(during(), reason));
         }
-        let mut backoff = Backoff::with(self.wait);
+        let mut backoff = self.backoff();
         while sent < data.len() {
             let end = (sent + self.chunk).min(data.len());
             let n = tx.write(&data[sent..end]);
@@ -467,7 +491,7 @@ impl ShmLink {
         let mut rx = Self::lock(&self.rx);
         let len = buf.len();
         let mut got = 0;
-        let mut backoff = Backoff::with(self.wait);
+        let mut backoff = self.backoff();
         while got < len {
             let end = (got + self.chunk).min(len);
             let n = rx.read(&mut buf[got..end]);
@@ -691,6 +715,9 @@ impl Drop for ShmLink {
         self.close();
     }
 }
+
+#[cfg(test)]
+mod wait_tests;
 
 #[cfg(test)]
 mod tests {
