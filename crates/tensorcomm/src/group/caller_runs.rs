@@ -18,8 +18,9 @@ enum Kept {
     Armed,
     /// Holding its first collective.
     Holding(Arc<QueuedJob>),
-    /// It submitted a second collective: both went to the queue.
-    Spent,
+    /// It submitted a second collective (queued); the first, if any, is
+    /// still run here unless its group queued it meanwhile.
+    Spent(Option<Arc<QueuedJob>>),
 }
 
 thread_local! {
@@ -30,11 +31,15 @@ thread_local! {
 /// submits on this thread off the group's thread: that collective runs on
 /// this thread, when `start` waits on its [`Work`](super::Work) (the usual
 /// use: start it and wait), or else here, after `start` returns. It still
-/// runs after every earlier collective of its group, in call order. If
-/// `start` submits a second collective, both are queued to the group's
-/// thread as usual (so waiting on the second first cannot deadlock). A
-/// device group's collectives are queued on the caller's thread anyway;
-/// they are unaffected.
+/// runs after every earlier collective of its group, in call order. Any
+/// later collective of that group (a second one from `start`, or one from
+/// another thread) queues it to the group's thread first, so waiting on
+/// the later one first cannot deadlock; a collective of another group
+/// leaves it kept. Inside `start`, only [`Work::wait`](super::Work::wait)
+/// (and its futures' waits) run the kept collective: polling it with
+/// `is_completed`, `wait_timeout` or `result` sees it unfinished until a
+/// later collective of its group queues it. A device group's collectives
+/// are queued on the caller's thread anyway; they are unaffected.
 ///
 /// ```
 /// use tensorcomm::group::run_here;
@@ -54,7 +59,7 @@ pub fn run_here<T>(start: impl FnOnce() -> T) -> T {
     impl Drop for Leave {
         fn drop(&mut self) {
             let outer = self.0.take().unwrap_or(Kept::Outside);
-            if let Kept::Holding(job) = KEPT.with(|k| k.replace(outer)) {
+            if let Kept::Holding(job) | Kept::Spent(Some(job)) = KEPT.with(|k| k.replace(outer)) {
                 job.run_once();
             }
         }
@@ -65,22 +70,22 @@ pub fn run_here<T>(start: impl FnOnce() -> T) -> T {
     start()
 }
 
-/// What [`Engine::submit`](super::engine::Engine::submit) queues, in this
-/// order, for `job`: nothing when it is the first collective inside
-/// [`run_here`] (kept for its caller); that first one and `job` for a
-/// second; `job` otherwise.
-pub(crate) fn to_queue(job: Arc<QueuedJob>) -> [Option<Arc<QueuedJob>>; 2] {
+/// Whether `job` is kept for this thread (the first inside run_here).
+pub(crate) fn keep(job: &Arc<QueuedJob>) -> bool {
     KEPT.with(|k| {
         let mut kept = k.borrow_mut();
-        match std::mem::replace(&mut *kept, Kept::Spent) {
+        match std::mem::replace(&mut *kept, Kept::Outside) {
             Kept::Armed => {
-                *kept = Kept::Holding(job);
-                [None, None]
+                *kept = Kept::Holding(job.clone());
+                true
             }
-            Kept::Holding(first) => [Some(first), Some(job)],
-            other @ (Kept::Outside | Kept::Spent) => {
+            Kept::Holding(first) => {
+                *kept = Kept::Spent(Some(first));
+                false
+            }
+            other => {
                 *kept = other;
-                [None, Some(job)]
+                false
             }
         }
     })

@@ -113,3 +113,87 @@ fn a_second_collective_inside_run_here_queues_both() {
     assert_eq!(ran_on.len(), 3);
     assert_eq!(ran_on[2], "the-caller");
 }
+
+// ---- review repros ----
+
+#[derive(Default)]
+struct Ids {
+    ran: Mutex<Vec<std::thread::ThreadId>>,
+}
+impl GroupBackend for Ids {
+    fn run(&self, _: &Collective, _: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        self.ran.lock().unwrap().push(std::thread::current().id());
+        Ok(None)
+    }
+    fn abort(&self) {}
+}
+
+fn engine_with<B: GroupBackend + 'static>(b: Arc<B>, name: &str) -> Arc<Engine> {
+    Arc::new(
+        Engine::start(
+            b,
+            Arc::new(HashStore::new()),
+            name,
+            (0, 1),
+            FlightRecorder::new(16, 0, 1, name),
+            Duration::from_secs(30),
+        )
+        .unwrap(),
+    )
+}
+
+fn submit_on(engine: &Engine) -> Work {
+    let scope = Scope {
+        rank: 0,
+        size: 1,
+        caps: Capabilities::HOST,
+    };
+    let t = Tensor::zeros(&[2], DType::F32).unwrap();
+    let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+    engine.submit(call, None).unwrap()
+}
+
+/// Another thread's collective queued between the two submits of one
+/// `run_here`: the group's thread takes it and waits for the kept one's
+/// turn, so the kept one must reach the queue before anything after it
+/// (it used to land behind, and waiting on the second first hung).
+#[test]
+fn another_threads_collective_between_two_inside_run_here_does_not_deadlock() {
+    let engine = engine_with(Arc::new(Ids::default()), "r1");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let e = engine.clone();
+    std::thread::spawn(move || {
+        run_here(|| {
+            let first = submit_on(&e);
+            let e2 = e.clone();
+            let other = std::thread::spawn(move || submit_on(&e2).wait().unwrap());
+            std::thread::sleep(HAND_OFF); // the group's thread takes the other's
+            let second = submit_on(&e);
+            second.wait().unwrap();
+            first.wait().unwrap();
+            other.join().unwrap();
+        });
+        done_tx.send(()).unwrap();
+    });
+    assert!(
+        done_rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "deadlock: waiting on the second collective first never returns"
+    );
+}
+
+/// A collective kept for its caller in group A is never queued to group
+/// B (it used to be, when the caller's second submit went to B).
+#[test]
+fn a_kept_collective_stays_in_its_own_groups_queue() {
+    let a = Arc::new(Ids::default());
+    let b = Arc::new(Ids::default());
+    let (ea, eb) = (engine_with(a.clone(), "ra"), engine_with(b.clone(), "rb"));
+    let me = std::thread::current().id();
+    let (wa, wb) = run_here(|| (submit_on(&ea), submit_on(&eb)));
+    std::thread::sleep(Duration::from_millis(200));
+    wa.wait().unwrap();
+    wb.wait().unwrap();
+    let (ra, rb) = (a.ran.lock().unwrap()[0], b.ran.lock().unwrap()[0]);
+    eprintln!("A ran on {ra:?}, B ran on {rb:?}, caller {me:?}");
+    assert_ne!(ra, rb, "group A's collective ran on group B's thread");
+}

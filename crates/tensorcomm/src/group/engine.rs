@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::absent_ranks::{blame_absent, blame_unqueued};
 use super::backend::{Call, GroupBackend};
 use super::call_description::describe;
-use super::caller_runs::to_queue;
+use super::caller_runs::keep;
 use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
@@ -69,6 +69,9 @@ impl Shared {
 struct Queue {
     next_seq: u64,
     jobs: Sender<Arc<QueuedJob>>,
+    /// A collective kept off the channel for its caller; any later submit
+    /// queues it first, so channel order stays sequence order.
+    held: Option<Arc<QueuedJob>>,
 }
 
 /// Runs a group's collectives through its backend (see the module docs).
@@ -112,7 +115,11 @@ impl Engine {
                 monitor: OnceLock::new(),
                 calls: Arc::default(),
             }),
-            queue: Mutex::new(Queue { next_seq: 0, jobs }),
+            queue: Mutex::new(Queue {
+                next_seq: 0,
+                jobs,
+                held: None,
+            }),
             timeout,
         })
         .and_then(|engine| {
@@ -247,14 +254,12 @@ impl Engine {
         });
         let runner = job.clone();
         let work = work.with_runner(Box::new(move || runner.run_once()));
-        // Kept off the group's thread when its caller runs it (see
-        // `caller_runs.rs`); an earlier one kept so is queued first.
-        let [first, job] = to_queue(job);
-        if let Some(first) = first {
-            // Its caller still runs it if the thread is gone.
-            let _ = queue.jobs.send(first);
+        if let Some(held) = queue.held.take() {
+            let _ = queue.jobs.send(held);
         }
-        if job.is_some_and(|job| queue.jobs.send(job).is_err()) {
+        if keep(&job) {
+            queue.held = Some(job);
+        } else if queue.jobs.send(job).is_err() {
             return Ok(Work::done(Err(Error::GroupBroken {
                 op: fingerprint.kind.name().into(),
                 seq: fingerprint.seq,
