@@ -259,25 +259,32 @@ _WorkBase = getattr(dist, "_Work", None) or dist.Work
 
 
 def _sync_takes_no_work():
-    """Whether this PyTorch's synchronous ``torch.distributed`` calls take
-    ``None`` for a work from the backend (c10d's "the backend has synced
-    at C++ level": they wait only on a work they got). Read from the
-    source of two of them; without the source, ``False`` (a work is
-    returned, as before)."""
+    """The native collectives whose synchronous ``torch.distributed``
+    caller, the function of the same name, takes ``None`` for a work from
+    the backend (c10d's "the backend has synced at C++ level": it waits
+    only on a work it got), read from that function's source; a
+    collective whose function is missing, differs or has no readable
+    source is left out (it gets a finished work, as before)."""
     import inspect
 
-    try:
-        return all(
-            "work is not None" in inspect.getsource(fn)
-            for fn in (dist.distributed_c10d.all_reduce, dist.distributed_c10d.broadcast)
-        )
-    except (OSError, TypeError, AttributeError):
-        return False
+    names = (
+        "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+        "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+        "gather", "scatter", "barrier",
+    )
+    takes = set()
+    for name in names:
+        try:
+            if "work is not None" in inspect.getsource(getattr(dist.distributed_c10d, name)):
+                takes.add(name)
+        except Exception:  # no source, odd install: keep returning a work
+            pass
+    return frozenset(takes)
 
 
-# A synchronous call's successful collective returns no Work (see
-# ``ProcessGroupTensorcomm._go``): making one and waiting on it cost about
-# 1 us of a small call.
+# The native collectives whose synchronous successful call returns no Work
+# (see ``ProcessGroupTensorcomm._go``): making one and waiting on it cost
+# about 1 us of a small call.
 _SYNC_TAKES_NO_WORK = _sync_takes_no_work()
 
 
@@ -539,7 +546,8 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
         end inside the native call, with the GIL released once, and
         raises its error here; it returns ``None`` (no work: c10d's "the
         backend has synced", which ``torch.distributed`` then does not
-        wait on) where this PyTorch allows that, else a finished work.
+        wait on) where this PyTorch's function of the same name allows
+        that, else a finished work.
         """
         try:
             blocking = opts.asyncOp is False and self._coalesced is None
@@ -547,7 +555,7 @@ class ProcessGroupTensorcomm(dist.ProcessGroup):
             blocking = False
         try:
             native = method(*args, blocking)
-            if blocking and _SYNC_TAKES_NO_WORK:
+            if blocking and method.__name__ in _SYNC_TAKES_NO_WORK:
                 native.wait()
                 return None
         except InvalidArgumentError:
