@@ -254,7 +254,10 @@ impl Engine {
         });
         let runner = job.clone();
         let work = work.with_runner(Box::new(move || runner.run_once()));
-        if let Some(held) = queue.held.take() {
+        // A collective kept for its caller goes to the queue before this
+        // one, unless its caller has already taken it (the usual case:
+        // queuing it then would only wake the group's thread for nothing).
+        if let Some(held) = queue.held.take().filter(|h| !h.is_taken()) {
             let _ = queue.jobs.send(held);
         }
         if keep(&job) {

@@ -22,6 +22,14 @@ impl QueuedJob {
             job();
         }
     }
+
+    /// True once a thread has taken the job (it ran, or is running).
+    pub(crate) fn is_taken(&self) -> bool {
+        self.job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
 }
 
 /// Whose turn it is: the sequence number of the next collective to run.
