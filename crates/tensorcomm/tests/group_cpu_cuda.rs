@@ -567,24 +567,33 @@ fn a_reducer_averages_cuda_gradients_through_the_cpu_group() {
 /// Two CPU groups (ranks as threads) with the device path on cuda:0,
 /// which both ranks share (`PeerPolicy::Shared`).
 fn two_ranks_with_peer_memory(prefix: &str) -> Vec<ProcessGroupCpu> {
-    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
     use tensorcomm::cuda::intranode::{IntraNodeOptions, PeerPolicy};
+    two_ranks_asking_peer_memory(
+        prefix,
+        IntraNodeOptions {
+            policy: Some(PeerPolicy::Shared),
+            region_bytes: 1 << 20,
+            ..IntraNodeOptions::default()
+        },
+    )
+}
+
+/// Two ranks (threads sharing cuda:0) of groups created with peer memory
+/// asked for with `options` (whether they get it depends on the policy).
+fn two_ranks_asking_peer_memory(
+    prefix: &str,
+    options: tensorcomm::cuda::intranode::IntraNodeOptions,
+) -> Vec<ProcessGroupCpu> {
+    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
     let store = Arc::new(HashStore::new());
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|rank| {
-                let store = store.clone();
+                let (store, options) = (store.clone(), options.clone());
                 s.spawn(move || {
                     let options = CpuOptions {
                         timeout: std::time::Duration::from_secs(60),
-                        peer_memory: Some(PeerMemory {
-                            device: 0,
-                            options: IntraNodeOptions {
-                                policy: Some(PeerPolicy::Shared),
-                                region_bytes: 1 << 20,
-                                ..IntraNodeOptions::default()
-                            },
-                        }),
+                        peer_memory: Some(PeerMemory { device: 0, options }),
                         ..CpuOptions::default()
                     };
                     ProcessGroupCpu::new(store, prefix, rank, 2, &options).unwrap()
@@ -714,30 +723,14 @@ fn a_group_that_cannot_use_peer_memory_stages_and_says_why() {
     if !can_run("a_group_that_cannot_use_peer_memory_stages_and_says_why") {
         return;
     }
-    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
     use tensorcomm::cuda::intranode::{IntraNodeOptions, PeerPolicy};
-    let store = Arc::new(HashStore::new());
-    let pgs: Vec<ProcessGroupCpu> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|rank| {
-                let store = store.clone();
-                s.spawn(move || {
-                    let options = CpuOptions {
-                        peer_memory: Some(PeerMemory {
-                            device: 0,
-                            options: IntraNodeOptions {
-                                policy: Some(PeerPolicy::Auto),
-                                ..IntraNodeOptions::default()
-                            },
-                        }),
-                        ..CpuOptions::default()
-                    };
-                    ProcessGroupCpu::new(store, "no-peer", rank, 2, &options).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let pgs = two_ranks_asking_peer_memory(
+        "no-peer",
+        IntraNodeOptions {
+            policy: Some(PeerPolicy::Auto),
+            ..IntraNodeOptions::default()
+        },
+    );
     on_every_rank(&pgs, |pg| {
         assert!(pg.intranode().is_none());
         assert!(
@@ -799,39 +792,14 @@ fn small_tensors_of_every_byte_length_shape_copy_back_whole() {
     });
 }
 
-/// Two ranks sharing cuda:0 in groups created with peer memory asked
-/// for (which two ranks on one GPU do not get: `auto`), so large
-/// all_reduces vote to pipeline their staging.
-fn two_ranks_pipelining(prefix: &str) -> Vec<ProcessGroupCpu> {
-    use tensorcomm::cpu::backend::{CpuOptions, PeerMemory};
-    let store = Arc::new(HashStore::new());
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|rank| {
-                let store = store.clone();
-                s.spawn(move || {
-                    let options = CpuOptions {
-                        timeout: std::time::Duration::from_secs(60),
-                        peer_memory: Some(PeerMemory {
-                            device: 0,
-                            options: Default::default(),
-                        }),
-                        ..CpuOptions::default()
-                    };
-                    ProcessGroupCpu::new(store, prefix, rank, 2, &options).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
 #[test]
 fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tensor() {
     if !can_run("large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tensor") {
         return;
     }
-    let pgs = two_ranks_pipelining("pipelined");
+    // Peer memory asked for, which two ranks on one GPU do not get (`auto`):
+    // large all_reduces still vote to pipeline their staging.
+    let pgs = two_ranks_asking_peer_memory("pipelined", Default::default());
     on_every_rank(&pgs, |pg| {
         let me = pg.rank();
         assert!(
