@@ -134,35 +134,19 @@ pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Re
         match t.dtype() {
             // A divisor an f32 holds exactly (a world size): f32 division
             // rounds to the same bits as f64 division then rounding (f64
-            // has more than 2 x 24 + 2 bits), and a power of two's
-            // reciprocal is exact, so multiplying by it is the same too;
-            // both vectorize, where f64 division per element took ~3x the
-            // memory's time.
+            // has more than 2 x 24 + 2 bits) and vectorizes, where f64
+            // division per element took ~3x the memory's time.
             DType::F32 if f64::from(divisor as f32) == divisor => {
                 let d = divisor as f32;
-                let reciprocal = 1.0 / d;
-                let power_of_two =
-                    d.is_normal() && reciprocal.is_normal() && d.to_bits() & 0x007f_ffff == 0;
-                return t.with_bytes_mut(|bytes| {
-                    if power_of_two {
-                        scale_f32(bytes, |v| v * reciprocal)
-                    } else {
-                        scale_f32(bytes, |v| v / d)
-                    }
-                });
+                return t.with_bytes_mut(|bytes| map_in_place::<f32>(bytes, |v| v / d));
             }
             DType::F32 => {
-                return t
-                    .with_bytes_mut(|bytes| scale_f32(bytes, |v| (f64::from(v) / divisor) as f32))
+                return t.with_bytes_mut(|bytes| {
+                    map_in_place::<f32>(bytes, |v| (f64::from(v) / divisor) as f32)
+                })
             }
             DType::F64 => {
-                return t.with_bytes_mut(|bytes| {
-                    for c in bytes.chunks_exact_mut(8) {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(c);
-                        c.copy_from_slice(&(f64::from_ne_bytes(b) / divisor).to_ne_bytes());
-                    }
-                })
+                return t.with_bytes_mut(|bytes| map_in_place::<f64>(bytes, |v| v / divisor))
             }
             _ => {}
         }
@@ -174,25 +158,17 @@ pub(crate) fn divide_in_place(t: &Tensor<'_>, divisor: f64, context: &str) -> Re
     write_floats(t, &values, context)
 }
 
-/// Applies `f` to every native-endian f32 in `bytes`, in place, eight at
-/// a time where it can (so the compiler keeps them in vector registers).
-fn scale_f32(bytes: &mut [u8], f: impl Fn(f32) -> f32) {
-    let mut blocks = bytes.chunks_exact_mut(32);
-    for block in &mut blocks {
-        let mut v = [0f32; 8];
-        for (x, c) in v.iter_mut().zip(block.chunks_exact(4)) {
-            *x = f32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        for x in &mut v {
-            *x = f(*x);
-        }
-        for (x, c) in v.iter().zip(block.chunks_exact_mut(4)) {
-            c.copy_from_slice(&x.to_ne_bytes());
-        }
+/// Applies `f` to every native-endian `T` in `bytes`, in place: as a
+/// slice of `T` when the bytes are aligned for it (so the loop
+/// vectorizes), else element by element.
+fn map_in_place<T: bytemuck::Pod>(bytes: &mut [u8], f: impl Fn(T) -> T) {
+    if let Ok(values) = bytemuck::try_cast_slice_mut::<u8, T>(bytes) {
+        values.iter_mut().for_each(|v| *v = f(*v));
+        return;
     }
-    for c in blocks.into_remainder().chunks_exact_mut(4) {
-        let v = f(f32::from_ne_bytes([c[0], c[1], c[2], c[3]]));
-        c.copy_from_slice(&v.to_ne_bytes());
+    for c in bytes.chunks_exact_mut(std::mem::size_of::<T>()) {
+        let v: T = bytemuck::pod_read_unaligned(c);
+        c.copy_from_slice(bytemuck::bytes_of(&f(v)));
     }
 }
 
