@@ -261,6 +261,14 @@ pub const INTRANODE_ALGO: EnvVar = EnvVar {
     agreed: true,
 };
 
+/// `TENSORCOMM_INTRANODE_REGION`.
+pub const INTRANODE_REGION: EnvVar = EnvVar {
+    name: "TENSORCOMM_INTRANODE_REGION",
+    default: "16M",
+    doc: "bytes of each of the three peer-memory buffer regions a rank maps (4K to 1T, suffixes K, M, G); the large kernel moves a message in chunks of half a region, so larger regions mean fewer barriers per byte",
+    agreed: true,
+};
+
 /// `TENSORCOMM_LAUNCHED`.
 pub const LAUNCHED: EnvVar = EnvVar {
     name: "TENSORCOMM_LAUNCHED",
@@ -296,6 +304,7 @@ pub const VARIABLES: &[EnvVar] = &[
     NCCL_LAUNCH,
     INTRANODE,
     INTRANODE_ALGO,
+    INTRANODE_REGION,
     LAUNCHED,
 ];
 

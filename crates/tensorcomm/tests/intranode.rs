@@ -27,7 +27,23 @@ use tensorcomm::Error;
 
 const GPU: Device = Device::Cuda(0);
 
-use skip::has_gpu as can_run;
+/// True when this machine has a GPU (else the test says it skips); fails
+/// at once when the ranks' streams could share a hardware queue.
+fn can_run(test: &str) -> bool {
+    if !skip::has_gpu(test) {
+        return false;
+    }
+    // Threads' streams map onto CUDA_DEVICE_MAX_CONNECTIONS hardware
+    // queues in turn: two ranks' streams on one queue deadlock as soon as
+    // one rank's second call waits there behind its first, which waits for
+    // the other rank's call queued behind it (until the kernel timeout).
+    let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").unwrap_or_default();
+    assert!(
+        queues.parse::<u32>().is_ok_and(|q| q >= 32),
+        "{test}: expected CUDA_DEVICE_MAX_CONNECTIONS=32 or more (scripts/gpu-run.sh sets it), found {queues:?}"
+    );
+    true
+}
 
 fn options(algo: AlgoChoice, region: usize) -> IntraNodeOptions {
     IntraNodeOptions {
@@ -182,7 +198,9 @@ fn every_dtype_op_and_algorithm_matches_the_reference_at_2_3_4_and_8_ranks() {
             AllReduceAlgo::TwoShot,
             AllReduceAlgo::Large,
         ] {
-            // A 64 KiB region makes 40 000 f32 elements take 3 chunks.
+            // A 64 KiB region makes 40 000 f32 elements take the large
+            // kernel's chunks (half of the two eager regions each): 3 of
+            // 64 KiB at 2 ranks, 3 slots of 21 840 bytes at 3 ranks.
             let ranks = comms(
                 world,
                 &format!("all-{world}-{algo:?}"),
@@ -223,11 +241,18 @@ fn results_are_bitwise_identical_on_every_rank() {
         AllReduceAlgo::Push,
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
+        AllReduceAlgo::Large,
     ] {
+        // Large in chunks: 64 KiB of the 66 668-byte message a chunk.
+        let region = if algo == AllReduceAlgo::Large {
+            64 << 10
+        } else {
+            1 << 20
+        };
         let ranks = comms(
             4,
             &format!("bits-{algo:?}"),
-            &options(AlgoChoice::Force(algo), 1 << 20),
+            &options(AlgoChoice::Force(algo), region),
         );
         let results = on_every_rank(&ranks, |c, s| {
             let t = gpu_input(DType::BF16, c.rank(), 33_334, 0, 5);
@@ -253,42 +278,56 @@ fn sizes_around_each_threshold_take_the_path_the_counter_shows() {
     if !can_run("sizes_around_each_threshold_take_the_path_the_counter_shows") {
         return;
     }
-    let (push, one) = (push_max(2), one_shot_max(2));
-    // Between the one-shot and two-shot limits, so `large` starts at the
-    // region.
-    let region = one * 2;
-    assert!(region < two_shot_max(2));
-    let ranks = comms(2, "thresholds", &options(AlgoChoice::Auto, region));
-    let cases = [
-        (push - 4, AllReduceAlgo::Push),
-        (push, AllReduceAlgo::Push),
-        (push + 4, AllReduceAlgo::OneShot),
-        (one - 4, AllReduceAlgo::OneShot),
-        (one, AllReduceAlgo::OneShot),
-        (one + 4, AllReduceAlgo::TwoShot),
-        (region, AllReduceAlgo::TwoShot),
-        (region + 4, AllReduceAlgo::Large),
-    ];
-    for (i, (bytes, want)) in cases.into_iter().enumerate() {
-        let before = ranks[0].0.usage();
-        let ran = on_every_rank(&ranks, |c, s| {
-            let t = gpu_input(DType::F32, c.rank(), bytes / 4, 0, i);
-            let algo = c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
-            s.synchronize().unwrap();
-            assert_reference(&t, ReduceOp::Sum, 2, i, &format!("{bytes} bytes"));
-            assert_eq!(c.select_all_reduce_algo(&t, ReduceOp::Sum), want);
-            algo
-        });
-        assert_eq!(ran, [want, want], "{bytes} bytes");
-        let after = ranks[0].0.usage();
-        let delta = |f: fn(&tensorcomm::cuda::intranode::AlgoUsage) -> u64| f(&after) - f(&before);
-        let counted = match want {
-            AllReduceAlgo::Push => delta(|u| u.push),
-            AllReduceAlgo::OneShot => delta(|u| u.one_shot),
-            AllReduceAlgo::TwoShot => delta(|u| u.two_shot),
-            _ => delta(|u| u.large),
-        };
-        assert_eq!(counted, 1, "{bytes} bytes: usage {after:?}");
+    // At 2 ranks the large kernel follows one-shot; at 3 two-shot comes
+    // between them, up to the region here (below two-shot's own limit).
+    for world in [2, 3] {
+        let (push, one, two) = (push_max(world), one_shot_max(world), two_shot_max(world));
+        let region = one * 2;
+        let mut cases = vec![
+            (push - 4, AllReduceAlgo::Push),
+            (push, AllReduceAlgo::Push),
+            (push + 4, AllReduceAlgo::OneShot),
+            (one - 4, AllReduceAlgo::OneShot),
+            (one, AllReduceAlgo::OneShot),
+        ];
+        if two > one {
+            assert!(region <= two, "{world} ranks");
+            cases.extend([
+                (one + 4, AllReduceAlgo::TwoShot),
+                (region, AllReduceAlgo::TwoShot),
+            ]);
+        } else {
+            cases.push((one + 4, AllReduceAlgo::Large));
+        }
+        cases.push((region + 4, AllReduceAlgo::Large));
+        let ranks = comms(
+            world,
+            &format!("thresholds-{world}"),
+            &options(AlgoChoice::Auto, region),
+        );
+        for (i, (bytes, want)) in cases.into_iter().enumerate() {
+            let what = format!("{world} ranks, {bytes} bytes");
+            let before = ranks[0].0.usage();
+            let ran = on_every_rank(&ranks, |c, s| {
+                let t = gpu_input(DType::F32, c.rank(), bytes / 4, 0, i);
+                let algo = c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+                s.synchronize().unwrap();
+                assert_reference(&t, ReduceOp::Sum, world, i, &what);
+                assert_eq!(c.select_all_reduce_algo(&t, ReduceOp::Sum), want, "{what}");
+                algo
+            });
+            assert_eq!(ran, vec![want; world], "{what}");
+            let after = ranks[0].0.usage();
+            let delta =
+                |f: fn(&tensorcomm::cuda::intranode::AlgoUsage) -> u64| f(&after) - f(&before);
+            let counted = match want {
+                AllReduceAlgo::Push => delta(|u| u.push),
+                AllReduceAlgo::OneShot => delta(|u| u.one_shot),
+                AllReduceAlgo::TwoShot => delta(|u| u.two_shot),
+                _ => delta(|u| u.large),
+            };
+            assert_eq!(counted, 1, "{what}: usage {after:?}");
+        }
     }
 }
 
@@ -344,11 +383,19 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
         AllReduceAlgo::Push,
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
+        AllReduceAlgo::Large,
     ] {
+        // The large kernel's smallest region: chunks of 4 KiB, so calls
+        // take 1 or 2 of them.
+        let region = if algo == AllReduceAlgo::Large {
+            4096
+        } else {
+            1 << 20
+        };
         let ranks = comms(
             2,
             &format!("thousand-{algo:?}"),
-            &options(AlgoChoice::Force(algo), 1 << 20),
+            &options(AlgoChoice::Force(algo), region),
         );
         // Every rank's inputs are made before any rank queues a call
         // (copying to the GPU while a peer's first call waits may wait for
@@ -370,7 +417,7 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
                 c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
             }
             s.synchronize().unwrap();
-            c.check().unwrap();
+            c.check().unwrap_or_else(|e| panic!("{algo:?}: {e}"));
             for (call, t) in tensors.iter().enumerate() {
                 assert_reference(t, ReduceOp::Sum, 2, call, &format!("{algo:?} call {call}"));
             }
@@ -387,11 +434,18 @@ fn captured_calls_replay_on_new_inputs() {
         AllReduceAlgo::Push,
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
+        AllReduceAlgo::Large,
     ] {
+        // Large captured in chunks: 3001 f32 take 6 of 2 KiB.
+        let region = if algo == AllReduceAlgo::Large {
+            4096
+        } else {
+            1 << 20
+        };
         let ranks = comms(
             2,
             &format!("graph-{algo:?}"),
-            &options(AlgoChoice::Force(algo), 1 << 20),
+            &options(AlgoChoice::Force(algo), region),
         );
         on_every_rank(&ranks, |c, s| {
             let n = 3001;

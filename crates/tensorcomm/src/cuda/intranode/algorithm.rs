@@ -1,14 +1,15 @@
 //! Which kernel runs an all-reduce of a given size: push for the smallest
 //! messages (no barrier: each rank stores its input, flagged, into every
 //! peer's inbox), one-shot for small ones (one barrier, every rank reads
-//! everything), two-shot up to the buffer (two barriers, each rank reads
-//! 1/n of every input twice), and beyond that the large path (two-shot
-//! over buffer-sized chunks).
+//! everything), two-shot for medium ones beyond 2 ranks (two barriers,
+//! each rank reads 1/n of every input twice), and beyond that the large
+//! kernel (each rank stores its slices into their owners' buffers and
+//! its reduced slice into every peer's, chunk by chunk, any size).
 //!
 //! The size limits depend on the world size ([`push_max`],
 //! [`one_shot_max`], [`two_shot_max`]; each says where it was measured):
 //! push's at 2, 3 and 4 ranks on four H200s, one-shot's and two-shot's at
-//! 2 ranks on two H100s and at 4 ranks on four H200s; other world sizes
+//! 2 ranks on two H200s and at 4 ranks on four H200s; other world sizes
 //! take the nearest measured one's.
 //! `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
 
@@ -83,12 +84,14 @@ pub const fn push_max(world: usize) -> usize {
 /// Largest message (bytes) one-shot takes by default in a group of
 /// `world` ranks.
 ///
-/// At 2 ranks (two H100s over NVLink, `bench/results/multi-gpu-h100x2`)
-/// one-shot was faster than two-shot at every size up to 16 MiB; beyond
-/// 2 ranks each rank reads (world - 1) times the message. At 4 ranks (four
-/// H200s, `bench/results/multi-gpu-h200x4`) one-shot was faster up to
-/// 256 KiB (14.2 against 19.0 µs) and two-shot from 1 MiB (21.9 against
-/// 23.7 µs); 3 and 5 to 8 ranks use the same 256 KiB, not yet measured.
+/// At 2 ranks (two H200s, NV18, `bench/results/intranode-large-h200x2`,
+/// bf16) one-shot beat two-shot and the large kernel up to 4 MiB (23.4
+/// against 25.2 and 24.5 µs there) and lost to the large kernel at 16 MiB
+/// (67.1 against 63.6 µs). Beyond 2 ranks each rank reads (world - 1)
+/// times the message: at 4 ranks (four H200s,
+/// `bench/results/multi-gpu-h200x4`) one-shot was faster up to 256 KiB
+/// (14.2 against 19.0 µs) and two-shot from 1 MiB (21.9 against 23.7 µs);
+/// 3 and 5 to 8 ranks use the same 256 KiB, not yet measured.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::one_shot_max;
@@ -96,7 +99,7 @@ pub const fn push_max(world: usize) -> usize {
 /// ```
 pub const fn one_shot_max(world: usize) -> usize {
     if world <= 2 {
-        16 << 20
+        4 << 20
     } else {
         256 << 10
     }
@@ -104,20 +107,41 @@ pub const fn one_shot_max(world: usize) -> usize {
 
 /// Largest message (bytes) two-shot takes by default in a group of
 /// `world` ranks (when the buffer region holds it; larger ones take the
-/// large path). At 4 ranks two-shot beat NCCL at 4 MiB (39 against 43 µs)
-/// and lost at 16 MiB (125 against 100 µs; four H200s), where the NCCL
-/// group hands messages beyond this to NCCL.
+/// large kernel). At 2 ranks two-shot never beat both one-shot and the
+/// large kernel (two H200s: 25.2 µs at 4 MiB, 68.6 µs at 16 MiB), so it
+/// takes nothing: one-shot's limit. At 4 ranks two-shot beat NCCL at
+/// 4 MiB (39 against 43 µs) and lost at 16 MiB (125 against 100 µs; four
+/// H200s, before the large kernel existed).
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::{one_shot_max, two_shot_max};
 /// assert!(two_shot_max(4) > one_shot_max(4));
+/// assert_eq!(two_shot_max(2), one_shot_max(2));
 /// ```
 pub const fn two_shot_max(world: usize) -> usize {
     if world <= 2 {
-        64 << 20
+        one_shot_max(world)
     } else {
         10 << 20
     }
+}
+
+/// Whether a group of `world` ranks whose other backend could take the
+/// messages the large kernel would (NCCL's all_reduce) gives them to the
+/// large kernel by default.
+///
+/// At 2 ranks (two H200s, NV18, bf16, `bench/results/intranode-large-h200x2`)
+/// the large kernel beat NCCL from 16 MiB to 1 GiB (about 208 against
+/// 248 µs at 64 MiB, 3.0 against 3.25 ms at 1 GiB). At more ranks it has
+/// not been measured (the chunked two-shot it replaced lost to NCCL from
+/// 16 MiB at 4 ranks), so NCCL keeps them.
+///
+/// ```
+/// use tensorcomm::cuda::intranode::large_beats_nccl;
+/// assert!(large_beats_nccl(2) && !large_beats_nccl(4));
+/// ```
+pub const fn large_beats_nccl(world: usize) -> bool {
+    world <= 2
 }
 
 /// How algorithms are chosen: by size, or one forced.
@@ -229,21 +253,23 @@ mod tests {
         let auto = AlgoChoice::Auto;
         for world in [2, 3, 4, 8] {
             let (push, one, two) = (push_max(world), one_shot_max(world), two_shot_max(world));
-            assert!(push < one && one < two && two < region, "{world} ranks");
+            assert!(push < one && one <= two && two < region, "{world} ranks");
             assert!(push <= PUSH_MAX_BYTES);
             assert_eq!(auto.pick(8, region, world), AllReduceAlgo::Push);
             assert_eq!(auto.pick(push, region, world), AllReduceAlgo::Push);
             assert_eq!(auto.pick(push + 4, region, world), AllReduceAlgo::OneShot);
             assert_eq!(auto.pick(one, region, world), AllReduceAlgo::OneShot);
-            assert_eq!(auto.pick(one + 4, region, world), AllReduceAlgo::TwoShot);
-            assert_eq!(auto.pick(two, region, world), AllReduceAlgo::TwoShot);
+            if two > one {
+                assert_eq!(auto.pick(one + 4, region, world), AllReduceAlgo::TwoShot);
+                assert_eq!(auto.pick(two, region, world), AllReduceAlgo::TwoShot);
+            }
             assert_eq!(auto.pick(two + 4, region, world), AllReduceAlgo::Large);
             // A small buffer sends what does not fit to the large path.
             assert_eq!(auto.pick(one, 1 << 10, world), AllReduceAlgo::Large);
         }
         // One-shot's range shrinks as the ranks grow (it reads world - 1
         // copies of the message).
-        assert_eq!(one_shot_max(2), 16 << 20);
+        assert_eq!(one_shot_max(2), 4 << 20);
         assert_eq!(one_shot_max(4), 256 << 10);
         let forced = AlgoChoice::Force(AllReduceAlgo::OneShot);
         assert_eq!(forced.pick(4 << 20, region, 8), AllReduceAlgo::OneShot);

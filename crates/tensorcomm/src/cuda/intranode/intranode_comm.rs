@@ -1,6 +1,6 @@
 //! [`IntraNodeComm`]: the all-reduce of the ranks of one host through
-//! symmetric memory, one kernel per call (two-shot chunks beyond the
-//! buffer), stream-ordered like any CUDA operation.
+//! symmetric memory, one kernel per call (the large kernel loops over
+//! chunks of the buffer), stream-ordered like any CUDA operation.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -9,23 +9,20 @@ use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
-    peer_all_reduce, peer_dtype_supported, push_grid, PeerArgs, PeerOp, Shot, PUSH_SLOT_BYTES,
+    large_slot_bytes, peer_all_reduce, peer_dtype_supported, push_grid, PeerArgs, PeerOp, Shot,
+    PUSH_SLOT_BYTES,
 };
 use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
 use crate::group::ReduceOp;
 use crate::store::Store;
 use crate::tensor::{Device, Tensor};
-use crate::{Error, Result};
+use crate::{env_vars, Error, Result};
 
 /// Host word the kernels poll: nonzero stops them.
 const ABORT: usize = 0;
 /// Host word a stopped kernel leaves: `code << 16 | peer` (1 the peer
-/// did not arrive in time, 2 aborted); the host leaves [`PARTLY_QUEUED`].
+/// did not arrive in time, 2 aborted).
 const STATUS: usize = 1;
-/// [`STATUS`] of a communicator whose call queued part of its kernels
-/// before failing: this rank's barrier counts and regions no longer match
-/// the other ranks'.
-const PARTLY_QUEUED: u32 = 3 << 16;
 
 /// How an [`IntraNodeComm`] is set up.
 #[derive(Clone, Debug)]
@@ -35,7 +32,9 @@ pub struct IntraNodeOptions {
     /// How algorithms are chosen; `None`: `TENSORCOMM_INTRANODE_ALGO`.
     pub algo: Option<AlgoChoice>,
     /// Bytes of each of the three buffer regions of every rank (two for
-    /// eager calls, one for captured ones); larger messages go in chunks.
+    /// eager calls, one for captured ones): by default
+    /// `TENSORCOMM_INTRANODE_REGION`, else 16 MiB. The large kernel moves
+    /// messages in chunks of half a region.
     pub region_bytes: usize,
     /// How long set-up waits for the other ranks, and how long a kernel
     /// waits for a peer before it stops with
@@ -51,7 +50,8 @@ impl Default for IntraNodeOptions {
         IntraNodeOptions {
             policy: None,
             algo: None,
-            region_bytes: 16 << 20,
+            region_bytes: crate::tuning::env_size(env_vars::INTRANODE_REGION.name, 4096..=1 << 40)
+                .unwrap_or(16 << 20),
             timeout: Duration::from_secs(300),
             kernel_timeout: Some(Duration::from_secs(300)),
         }
@@ -260,8 +260,7 @@ impl IntraNodeComm {
     }
 
     /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
-    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)),
-    /// or a call failed after queueing part of its kernels.
+    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)).
     pub fn check(&self) -> Result<()> {
         let status = self.words.load(STATUS);
         if status != 0 {
@@ -271,7 +270,6 @@ impl IntraNodeComm {
                     "peer rank {peer} did not arrive (reach the barrier or send its data) within {:?}",
                     self.kernel_timeout.unwrap_or_default()
                 ),
-                3 => "a call failed to queue part of its kernels".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -376,70 +374,64 @@ impl IntraNodeComm {
             }
         }
         let dtype = tensor.dtype();
-        let elem = dtype.size();
-        let numel = tensor.numel();
-        let region = self.memory.region_bytes();
-        let (shot, chunk) = match algo {
-            AllReduceAlgo::Push => (
-                Shot::Push {
-                    blocks: push_grid(self.memory.ranks_per_gpu()),
-                },
-                numel,
-            ),
-            AllReduceAlgo::OneShot => (Shot::One, numel),
-            AllReduceAlgo::TwoShot => (Shot::Two, numel),
-            _ => (Shot::Two, region / elem),
+        // One kernel a call, whatever the size: large calls loop over
+        // chunks of the region inside the kernel.
+        let shot = match algo {
+            AllReduceAlgo::Push => Shot::Push {
+                blocks: push_grid(self.memory.ranks_per_gpu()),
+            },
+            AllReduceAlgo::OneShot => Shot::One,
+            AllReduceAlgo::TwoShot => Shot::Two,
+            _ => Shot::Large,
         };
-        let pads = self.memory.pads();
+        let region = self.memory.region_bytes();
+        let (buf, slot, next_eager) = match shot {
+            // The inboxes: no region, and no end barrier in graphs.
+            Shot::Push { .. } => (self.memory.inboxes(), PUSH_SLOT_BYTES, last.eager),
+            // Captured calls: the graph region, and an end barrier.
+            _ if capturing => (
+                self.memory.regions(GRAPH_REGION),
+                large_slot_bytes(region, self.world),
+                last.eager,
+            ),
+            // Eager large calls begin with a barrier (every rank has
+            // finished its previous call), so they take both eager regions
+            // (adjacent) and leave the alternation as it was.
+            Shot::Large => (
+                self.memory.regions(0),
+                large_slot_bytes(2 * region, self.world),
+                last.eager,
+            ),
+            // Other eager calls alternate between the two eager regions.
+            _ => (
+                self.memory.regions((last.eager % 2) as usize),
+                0,
+                last.eager + 1,
+            ),
+        };
         let timeout_ns = self.kernel_timeout.map_or(u64::MAX, |t| {
             u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
         });
-        let mut done = 0;
-        while done < numel {
-            let n = chunk.min(numel - done);
-            let at = addr + (done * elem) as u64;
-            let buf = if matches!(shot, Shot::Push { .. }) {
-                // The inboxes: no region, and no end barrier in graphs.
-                self.memory.inboxes()
-            } else if capturing {
-                self.memory.regions(GRAPH_REGION)
-            } else {
-                let k = (last.eager % 2) as usize;
-                last.eager += 1;
-                self.memory.regions(k)
-            };
-            let args = PeerArgs {
-                buf,
-                pad: pads,
-                input: at,
-                output: at,
-                numel: n as u64,
-                abort_flag: self.words.device_ptr(ABORT).addr(),
-                status: self.words.device_ptr(STATUS).addr(),
-                timeout_ns,
-                rank: self.rank as u32,
-                world: self.world as u32,
-                op: op as u32,
-                end_barrier: u32::from(capturing),
-                io_aligned: u32::from(at.is_multiple_of(16)),
-                inbox_slot: PUSH_SLOT_BYTES as u32,
-            };
-            if let Err(e) = peer_all_reduce(&self.ctx, stream, shot, dtype, &args) {
-                if done > 0 {
-                    // Part of the call is queued: refuse every later call
-                    // (a kernel's own reason, when one stopped, is kept),
-                    // and let synchronize and drop wait for what is queued.
-                    if self.words.load(STATUS) == 0 {
-                        self.words.store(STATUS, PARTLY_QUEUED);
-                    }
-                    if !capturing {
-                        last.stream = Some(stream.clone());
-                    }
-                }
-                return Err(e);
-            }
-            done += n;
-        }
+        let args = PeerArgs {
+            buf,
+            pad: self.memory.pads(),
+            input: addr,
+            output: addr,
+            numel: tensor.numel() as u64,
+            abort_flag: self.words.device_ptr(ABORT).addr(),
+            status: self.words.device_ptr(STATUS).addr(),
+            timeout_ns,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            op: op as u32,
+            end_barrier: u32::from(capturing),
+            io_aligned: u32::from(addr.is_multiple_of(16)),
+            slot: slot as u32,
+        };
+        // A launch that fails queues nothing: this rank's call did not
+        // happen, and the region it would have taken stays next.
+        peer_all_reduce(&self.ctx, stream, shot, dtype, &args)?;
+        last.eager = next_eager;
         if !capturing {
             last.stream = Some(stream.clone());
         }

@@ -22,6 +22,8 @@ mod intranode_comm;
 mod symmetric_memory;
 mod topology;
 
-pub use algorithm::{one_shot_max, push_max, two_shot_max, AlgoChoice, AlgoUsage, AllReduceAlgo};
+pub use algorithm::{
+    large_beats_nccl, one_shot_max, push_max, two_shot_max, AlgoChoice, AlgoUsage, AllReduceAlgo,
+};
 pub use intranode_comm::{IntraNodeComm, IntraNodeOptions};
 pub use topology::PeerPolicy;

@@ -314,7 +314,8 @@ impl SymmetricMemory {
         out
     }
 
-    /// Every rank's region `k` (0 to [`REGIONS`] - 1).
+    /// Every rank's region `k` (0 to [`REGIONS`] - 1); region `k + 1`
+    /// follows region `k`.
     pub(crate) fn regions(&self, k: usize) -> [u64; PEER_MAX] {
         assert!(k < REGIONS);
         let mut out = [0; PEER_MAX];

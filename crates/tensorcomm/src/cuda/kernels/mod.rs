@@ -48,8 +48,8 @@ use crate::Result;
 
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
 pub(crate) use peer_all_reduce::{
-    peer_all_reduce, peer_dtype_supported, push_grid, push_inbox_bytes, PeerArgs, PeerOp, Shot,
-    PEER_MAX, PEER_PAD_BYTES, PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
+    large_slot_bytes, peer_all_reduce, peer_dtype_supported, push_grid, push_inbox_bytes, PeerArgs,
+    PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
 };
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};
@@ -82,6 +82,9 @@ const KERNELS: &[&str] = &[
     "peer_push_f32",
     "peer_push_f16",
     "peer_push_bf16",
+    "peer_large_f32",
+    "peer_large_f16",
+    "peer_large_bf16",
 ];
 
 /// The kernels' program, built once per device on first use.

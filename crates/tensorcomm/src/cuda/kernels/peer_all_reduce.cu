@@ -21,6 +21,12 @@
 // input straight into every peer's inbox, each 4-byte word beside a flag
 // (the call's number) in one 8-byte store, which arrives whole; a rank
 // reduces once every flag of its inbox shows the call. See peer_push.
+//
+// The large kernel (large messages) writes where two-shot reads: each
+// rank stores its input's slices straight into their owners' buffers,
+// reduces its own slice from its buffer (local reads only), stores the
+// result into every peer's buffer, and copies what the peers stored back
+// into its output, chunk by chunk inside one kernel. See peer_large.
 
 #define PEER_MAX 8
 #define PEER_BLOCKS 128
@@ -49,7 +55,8 @@ struct PeerArgs {
   u32 op;           // 0 sum, 1 avg, 2 min, 3 max
   u32 end_barrier;  // 1: also synchronise after the data is read
   u32 io_aligned;   // 1: input and output are 16-byte aligned
-  u32 inbox_slot;   // push: bytes of one sender's part of an inbox half
+  u32 slot;         // push: bytes of one sender's part of an inbox half;
+                    // large: bytes of one rank's slot of each area
 };
 
 __device__ __forceinline__ u64 peer_now_ns() {
@@ -70,7 +77,8 @@ __device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
 
 // Called every 256 tries of a wait for `peer`: true (and the reason left
 // in `status`) when the host raised the abort word or the wait, which
-// began at `*start` (0: now), has passed the timeout.
+// began at `*start` (0: now), has passed the timeout; true at once when an
+// earlier kernel left a reason.
 // (The arguments' three fields, not the whole block: a reference to it
 // would make every kernel copy it to local memory.)
 __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 timeout_ns, u64* start, u32 peer) {
@@ -78,6 +86,9 @@ __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 tim
     atomicCAS_system((u32*)status, 0u, (2u << 16) | peer);
     return true;
   }
+  // An earlier kernel of this communicator stopped: the ranks' barrier
+  // counts no longer match, so wait for nothing (the reason stays).
+  if (*(volatile u32*)status != 0) return true;
   const u64 t = peer_now_ns();
   if (*start == 0) {
     *start = t;
@@ -304,7 +315,7 @@ __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerAr
 
 // Push: no barrier and no copy through this rank's buffer. buf[r] is rank
 // r's inbox: two halves (calls alternate), each a part per sender of
-// inbox_slot bytes. Vector v (16 bytes) of the input travels as two
+// `slot` bytes. Vector v (16 bytes) of the input travels as two
 // 16-byte lines {w0, flag, w1, flag} {w2, flag, w3, flag} to line 2v of
 // this rank's part of every peer's inbox; 8-byte stores arrive whole, so a
 // line whose two flags show this call holds this call's words. Then
@@ -330,7 +341,7 @@ __device__ void peer_push(const PeerArgs& a) {
   __syncthreads();
   const u32 c = shared_count;
   const u32 flag = (c << 1) | 1u;
-  const u64 half = (u64)(c & 1u) * a.world * a.inbox_slot;
+  const u64 half = (u64)(c & 1u) * a.world * a.slot;
   const u64 nvec = (a.numel + N - 1) / N;
   // Runs of 32 vectors (one per lane of a warp) are dealt to the blocks in
   // turn, so that even small messages spread over every block's SM: run w
@@ -347,7 +358,7 @@ __device__ void peer_push(const PeerArgs& a) {
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
       if (r < (int)a.world && r != (int)a.rank) {
-        uint4* to = (uint4*)(a.buf[r] + half + (u64)a.rank * a.inbox_slot) + 2 * v;
+        uint4* to = (uint4*)(a.buf[r] + half + (u64)a.rank * a.slot) + 2 * v;
         push_store(to, l0);
         push_store(to + 1, l1);
       }
@@ -364,7 +375,7 @@ __device__ void peer_push(const PeerArgs& a) {
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
       if (r < (int)a.world && r != (int)a.rank) {
-        const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        const uint4* from = (const uint4*)(inbox + (u64)r * a.slot) + 2 * v;
         line[2 * r] = push_load(from);
         line[2 * r + 1] = push_load(from + 1);
       }
@@ -372,7 +383,7 @@ __device__ void peer_push(const PeerArgs& a) {
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
       if (r < (int)a.world && r != (int)a.rank) {
-        const uint4* from = (const uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        const uint4* from = (const uint4*)(inbox + (u64)r * a.slot) + 2 * v;
         if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
         if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
       }
@@ -384,7 +395,7 @@ __device__ void peer_push(const PeerArgs& a) {
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
       if (r < (int)a.world && r != (int)a.rank) {
-        uint4* from = (uint4*)(inbox + (u64)r * a.inbox_slot) + 2 * v;
+        uint4* from = (uint4*)(inbox + (u64)r * a.slot) + 2 * v;
         push_store(from, make_uint4(0, 0, 0, 0));
         push_store(from + 1, make_uint4(0, 0, 0, 0));
       }
@@ -407,6 +418,124 @@ __device__ void peer_push(const PeerArgs& a) {
   }
 }
 
+// Copies of up to LARGE_UNROLL vectors a thread keeps in flight.
+#define LARGE_UNROLL 4
+
+// Where slice j of a chunk of `len` vectors lies for this block: vectors
+// [*lo, *hi) of the chunk, and where slice j starts.
+__device__ __forceinline__ void large_part(u64 len, u32 world, u32 j, u64* lo, u64* hi, u64* start) {
+  const u64 slice = (len + world - 1) / world;
+  const u64 per = (slice + gridDim.x - 1) / gridDim.x;
+  *start = j * slice;
+  *lo = *start + blockIdx.x * per;
+  *hi = min(min(*lo + per, *start + slice), len);
+}
+
+// The chunk's slices of the other ranks, from this rank's input into
+// area A of their owners' buffers (slot a.rank).
+template <typename Op>
+__device__ __forceinline__ void large_scatter(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+  for (u32 j = 0; j < a.world; ++j) {
+    if (j == a.rank) continue;
+    u64 lo, hi, start;
+    large_part(len, a.world, j, &lo, &hi, &start);
+    uint4* to = (uint4*)a.buf[j] + (u64)a.rank * slot;
+    for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
+      uint4 x[LARGE_UNROLL];
+#pragma unroll
+      for (int k = 0; k < LARGE_UNROLL; ++k) {
+        const u64 w = v + k * blockDim.x;
+        if (w < hi) x[k] = peer_load_user<Op>(a, a.input, base + w);
+      }
+#pragma unroll
+      for (int k = 0; k < LARGE_UNROLL; ++k) {
+        const u64 w = v + k * blockDim.x;
+        if (w < hi) to[w - start] = x[k];
+      }
+    }
+  }
+}
+
+// This rank's slice of the chunk: every rank's part (its own from the
+// input, the others' from area A) reduced in rank order, into the output
+// and area B of every peer's buffer (slot a.rank).
+template <typename Op>
+__device__ __forceinline__ void large_reduce(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+  u64 lo, hi, start;
+  large_part(len, a.world, a.rank, &lo, &hi, &start);
+  const uint4* area = (const uint4*)a.buf[a.rank];
+  for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+    uint4 raw[PEER_MAX];
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r)
+      if (r < (int)a.world)
+        raw[r] = r == (int)a.rank ? peer_load_user<Op>(a, a.input, base + v) : __ldcg(area + (u64)r * slot + (v - start));
+    const uint4 out = peer_reduce_raw<Op>(a, raw);
+    peer_store_user<Op>(a, a.output, base + v, out);
+#pragma unroll
+    for (int r = 0; r < PEER_MAX; ++r)
+      if (r < (int)a.world && r != (int)a.rank)
+        ((uint4*)a.buf[r] + (a.world + a.rank) * slot)[v - start] = out;
+  }
+}
+
+// The other ranks' reduced slices of the chunk, from area B into the
+// output.
+template <typename Op>
+__device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+  for (u32 j = 0; j < a.world; ++j) {
+    if (j == a.rank) continue;
+    u64 lo, hi, start;
+    large_part(len, a.world, j, &lo, &hi, &start);
+    const uint4* from = (const uint4*)a.buf[a.rank] + (a.world + j) * slot;
+    for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
+      uint4 x[LARGE_UNROLL];
+#pragma unroll
+      for (int k = 0; k < LARGE_UNROLL; ++k) {
+        const u64 w = v + k * blockDim.x;
+        if (w < hi) x[k] = __ldcg(from + (w - start));
+      }
+#pragma unroll
+      for (int k = 0; k < LARGE_UNROLL; ++k) {
+        const u64 w = v + k * blockDim.x;
+        if (w < hi) peer_store_user<Op>(a, a.output, base + w, x[k]);
+      }
+    }
+  }
+}
+
+// Large: buf[r] is rank r's buffer, two areas of `world` slots of a.slot
+// bytes each, A (reduce-scatter) then B (all-gather). A chunk is `world`
+// slots of vectors, cut into one slice per rank, and block b handles part
+// b of every slice (blocks synchronise with their own number, as in
+// two-shot). A first barrier makes sure every rank has finished its
+// previous call (whose buffers this one reuses). Per chunk: scatter,
+// barrier, reduce (into the output and every peer's B), barrier, then the
+// next chunk's scatter before this chunk's gather, so that its stores
+// travel while the gather copies locally. Reuse is safe: a peer scatters
+// the next chunk into A after the second barrier of this one, when every
+// rank has read A; and stores its reduced part of the next chunk into B
+// after that chunk's first barrier, which every rank reaches only after
+// its gather of this chunk.
+template <typename Op>
+__device__ void peer_large(const PeerArgs& a) {
+  const int N = 16 / sizeof(typename Op::S);
+  const u64 nvec = (a.numel + N - 1) / N;
+  const u64 slot = a.slot / 16;
+  const u64 chunk = slot * a.world;
+  if (!peer_barrier(a)) return;
+  large_scatter<Op>(a, 0, min(chunk, nvec), slot);
+  for (u64 base = 0; base < nvec; base += chunk) {
+    const u64 len = min(chunk, nvec - base);
+    if (!peer_barrier(a)) return;
+    large_reduce<Op>(a, base, len, slot);
+    if (!peer_barrier(a)) return;
+    if (base + chunk < nvec) large_scatter<Op>(a, base + chunk, min(chunk, nvec - base - chunk), slot);
+    large_gather<Op>(a, base, len, slot);
+  }
+  if (a.end_barrier) peer_barrier(a);
+}
+
 extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_one_shot<OpF32>(a); }
 extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_one_shot<OpF16>(a); }
 extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<OpBF16>(a); }
@@ -416,3 +545,6 @@ extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_two_shot<
 extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f32(const PeerArgs a) { peer_push<OpF32>(a); }
 extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f16(const PeerArgs a) { peer_push<OpF16>(a); }
 extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_bf16(const PeerArgs a) { peer_push<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_f32(const PeerArgs a) { peer_large<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_f16(const PeerArgs a) { peer_large<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_bf16(const PeerArgs a) { peer_large<OpBF16>(a); }

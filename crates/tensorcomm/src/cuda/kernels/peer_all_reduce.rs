@@ -1,5 +1,5 @@
 //! All-reduce kernels over memory every rank maps (`peer_all_reduce.cu`):
-//! push, one-shot and two-shot, f32, f16 and bf16 with f32 accumulation,
+//! push, one-shot, two-shot and large, f32, f16 and bf16 with f32 accumulation,
 //! for `cuda::intranode`. The caller owns the buffers, the signal pads and the
 //! host words; this file lays out the arguments and picks the grid.
 
@@ -51,6 +51,11 @@ pub(crate) enum Shot {
     One,
     /// Reduce-scatter, then all-gather, through the buffers.
     Two,
+    /// Reduce-scatter and all-gather by stores into the owners' buffers,
+    /// in chunks of `world` slots (`slot` bytes each) inside one kernel,
+    /// after a barrier: any size; the buffer holds two areas of `world`
+    /// slots ([`large_slot_bytes`]).
+    Large,
 }
 
 /// The reduction, as the kernels number it.
@@ -79,8 +84,9 @@ pub(crate) struct PeerArgs {
     pub(crate) op: u32,
     pub(crate) end_barrier: u32,
     pub(crate) io_aligned: u32,
-    /// Push only: bytes of one sender's part of an inbox half.
-    pub(crate) inbox_slot: u32,
+    /// Push: bytes of one sender's part of an inbox half. Large: bytes of
+    /// one rank's slot of each of the region's two areas.
+    pub(crate) slot: u32,
 }
 
 /// The dtypes the kernels take.
@@ -99,6 +105,9 @@ fn kernel_name(shot: Shot, dtype: DType) -> Result<&'static str> {
         (Shot::Two, DType::F32) => "peer_two_shot_f32",
         (Shot::Two, DType::F16) => "peer_two_shot_f16",
         (Shot::Two, DType::BF16) => "peer_two_shot_bf16",
+        (Shot::Large, DType::F32) => "peer_large_f32",
+        (Shot::Large, DType::F16) => "peer_large_f16",
+        (Shot::Large, DType::BF16) => "peer_large_bf16",
         (_, other) => {
             return Err(Error::InvalidArgument(format!(
                 "peer all-reduce kernels: expected f32, f16 or bf16, found {other}"
@@ -113,6 +122,14 @@ pub(crate) fn peer_buffer_bytes(numel: usize, dtype: DType) -> usize {
     (numel * dtype.size()).div_ceil(16) * 16
 }
 
+/// Bytes of one rank's slot in each of the two areas a large call lays
+/// out in a buffer of `bytes` for `world` ranks: whole 16-byte vectors, at
+/// most what the kernel's 32-bit field holds. A chunk is `world` slots,
+/// half the buffer.
+pub(crate) fn large_slot_bytes(bytes: usize, world: usize) -> usize {
+    (bytes / (2 * world.max(1))).min(1 << 31) / 16 * 16
+}
+
 /// The push grid of a communicator whose GPUs each run up to
 /// `ranks_per_gpu` of its ranks: every block of every rank on one GPU
 /// must be resident at once (each waits for the others' data), so ranks
@@ -125,12 +142,15 @@ pub(crate) fn push_grid(ranks_per_gpu: usize) -> u32 {
 /// The grid of a call: a function of the call alone (not of the GPU), so
 /// that every rank launches the same blocks and block b meets block b.
 /// Push calls take the communicator's fixed grid.
-pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) -> u32 {
+/// Large calls take the blocks two-shot would give their first chunk
+/// (`slot` bytes a rank).
+pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize, slot: usize) -> u32 {
     let vectors = peer_buffer_bytes(numel, dtype) / 16;
     let per_block_work = match shot {
         Shot::Push { blocks } => return blocks,
         Shot::One => vectors,
         Shot::Two => vectors.div_ceil(world.max(1)),
+        Shot::Large => vectors.min(slot / 16 * world).div_ceil(world.max(1)),
     };
     per_block_work
         .div_ceil(THREADS as usize)
@@ -141,7 +161,8 @@ pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize) ->
 /// address in `args` is live until the stream has run the kernel (the
 /// buffers at least [`peer_buffer_bytes`] long, for push the inboxes
 /// [`push_inbox_bytes`] with `inbox_slot` [`PUSH_SLOT_BYTES`], the pads
-/// [`PEER_PAD_BYTES`]), and every rank of `args.world` queues the same
+/// [`PEER_PAD_BYTES`], for large a region of two areas of `world` slots
+/// of `slot` bytes), and every rank of `args.world` queues the same
 /// kernel with the same `numel` in the same order.
 pub(crate) fn peer_all_reduce(
     ctx: &Context,
@@ -159,19 +180,25 @@ pub(crate) fn peer_all_reduce(
     }
     if let Shot::Push { blocks } = shot {
         if args.numel as usize * dtype.size() > PUSH_MAX_BYTES
-            || args.inbox_slot as usize != PUSH_SLOT_BYTES
+            || args.slot as usize != PUSH_SLOT_BYTES
             || blocks == 0
             || blocks as usize > PUSH_BLOCKS
         {
             return Err(Error::InvalidArgument(format!(
                 "peer push kernel: expected at most {PUSH_MAX_BYTES} bytes, inbox parts of {PUSH_SLOT_BYTES} and 1 to {PUSH_BLOCKS} blocks, found {} bytes, parts of {} and {blocks} blocks",
                 args.numel as usize * dtype.size(),
-                args.inbox_slot
+                args.slot
             )));
         }
     }
+    if shot == Shot::Large && (args.slot == 0 || !args.slot.is_multiple_of(16)) {
+        return Err(Error::InvalidArgument(format!(
+            "peer large kernel: expected slots of a positive multiple of 16 bytes, found {}",
+            args.slot
+        )));
+    }
     let function = kernel(ctx, kernel_name(shot, dtype)?)?;
-    let grid = peer_grid(shot, args.numel as usize, dtype, world);
+    let grid = peer_grid(shot, args.numel as usize, dtype, world, args.slot as usize);
     let threads = match shot {
         Shot::Push { .. } => PUSH_THREADS,
         _ => THREADS,
@@ -186,7 +213,7 @@ mod tests {
     #[test]
     fn every_supported_dtype_and_shot_has_a_declared_kernel() {
         for dtype in DType::ALL {
-            for shot in [Shot::Push { blocks: 1 }, Shot::One, Shot::Two] {
+            for shot in [Shot::Push { blocks: 1 }, Shot::One, Shot::Two, Shot::Large] {
                 match kernel_name(shot, dtype) {
                     Ok(name) => {
                         assert!(peer_dtype_supported(dtype));
@@ -200,23 +227,36 @@ mod tests {
 
     #[test]
     fn the_grid_depends_on_the_call_alone_and_stays_within_the_pads() {
-        assert_eq!(peer_grid(Shot::One, 2, DType::BF16, 8), 1);
+        assert_eq!(peer_grid(Shot::One, 2, DType::BF16, 8, 0), 1);
         assert_eq!(
-            peer_grid(Shot::One, 1 << 30, DType::F32, 2),
+            peer_grid(Shot::One, 1 << 30, DType::F32, 2, 0),
             PEER_BLOCKS as u32
         );
         // 512 vectors of 16 bytes fill one block; one more needs a second.
-        assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2), 1);
-        assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2), 2);
+        assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2, 0), 1);
+        assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2, 0), 2);
         // Push launches the communicator's grid whatever the size.
         let push = Shot::Push { blocks: 7 };
-        assert_eq!(peer_grid(push, 1, DType::F32, 2), 7);
-        assert_eq!(peer_grid(push, 1 << 16, DType::BF16, 8), 7);
+        assert_eq!(peer_grid(push, 1, DType::F32, 2, 0), 7);
+        assert_eq!(peer_grid(push, 1 << 16, DType::BF16, 8, 0), 7);
         assert_eq!(push_grid(1), PUSH_BLOCKS as u32);
         assert_eq!(push_grid(2), 16);
         assert_eq!(push_grid(8), 4);
         // Two-shot cuts the vectors into one slice per rank first.
-        assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4), 1);
+        assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4, 0), 1);
+        // Large cuts its first chunk (world slots) like two-shot.
+        let slot = large_slot_bytes(32 << 20, 2);
+        assert_eq!(slot, 8 << 20);
+        assert_eq!(peer_grid(Shot::Large, 4 * 512 * 4, DType::F32, 4, slot), 1);
+        assert_eq!(
+            peer_grid(Shot::Large, 1 << 30, DType::F32, 2, slot),
+            PEER_BLOCKS as u32
+        );
+        // A small buffer: chunks of 2 slots of 1 KiB, 64 vectors a slice.
+        assert_eq!(peer_grid(Shot::Large, 1 << 20, DType::F32, 2, 1024), 1);
+        assert_eq!(large_slot_bytes(8192, 8), 512);
+        assert_eq!(large_slot_bytes(1 << 44, 2), 1 << 31);
+        assert_eq!(large_slot_bytes(2000, 2), 496);
         assert_eq!(peer_buffer_bytes(3, DType::BF16), 16);
         assert_eq!(peer_buffer_bytes(8, DType::BF16), 16);
         assert_eq!(peer_buffer_bytes(9, DType::BF16), 32);

@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::communicator::Communicator;
 use super::library::{RawComm, RawStream, IN_PROGRESS};
 use super::plan::{Plan, Planner, Step};
-use crate::cuda::intranode::{AlgoChoice, AllReduceAlgo, IntraNodeComm};
+use crate::cuda::intranode::{large_beats_nccl, AlgoChoice, AllReduceAlgo, IntraNodeComm};
 use crate::cuda::runtime::{self, context, current_stream, DeviceBuffer, Event, Stream};
 use crate::group::backend::{Call, GroupBackend};
 use crate::group::collective::Collective;
@@ -264,13 +264,15 @@ impl GroupBackend for NcclBackend {
         let _launch = self.launch.lock().unwrap_or_else(PoisonError::into_inner);
         self.order_after_caller()?;
         match (&self.intranode, collective) {
-            // Unless forced, messages beyond the peer-memory buffer (the
-            // large path) go to NCCL: on 2 H100s NCCL's ring beat the
-            // chunked two-shot there (bench/results/multi-gpu-h100x2).
+            // Unless forced, messages for the large kernel go to NCCL where
+            // the large kernel is not measured to beat it (see
+            // `large_beats_nccl`).
             (Some(peer), Collective::AllReduce { tensor, op })
                 if match peer.select_all_reduce_algo(tensor, *op) {
                     AllReduceAlgo::None => false,
-                    AllReduceAlgo::Large => peer.algo_choice() != AlgoChoice::Auto,
+                    AllReduceAlgo::Large => {
+                        peer.algo_choice() != AlgoChoice::Auto || large_beats_nccl(peer.world())
+                    }
                     _ => true,
                 } =>
             {
