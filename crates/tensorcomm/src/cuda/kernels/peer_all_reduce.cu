@@ -422,10 +422,12 @@ __device__ void peer_push(const PeerArgs& a) {
 #define LARGE_UNROLL 4
 
 // Where slice j of a chunk of `len` vectors lies for this block: vectors
-// [*lo, *hi) of the chunk, and where slice j starts.
-__device__ __forceinline__ void large_part(u64 len, u32 world, u32 j, u64* lo, u64* hi, u64* start) {
-  const u64 slice = (len + world - 1) / world;
-  const u64 per = (slice + gridDim.x - 1) / gridDim.x;
+// [*lo, *hi) of the chunk, and where slice j starts. Every chunk of a call
+// is cut the same way (slices of `slice` vectors, `per` a block), the
+// last one only shorter, so a block always touches the same offsets of
+// every slot: its barriers (with the same block of every rank) then
+// cover every reuse of those offsets.
+__device__ __forceinline__ void large_part(u64 len, u64 slice, u64 per, u32 j, u64* lo, u64* hi, u64* start) {
   *start = j * slice;
   *lo = *start + blockIdx.x * per;
   *hi = min(min(*lo + per, *start + slice), len);
@@ -434,11 +436,11 @@ __device__ __forceinline__ void large_part(u64 len, u32 world, u32 j, u64* lo, u
 // The chunk's slices of the other ranks, from this rank's input into
 // area A of their owners' buffers (slot a.rank).
 template <typename Op>
-__device__ __forceinline__ void large_scatter(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+__device__ __forceinline__ void large_scatter(const PeerArgs& a, u64 base, u64 len, u64 slot, u64 slice, u64 per) {
   for (u32 j = 0; j < a.world; ++j) {
     if (j == a.rank) continue;
     u64 lo, hi, start;
-    large_part(len, a.world, j, &lo, &hi, &start);
+    large_part(len, slice, per, j, &lo, &hi, &start);
     uint4* to = (uint4*)a.buf[j] + (u64)a.rank * slot;
     for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
       uint4 x[LARGE_UNROLL];
@@ -460,9 +462,9 @@ __device__ __forceinline__ void large_scatter(const PeerArgs& a, u64 base, u64 l
 // input, the others' from area A) reduced in rank order, into the output
 // and area B of every peer's buffer (slot a.rank).
 template <typename Op>
-__device__ __forceinline__ void large_reduce(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+__device__ __forceinline__ void large_reduce(const PeerArgs& a, u64 base, u64 len, u64 slot, u64 slice, u64 per) {
   u64 lo, hi, start;
-  large_part(len, a.world, a.rank, &lo, &hi, &start);
+  large_part(len, slice, per, a.rank, &lo, &hi, &start);
   const uint4* area = (const uint4*)a.buf[a.rank];
   for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
     uint4 raw[PEER_MAX];
@@ -482,11 +484,11 @@ __device__ __forceinline__ void large_reduce(const PeerArgs& a, u64 base, u64 le
 // The other ranks' reduced slices of the chunk, from area B into the
 // output.
 template <typename Op>
-__device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 len, u64 slot) {
+__device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 len, u64 slot, u64 slice, u64 per) {
   for (u32 j = 0; j < a.world; ++j) {
     if (j == a.rank) continue;
     u64 lo, hi, start;
-    large_part(len, a.world, j, &lo, &hi, &start);
+    large_part(len, slice, per, j, &lo, &hi, &start);
     const uint4* from = (const uint4*)a.buf[a.rank] + (a.world + j) * slot;
     for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
       uint4 x[LARGE_UNROLL];
@@ -505,33 +507,35 @@ __device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 le
 }
 
 // Large: buf[r] is rank r's buffer, two areas of `world` slots of a.slot
-// bytes each, A (reduce-scatter) then B (all-gather). A chunk is `world`
-// slots of vectors, cut into one slice per rank, and block b handles part
-// b of every slice (blocks synchronise with their own number, as in
-// two-shot). A first barrier makes sure every rank has finished its
-// previous call (whose buffers this one reuses). Per chunk: scatter,
-// barrier, reduce (into the output and every peer's B), barrier, then the
-// next chunk's scatter before this chunk's gather, so that its stores
-// travel while the gather copies locally. Reuse is safe: a peer scatters
-// the next chunk into A after the second barrier of this one, when every
-// rank has read A; and stores its reduced part of the next chunk into B
-// after that chunk's first barrier, which every rank reaches only after
-// its gather of this chunk.
+// bytes each, A (reduce-scatter) then B (all-gather). The message is cut
+// into slices of up to a slot, one per rank a chunk (the last chunk
+// shorter), and block b handles part b of every slice (blocks synchronise
+// with their own number, as in two-shot). A first barrier makes sure every
+// rank has finished its previous call (whose buffers this one reuses).
+// Per chunk: scatter, barrier, reduce (into the output and every peer's
+// B), barrier, then the next chunk's scatter before this chunk's gather,
+// so that its stores travel while the gather copies locally. Reuse is
+// safe: a peer scatters the next chunk into A after the second barrier of
+// this one, when every rank has read its part of A; and stores its reduced
+// part of the next chunk into B after that chunk's first barrier, which
+// every rank reaches only after its gather of this chunk.
 template <typename Op>
 __device__ void peer_large(const PeerArgs& a) {
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 slot = a.slot / 16;
-  const u64 chunk = slot * a.world;
+  const u64 slice = min(slot, (nvec + a.world - 1) / a.world);
+  const u64 per = (slice + gridDim.x - 1) / gridDim.x;
+  const u64 chunk = slice * a.world;
   if (!peer_barrier(a)) return;
-  large_scatter<Op>(a, 0, min(chunk, nvec), slot);
+  large_scatter<Op>(a, 0, min(chunk, nvec), slot, slice, per);
   for (u64 base = 0; base < nvec; base += chunk) {
     const u64 len = min(chunk, nvec - base);
     if (!peer_barrier(a)) return;
-    large_reduce<Op>(a, base, len, slot);
+    large_reduce<Op>(a, base, len, slot, slice, per);
     if (!peer_barrier(a)) return;
-    if (base + chunk < nvec) large_scatter<Op>(a, base + chunk, min(chunk, nvec - base - chunk), slot);
-    large_gather<Op>(a, base, len, slot);
+    if (base + chunk < nvec) large_scatter<Op>(a, base + chunk, min(chunk, nvec - base - chunk), slot, slice, per);
+    large_gather<Op>(a, base, len, slot, slice, per);
   }
   if (a.end_barrier) peer_barrier(a);
 }

@@ -142,15 +142,15 @@ pub(crate) fn push_grid(ranks_per_gpu: usize) -> u32 {
 /// The grid of a call: a function of the call alone (not of the GPU), so
 /// that every rank launches the same blocks and block b meets block b.
 /// Push calls take the communicator's fixed grid.
-/// Large calls take the blocks two-shot would give their first chunk
-/// (`slot` bytes a rank).
+/// Large calls take the blocks two-shot would give a slice of up to a
+/// slot (`slot` bytes).
 pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize, slot: usize) -> u32 {
     let vectors = peer_buffer_bytes(numel, dtype) / 16;
     let per_block_work = match shot {
         Shot::Push { blocks } => return blocks,
         Shot::One => vectors,
         Shot::Two => vectors.div_ceil(world.max(1)),
-        Shot::Large => vectors.min(slot / 16 * world).div_ceil(world.max(1)),
+        Shot::Large => vectors.div_ceil(world.max(1)).min(slot / 16),
     };
     per_block_work
         .div_ceil(THREADS as usize)
