@@ -85,8 +85,10 @@ struct LastCall {
 /// fewer than 1000 calls queued ahead of the GPU: with 1000 queued at once
 /// by each of two such ranks, one rank's first kernel had not started
 /// 60 s after the other's (on one and on two H200s), most likely because
-/// a launch that waits for room in a full queue holds up the other
-/// thread's launches; synchronizing every 100 calls avoids it.
+/// the driver's launch queue, about 1000 launches shared by a process's
+/// streams, was full of the first rank's calls, which wait for kernels of
+/// the other rank that could then not be queued (`tensorcomm bench`
+/// queues at most 48 calls for all ranks together for the same reason).
 ///
 /// ```no_run
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
