@@ -572,7 +572,7 @@ fn two_ranks_with_peer_memory(prefix: &str) -> Vec<ProcessGroupCpu> {
         prefix,
         IntraNodeOptions {
             policy: Some(PeerPolicy::Shared),
-            region_bytes: 1 << 20,
+            region_bytes: Some(1 << 20),
             ..IntraNodeOptions::default()
         },
     )

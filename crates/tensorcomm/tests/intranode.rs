@@ -49,7 +49,7 @@ fn options(algo: AlgoChoice, region: usize) -> IntraNodeOptions {
     IntraNodeOptions {
         policy: Some(PeerPolicy::Shared),
         algo: Some(algo),
-        region_bytes: region,
+        region_bytes: Some(region),
         timeout: Duration::from_secs(60),
         kernel_timeout: Some(Duration::from_secs(60)),
     }
@@ -208,7 +208,15 @@ fn every_dtype_op_and_algorithm_matches_the_reference_at_2_3_4_and_8_ranks() {
             );
             for dtype in [DType::F32, DType::F16, DType::BF16] {
                 for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max] {
-                    for (numel, offset) in [(1, 0), (7, 1), (4096, 0), (4099, 2), (40_000, 0)] {
+                    for (numel, offset) in [
+                        (1, 0),
+                        (7, 1),
+                        (4096, 0),
+                        (4099, 2),
+                        (40_000, 0),
+                        (40_001, 1),
+                        (40_002, 2),
+                    ] {
                         if (numel * dtype.size()) % 4 != 0 || (offset * dtype.size()) % 4 != 0 {
                             continue; // the seed's alignment rule (tested below)
                         }
@@ -429,6 +437,58 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             }
         });
     }
+}
+
+#[test]
+fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
+    if !can_run("every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data") {
+        return;
+    }
+    // A 1 MiB region at 4 ranks: push up to 4 KiB, one-shot up to 256 KiB,
+    // two-shot up to the region, the large kernel beyond (two chunks of
+    // 1 MiB, the second partial, on several blocks). Calls of every kind
+    // follow each other with no synchronization, so the regions, the
+    // large kernel's use of both eager ones, and the inboxes all change
+    // hands between calls.
+    let world = 4;
+    let ranks = comms(world, "mixed-4", &options(AlgoChoice::Auto, 1 << 20));
+    let numels = [250, 25_000, 150_000, 375_000, 3, 60_001];
+    let calls = 40;
+    let inputs: Vec<Vec<Tensor<'static>>> = (0..world)
+        .map(|rank| {
+            (0..calls)
+                .map(|call| {
+                    gpu_input(
+                        DType::F32,
+                        rank,
+                        numels[call % numels.len()],
+                        call % 3,
+                        call,
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    on_every_rank(&ranks, |c, s| {
+        let tensors = &inputs[c.rank()];
+        // 20 calls a batch: 80 queued for all ranks together, under the
+        // shared launch queue (see IntraNodeComm).
+        for batch in tensors.chunks(20) {
+            for t in batch {
+                c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
+            }
+            s.synchronize().unwrap();
+        }
+        c.check().unwrap();
+        for (call, t) in tensors.iter().enumerate() {
+            assert_reference(t, ReduceOp::Sum, world, call, &format!("mixed call {call}"));
+        }
+        let u = c.usage();
+        assert!(
+            u.push > 0 && u.one_shot > 0 && u.two_shot > 0 && u.large > 0,
+            "every algorithm ran: {u:?}"
+        );
+    });
 }
 
 #[test]

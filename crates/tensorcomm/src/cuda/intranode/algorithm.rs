@@ -33,8 +33,9 @@ pub enum AllReduceAlgo {
     OneShot,
     /// One kernel, two barriers: reduce-scatter, then all-gather.
     TwoShot,
-    /// Two-shot over chunks the size of the buffer, for messages larger
-    /// than it.
+    /// One kernel, any size: each rank stores its slices into their
+    /// owners' buffers and its reduced slice into every peer's, chunk by
+    /// chunk, two barriers a chunk (after one at the start).
     Large,
     /// Not run on peer memory (see
     /// [`IntraNodeComm::why_not`](super::IntraNodeComm::why_not)).
@@ -131,8 +132,10 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// large kernel by default.
 ///
 /// At 2 ranks (two H200s, NV18, bf16, `bench/results/intranode-large-h200x2`)
-/// the large kernel beat NCCL from 16 MiB to 1 GiB (about 208 against
-/// 248 µs at 64 MiB, 3.0 against 3.25 ms at 1 GiB). At more ranks it has
+/// the large kernel beat PyTorch's NCCL all_reduce in the same call from
+/// 16 MiB to 1 GiB (63.5 against 77.9 µs at 16 MiB, 209 against 249 µs at
+/// 64 MiB, 3.0 against 3.25 ms at 1 GiB); inside the NCCL group one 16 MiB
+/// row was unexplainedly slow (498 µs). At more ranks it has
 /// not been measured (the chunked two-shot it replaced lost to NCCL from
 /// 16 MiB at 4 ranks), so NCCL keeps them.
 ///

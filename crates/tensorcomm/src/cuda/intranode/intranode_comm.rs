@@ -9,8 +9,8 @@ use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
-    large_slot_bytes, peer_all_reduce, peer_dtype_supported, push_grid, PeerArgs, PeerOp, Shot,
-    PUSH_SLOT_BYTES,
+    large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid, PeerArgs,
+    PeerOp, Shot, PUSH_SLOT_BYTES,
 };
 use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
 use crate::group::ReduceOp;
@@ -21,8 +21,12 @@ use crate::{env_vars, Error, Result};
 /// Host word the kernels poll: nonzero stops them.
 const ABORT: usize = 0;
 /// Host word a stopped kernel leaves: `code << 16 | peer` (1 the peer
-/// did not arrive in time, 2 aborted).
+/// did not arrive in time, 2 aborted); the host leaves [`NOT_QUEUED`].
 const STATUS: usize = 1;
+/// [`STATUS`] code of a communicator one of whose calls failed to queue
+/// on this rank: the peers' kernels of that call wait for it, so this
+/// rank's later calls would pair with the wrong ones.
+const NOT_QUEUED: u32 = 3;
 
 /// How an [`IntraNodeComm`] is set up.
 #[derive(Clone, Debug)]
@@ -32,10 +36,10 @@ pub struct IntraNodeOptions {
     /// How algorithms are chosen; `None`: `TENSORCOMM_INTRANODE_ALGO`.
     pub algo: Option<AlgoChoice>,
     /// Bytes of each of the three buffer regions of every rank (two for
-    /// eager calls, one for captured ones): by default
+    /// eager calls, one for captured ones); `None`:
     /// `TENSORCOMM_INTRANODE_REGION`, else 16 MiB. The large kernel moves
-    /// messages in chunks of half a region.
-    pub region_bytes: usize,
+    /// messages in chunks of a region (half a region when captured).
+    pub region_bytes: Option<usize>,
     /// How long set-up waits for the other ranks, and how long a kernel
     /// waits for a peer before it stops with
     /// [`Error::IntraNodeFailed`]; `None` for the kernel: until
@@ -50,8 +54,7 @@ impl Default for IntraNodeOptions {
         IntraNodeOptions {
             policy: None,
             algo: None,
-            region_bytes: crate::tuning::env_size(env_vars::INTRANODE_REGION.name, 4096..=1 << 40)
-                .unwrap_or(16 << 20),
+            region_bytes: None,
             timeout: Duration::from_secs(300),
             kernel_timeout: Some(Duration::from_secs(300)),
         }
@@ -267,7 +270,8 @@ impl IntraNodeComm {
     }
 
     /// Fails with [`Error::IntraNodeFailed`] once a kernel has stopped
-    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)).
+    /// (a peer did not arrive in time, or [`abort`](IntraNodeComm::abort)),
+    /// or a call failed to queue on this rank.
     pub fn check(&self) -> Result<()> {
         let status = self.words.load(STATUS);
         if status != 0 {
@@ -277,6 +281,9 @@ impl IntraNodeComm {
                     "peer rank {peer} did not arrive (reach the barrier or send its data) within {:?}",
                     self.kernel_timeout.unwrap_or_default()
                 ),
+                NOT_QUEUED => {
+                    "a call failed to queue on this rank, so its peers wait for it".into()
+                }
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -354,7 +361,15 @@ impl IntraNodeComm {
         }
         let (_, ptr) = tensor.cuda_ptr()?;
         let peer_op = peer_op(op).expect("checked by why_not");
-        self.launch(stream, algo, tensor, ptr.addr(), peer_op)?;
+        if let Err(e) = self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
+            // The peers queued this call and wait for it: refuse every
+            // later call (a kernel's own reason, when one stopped, is kept).
+            if self.words.load(STATUS) == 0 {
+                self.words
+                    .store(STATUS, NOT_QUEUED << 16 | self.rank as u32);
+            }
+            return Err(e);
+        }
         self.usage.count(algo);
         Ok(algo)
     }
@@ -435,9 +450,8 @@ impl IntraNodeComm {
             io_aligned: u32::from(addr.is_multiple_of(16)),
             slot: slot as u32,
         };
-        // A launch that fails queues nothing: this rank's call did not
-        // happen, and the region it would have taken stays next.
-        peer_all_reduce(&self.ctx, stream, shot, dtype, &args)?;
+        let max_blocks = peer_max_blocks(self.memory.ranks_per_gpu());
+        peer_all_reduce(&self.ctx, stream, shot, dtype, &args, max_blocks)?;
         last.eager = next_eager;
         if !capturing {
             last.stream = Some(stream.clone());
@@ -530,13 +544,16 @@ fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
         Some(a) => a,
         None => AlgoChoice::from_env()?,
     };
-    if !(4096..=1 << 40).contains(&options.region_bytes) {
-        return Err(Error::InvalidArgument(format!(
-            "IntraNodeOptions::region_bytes: expected 4096 to 2^40, found {}",
-            options.region_bytes
-        )));
-    }
-    let region = options.region_bytes.div_ceil(4096) * 4096;
+    let region = match options.region_bytes {
+        Some(bytes) if !(MIN_REGION..=MAX_REGION).contains(&bytes) => {
+            return Err(Error::InvalidArgument(format!(
+                "IntraNodeOptions::region_bytes: expected 4096 to 2^40, found {bytes}"
+            )))
+        }
+        Some(bytes) => bytes,
+        None => region_from_env()?,
+    };
+    let region = region.div_ceil(4096) * 4096;
     let ctx = runtime::context(device)?;
     if policy != PeerPolicy::Off {
         // Off: set-up fails on every rank (see `topology::why_not`) and no
@@ -553,6 +570,29 @@ fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
     })
 }
 
+/// Bounds of a region's bytes.
+const MIN_REGION: usize = 4096;
+const MAX_REGION: usize = 1 << 40;
+
+/// `TENSORCOMM_INTRANODE_REGION`, or 16 MiB when unset; a value that does
+/// not parse or lies outside 4 KiB to 1 TiB is [`Error::BadValue`].
+fn region_from_env() -> Result<usize> {
+    parse_region(env_vars::INTRANODE_REGION.get())
+}
+
+fn parse_region(raw: Option<String>) -> Result<usize> {
+    let Some(raw) = raw else {
+        return Ok(16 << 20);
+    };
+    crate::tuning::parse_size(&raw)
+        .filter(|b| (MIN_REGION..=MAX_REGION).contains(b))
+        .ok_or_else(|| Error::BadValue {
+            name: env_vars::INTRANODE_REGION.name.into(),
+            expected: "a size from 4K to 1024G (suffixes K, M, G)".into(),
+            found: raw,
+        })
+}
+
 /// The kernels' op for `op`, if they have it.
 fn peer_op(op: ReduceOp) -> Option<PeerOp> {
     match op {
@@ -561,5 +601,25 @@ fn peer_op(op: ReduceOp) -> Option<PeerOp> {
         ReduceOp::Min => Some(PeerOp::Min),
         ReduceOp::Max => Some(PeerOp::Max),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_region;
+
+    #[test]
+    fn the_region_variable_takes_sizes_from_4k_to_1024g_and_names_itself_otherwise() {
+        assert_eq!(parse_region(None).unwrap(), 16 << 20);
+        assert_eq!(parse_region(Some("32M".into())).unwrap(), 32 << 20);
+        assert_eq!(parse_region(Some("4K".into())).unwrap(), 4096);
+        assert_eq!(parse_region(Some("1024G".into())).unwrap(), 1 << 40);
+        for bad in ["2K", "1025G", "1T", "lots", ""] {
+            let e = parse_region(Some(bad.into())).unwrap_err().to_string();
+            assert!(
+                e.contains("TENSORCOMM_INTRANODE_REGION") && e.contains("4K to 1024G"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Intra-node all-reduce on peer memory: every rank of one host maps the
-//! others' buffers (CUDA IPC) and one kernel per call reads them directly,
-//! as PyTorch's IntraNodeComm and symmetric memory, vLLM's and
-//! TensorRT-LLM's custom all-reduce do.
+//! others' buffers (CUDA IPC) and one kernel per call reads or writes
+//! them directly, as PyTorch's IntraNodeComm and symmetric memory, vLLM's
+//! and TensorRT-LLM's custom all-reduce do.
 //!
 //! - `symmetric_memory`: each rank's block (signal pad and three buffer
 //!   regions), set up and mapped through the store, unmapped and freed in
@@ -9,7 +9,7 @@
 //! - `topology`: whether a group can use it ([`PeerPolicy`]): 2 to 8 ranks
 //!   of one host, compute capability 8.0 or newer, distinct GPUs over
 //!   NVLink (or, when asked, ranks sharing a GPU),
-//! - `algorithm`: one-shot, two-shot or the large path by size
+//! - `algorithm`: push, one-shot, two-shot or the large kernel by size
 //!   ([`AllReduceAlgo`], [`AlgoChoice`]), with usage counters,
 //! - `intranode_comm`: [`IntraNodeComm`], the communicator.
 //!

@@ -7,9 +7,9 @@
 //!   ([`Tensor::copy_from`](crate::tensor::Tensor::copy_from) on a GPU),
 //! - `reduce_add`: the element-wise sum of up to eight inputs, one kernel
 //!   per dtype ([`cuda::comm::reduce_add`](crate::cuda::comm::reduce_add)),
-//! - `peer_all_reduce` (`peer_all_reduce.cu`): one-shot and two-shot
-//!   all-reduce over buffers every rank maps, with a barrier on signal
-//!   pads ([`cuda::intranode`](crate::cuda::intranode)).
+//! - `peer_all_reduce` (`peer_all_reduce.cu`): push, one-shot, two-shot
+//!   and large all-reduce over buffers every rank maps, with barriers on
+//!   signal pads ([`cuda::intranode`](crate::cuda::intranode)).
 //!
 //! Pointers may point into other GPUs' memory where peer access is enabled
 //! ([`enable_peer_access`](crate::cuda::runtime::enable_peer_access)). The
@@ -48,8 +48,9 @@ use crate::Result;
 
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
 pub(crate) use peer_all_reduce::{
-    large_slot_bytes, peer_all_reduce, peer_dtype_supported, push_grid, push_inbox_bytes, PeerArgs,
-    PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
+    large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid,
+    push_inbox_bytes, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PUSH_MAX_BYTES,
+    PUSH_SLOT_BYTES,
 };
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};

@@ -40,6 +40,11 @@
 // and 8 ranks of one process sharing a GPU need 256 blocks in at once.
 #define PUSH_THREADS 256
 #define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)
+// The pad word a kernel that gave up sets (after the push counts): every
+// later kernel of the communicator then ends at once, before it arrives
+// at a barrier or sends anything, so no peer can pass a barrier on the
+// arrival of a call that will not do its part.
+#define PEER_STOPPED (PUSH_COUNTS + PUSH_BLOCKS)
 
 struct PeerArgs {
   u64 buf[PEER_MAX];
@@ -59,6 +64,20 @@ struct PeerArgs {
                     // large: bytes of one rank's slot of each area
 };
 
+// Marks this rank's communicator stopped (see PEER_STOPPED).
+__device__ __forceinline__ void peer_mark_stopped(const PeerArgs& a) {
+  *((volatile u32*)a.pad[a.rank] + PEER_STOPPED) = 1;
+}
+
+// True (in every thread of the block) when an earlier kernel of this
+// rank's communicator gave up: this one then does nothing.
+__device__ __forceinline__ bool peer_stopped(const PeerArgs& a) {
+  __shared__ u32 stopped;
+  if (threadIdx.x == 0) stopped = *((volatile u32*)a.pad[a.rank] + PEER_STOPPED);
+  __syncthreads();
+  return stopped != 0;
+}
+
 __device__ __forceinline__ u64 peer_now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -77,8 +96,7 @@ __device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
 
 // Called every 256 tries of a wait for `peer`: true (and the reason left
 // in `status`) when the host raised the abort word or the wait, which
-// began at `*start` (0: now), has passed the timeout; true at once when an
-// earlier kernel left a reason.
+// began at `*start` (0: now), has passed the timeout.
 // (The arguments' three fields, not the whole block: a reference to it
 // would make every kernel copy it to local memory.)
 __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 timeout_ns, u64* start, u32 peer) {
@@ -86,9 +104,6 @@ __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 tim
     atomicCAS_system((u32*)status, 0u, (2u << 16) | peer);
     return true;
   }
-  // An earlier kernel of this communicator stopped: the ranks' barrier
-  // counts no longer match, so wait for nothing (the reason stays).
-  if (*(volatile u32*)status != 0) return true;
   const u64 t = peer_now_ns();
   if (*start == 0) {
     *start = t;
@@ -100,7 +115,9 @@ __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 tim
 }
 
 __device__ __forceinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 peer) {
-  return peer_give_up_at(a.abort_flag, a.status, a.timeout_ns, start, peer);
+  if (!peer_give_up_at(a.abort_flag, a.status, a.timeout_ns, start, peer)) return false;
+  peer_mark_stopped(a);
+  return true;
 }
 
 // Waits until *word has reached `epoch` (counts wrap: compared as a
@@ -115,7 +132,9 @@ __device__ __noinline__ bool peer_wait_at(const u32* word, u32 epoch, u64 abort_
 }
 
 __device__ __forceinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
-  return peer_wait_at(word, epoch, a.abort_flag, a.status, a.timeout_ns, peer);
+  if (peer_wait_at(word, epoch, a.abort_flag, a.status, a.timeout_ns, peer)) return true;
+  peer_mark_stopped(a);
+  return false;
 }
 
 // Synchronises this block with block blockIdx.x of every other rank.
@@ -232,6 +251,7 @@ __device__ __forceinline__ uint4 peer_reduce_vector(const PeerArgs& a, u64 v) {
 // every rank's buffer into the output.
 template <typename Op>
 __device__ void peer_one_shot(const PeerArgs& a) {
+  if (peer_stopped(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 per = (nvec + gridDim.x - 1) / gridDim.x;
@@ -251,6 +271,7 @@ __device__ void peer_one_shot(const PeerArgs& a) {
 // synchronise, then copy the other ranks' reduced slices into the output.
 template <typename Op>
 __device__ void peer_two_shot(const PeerArgs& a) {
+  if (peer_stopped(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 slice = (nvec + a.world - 1) / a.world;
@@ -330,6 +351,7 @@ __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerAr
 // which each peer sent after its own call c had ended.
 template <typename Op>
 __device__ void peer_push(const PeerArgs& a) {
+  if (peer_stopped(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   __shared__ u32 shared_count;
   if (threadIdx.x == 0) {
@@ -521,6 +543,7 @@ __device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 le
 // every rank reaches only after its gather of this chunk.
 template <typename Op>
 __device__ void peer_large(const PeerArgs& a) {
+  if (peer_stopped(a)) return;
   const int N = 16 / sizeof(typename Op::S);
   const u64 nvec = (a.numel + N - 1) / N;
   const u64 slot = a.slot / 16;

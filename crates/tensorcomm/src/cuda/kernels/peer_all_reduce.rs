@@ -22,15 +22,17 @@ const PUSH_THREADS: u32 = 256;
 const THREADS: u32 = 512;
 /// Bytes of one rank's signal pad: a word per block and rank (the peers'
 /// arrivals), then a word per block (this rank's barrier count), then a
-/// word per push block (its call count).
-pub(crate) const PEER_PAD_BYTES: usize = (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS) * 4;
+/// word per push block (its call count), then the word a kernel that gave
+/// up sets (every later kernel then ends at once).
+pub(crate) const PEER_PAD_BYTES: usize =
+    (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS + 1) * 4;
 
 /// Largest message (bytes) the push kernel takes: an inbox holds, per
 /// sender and for each of two calls in flight, twice this (every 4 bytes
 /// travel beside a 4-byte flag).
 pub(crate) const PUSH_MAX_BYTES: usize = 256 << 10;
 
-/// Bytes of one sender's part of an inbox half (`inbox_slot`).
+/// Bytes of one sender's part of an inbox half (`slot` of a push call).
 pub(crate) const PUSH_SLOT_BYTES: usize = 2 * PUSH_MAX_BYTES;
 
 /// Bytes of one rank's inbox in a group of `world` ranks: two halves
@@ -143,8 +145,15 @@ pub(crate) fn push_grid(ranks_per_gpu: usize) -> u32 {
 /// that every rank launches the same blocks and block b meets block b.
 /// Push calls take the communicator's fixed grid.
 /// Large calls take the blocks two-shot would give a slice of up to a
-/// slot (`slot` bytes).
-pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize, slot: usize) -> u32 {
+/// slot (`slot` bytes). At most `max_blocks` (see [`peer_max_blocks`]).
+pub(crate) fn peer_grid(
+    shot: Shot,
+    numel: usize,
+    dtype: DType,
+    world: usize,
+    slot: usize,
+    max_blocks: usize,
+) -> u32 {
     let vectors = peer_buffer_bytes(numel, dtype) / 16;
     let per_block_work = match shot {
         Shot::Push { blocks } => return blocks,
@@ -154,22 +163,38 @@ pub(crate) fn peer_grid(shot: Shot, numel: usize, dtype: DType, world: usize, sl
     };
     per_block_work
         .div_ceil(THREADS as usize)
-        .clamp(1, PEER_BLOCKS) as u32
+        .clamp(1, max_blocks.clamp(1, PEER_BLOCKS)) as u32
+}
+
+/// The most blocks a one-shot, two-shot or large launch takes when
+/// `ranks_per_gpu` ranks of the communicator share a GPU: all of them,
+/// unless ranks share one, whose blocks must then all be resident at once
+/// if the ranks are threads of one process (each waits for the others';
+/// a large block fills an SM): 64 blocks shared between them, which any
+/// GPU of compute capability 8.0 or newer holds.
+pub(crate) fn peer_max_blocks(ranks_per_gpu: usize) -> usize {
+    if ranks_per_gpu <= 1 {
+        PEER_BLOCKS
+    } else {
+        (PEER_BLOCKS / 2 / ranks_per_gpu).max(1)
+    }
 }
 
 /// Queues one all-reduce kernel on `stream`. The caller's contract: every
 /// address in `args` is live until the stream has run the kernel (the
 /// buffers at least [`peer_buffer_bytes`] long, for push the inboxes
-/// [`push_inbox_bytes`] with `inbox_slot` [`PUSH_SLOT_BYTES`], the pads
+/// [`push_inbox_bytes`] with `slot` [`PUSH_SLOT_BYTES`], the pads
 /// [`PEER_PAD_BYTES`], for large a region of two areas of `world` slots
 /// of `slot` bytes), and every rank of `args.world` queues the same
 /// kernel with the same `numel` in the same order.
+/// `max_blocks` bounds the grid (every rank must pass the same).
 pub(crate) fn peer_all_reduce(
     ctx: &Context,
     stream: &Stream,
     shot: Shot,
     dtype: DType,
     args: &PeerArgs,
+    max_blocks: usize,
 ) -> Result<()> {
     let world = args.world as usize;
     if world == 0 || world > PEER_MAX || args.rank as usize >= world {
@@ -198,7 +223,14 @@ pub(crate) fn peer_all_reduce(
         )));
     }
     let function = kernel(ctx, kernel_name(shot, dtype)?)?;
-    let grid = peer_grid(shot, args.numel as usize, dtype, world, args.slot as usize);
+    let grid = peer_grid(
+        shot,
+        args.numel as usize,
+        dtype,
+        world,
+        args.slot as usize,
+        max_blocks,
+    );
     let threads = match shot {
         Shot::Push { .. } => PUSH_THREADS,
         _ => THREADS,
@@ -227,34 +259,64 @@ mod tests {
 
     #[test]
     fn the_grid_depends_on_the_call_alone_and_stays_within_the_pads() {
-        assert_eq!(peer_grid(Shot::One, 2, DType::BF16, 8, 0), 1);
+        assert_eq!(peer_grid(Shot::One, 2, DType::BF16, 8, 0, PEER_BLOCKS), 1);
         assert_eq!(
-            peer_grid(Shot::One, 1 << 30, DType::F32, 2, 0),
+            peer_grid(Shot::One, 1 << 30, DType::F32, 2, 0, PEER_BLOCKS),
             PEER_BLOCKS as u32
         );
         // 512 vectors of 16 bytes fill one block; one more needs a second.
-        assert_eq!(peer_grid(Shot::One, 512 * 4, DType::F32, 2, 0), 1);
-        assert_eq!(peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2, 0), 2);
+        assert_eq!(
+            peer_grid(Shot::One, 512 * 4, DType::F32, 2, 0, PEER_BLOCKS),
+            1
+        );
+        assert_eq!(
+            peer_grid(Shot::One, 512 * 4 + 1, DType::F32, 2, 0, PEER_BLOCKS),
+            2
+        );
         // Push launches the communicator's grid whatever the size.
         let push = Shot::Push { blocks: 7 };
-        assert_eq!(peer_grid(push, 1, DType::F32, 2, 0), 7);
-        assert_eq!(peer_grid(push, 1 << 16, DType::BF16, 8, 0), 7);
+        assert_eq!(peer_grid(push, 1, DType::F32, 2, 0, PEER_BLOCKS), 7);
+        assert_eq!(peer_grid(push, 1 << 16, DType::BF16, 8, 0, PEER_BLOCKS), 7);
         assert_eq!(push_grid(1), PUSH_BLOCKS as u32);
         assert_eq!(push_grid(2), 16);
         assert_eq!(push_grid(8), 4);
         // Two-shot cuts the vectors into one slice per rank first.
-        assert_eq!(peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4, 0), 1);
+        assert_eq!(
+            peer_grid(Shot::Two, 4 * 512 * 4, DType::F32, 4, 0, PEER_BLOCKS),
+            1
+        );
         // Large cuts its first chunk (world slots) like two-shot.
         let slot = large_slot_bytes(32 << 20, 2);
         assert_eq!(slot, 8 << 20);
-        assert_eq!(peer_grid(Shot::Large, 4 * 512 * 4, DType::F32, 4, slot), 1);
         assert_eq!(
-            peer_grid(Shot::Large, 1 << 30, DType::F32, 2, slot),
+            peer_grid(Shot::Large, 4 * 512 * 4, DType::F32, 4, slot, PEER_BLOCKS),
+            1
+        );
+        assert_eq!(
+            peer_grid(Shot::Large, 1 << 30, DType::F32, 2, slot, PEER_BLOCKS),
             PEER_BLOCKS as u32
         );
         // A small buffer: chunks of 2 slots of 1 KiB, 64 vectors a slice.
-        assert_eq!(peer_grid(Shot::Large, 1 << 20, DType::F32, 2, 1024), 1);
+        assert_eq!(
+            peer_grid(Shot::Large, 1 << 20, DType::F32, 2, 1024, PEER_BLOCKS),
+            1
+        );
         assert_eq!(large_slot_bytes(8192, 8), 512);
+        // Ranks sharing a GPU share 64 blocks.
+        assert_eq!(
+            peer_grid(
+                Shot::Large,
+                1 << 30,
+                DType::F32,
+                2,
+                slot,
+                peer_max_blocks(2)
+            ),
+            32
+        );
+        assert_eq!(peer_max_blocks(1), PEER_BLOCKS);
+        assert_eq!(peer_max_blocks(3), 21);
+        assert_eq!(peer_max_blocks(8), 8);
         assert_eq!(large_slot_bytes(1 << 44, 2), 1 << 31);
         assert_eq!(large_slot_bytes(2000, 2), 496);
         assert_eq!(peer_buffer_bytes(3, DType::BF16), 16);
@@ -275,6 +337,7 @@ mod tests {
             assert!(source.contains(&line), "{line}");
         }
         assert!(source.contains("#define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)\n"));
+        assert!(source.contains("#define PEER_STOPPED (PUSH_COUNTS + PUSH_BLOCKS)\n"));
     }
 
     #[test]
