@@ -349,8 +349,8 @@ pub enum Error {
     #[error("peer-memory all-reduce is not available: {reason}")]
     IntraNodeUnavailable { reason: String },
     /// A peer-memory all-reduce stopped on rank `rank` (a peer did not
-    /// arrive in time, or the communicator was aborted); the communicator
-    /// refuses every later call.
+    /// arrive in time, the communicator was aborted, or a call failed to
+    /// queue on this rank); the communicator refuses every later call.
     #[error("the peer-memory communicator of rank {rank} is unusable: {reason}")]
     IntraNodeFailed { rank: usize, reason: String },
     /// NVRTC could not compile a kernel.

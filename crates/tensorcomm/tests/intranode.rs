@@ -462,7 +462,7 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
                         DType::F32,
                         rank,
                         numels[call % numels.len()],
-                        call % 3,
+                        (call / numels.len()) % 3,
                         call,
                     )
                 })

@@ -10,9 +10,9 @@ use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
     large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid, PeerArgs,
-    PeerOp, Shot, PUSH_SLOT_BYTES,
+    PeerOp, Shot, PEER_STOPPED, PUSH_SLOT_BYTES,
 };
-use crate::cuda::runtime::{self, current_stream, Context, Event, MappedWords, Stream};
+use crate::cuda::runtime::{self, current_stream, Context, DevicePtr, Event, MappedWords, Stream};
 use crate::group::ReduceOp;
 use crate::store::Store;
 use crate::tensor::{Device, Tensor};
@@ -282,7 +282,7 @@ impl IntraNodeComm {
                     self.kernel_timeout.unwrap_or_default()
                 ),
                 NOT_QUEUED => {
-                    "a call failed to queue on this rank, so its peers wait for it".into()
+                    "a call failed to queue on this rank, so its peers may wait for it".into()
                 }
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
@@ -362,16 +362,26 @@ impl IntraNodeComm {
         let (_, ptr) = tensor.cuda_ptr()?;
         let peer_op = peer_op(op).expect("checked by why_not");
         if let Err(e) = self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
-            // The peers queued this call and wait for it: refuse every
-            // later call (a kernel's own reason, when one stopped, is kept).
-            if self.words.load(STATUS) == 0 {
-                self.words
-                    .store(STATUS, NOT_QUEUED << 16 | self.rank as u32);
-            }
+            self.refuse_later_calls(&e);
             return Err(e);
         }
         self.usage.count(algo);
         Ok(algo)
+    }
+
+    /// After a call failed to queue on this rank (the peers may have
+    /// queued it and wait for it): the host refuses every later call (a
+    /// kernel's own reason, when one stopped first, is kept), and the
+    /// device stop word makes kernels already queued or captured in graphs
+    /// end at entry, so that none of this rank's later kernels arrives
+    /// where the peers wait for the failed call.
+    fn refuse_later_calls(&self, why: &Error) {
+        self.words
+            .compare_exchange(STATUS, 0, NOT_QUEUED << 16 | self.rank as u32);
+        let word = self.memory.pads()[self.rank] + (4 * PEER_STOPPED) as u64;
+        if let Err(e) = runtime::copy_htod_sync(&self.ctx, DevicePtr(word), &1u32.to_ne_bytes()) {
+            tracing::warn!(rank = self.rank, %why, %e, "could not stop this rank's queued peer-memory kernels");
+        }
     }
 
     /// Queues the kernels of one call.
@@ -577,7 +587,7 @@ const MAX_REGION: usize = 1 << 40;
 /// `TENSORCOMM_INTRANODE_REGION`, or 16 MiB when unset; a value that does
 /// not parse or lies outside 4 KiB to 1 TiB is [`Error::BadValue`].
 fn region_from_env() -> Result<usize> {
-    parse_region(env_vars::INTRANODE_REGION.get())
+    parse_region(env_vars::INTRANODE_REGION.get_lossy())
 }
 
 fn parse_region(raw: Option<String>) -> Result<usize> {

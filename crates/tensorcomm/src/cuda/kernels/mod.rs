@@ -49,8 +49,8 @@ use crate::Result;
 pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
 pub(crate) use peer_all_reduce::{
     large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid,
-    push_inbox_bytes, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PUSH_MAX_BYTES,
-    PUSH_SLOT_BYTES,
+    push_inbox_bytes, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PEER_STOPPED,
+    PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
 };
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};

@@ -36,14 +36,14 @@
 // after the barrier counts.
 #define PUSH_BLOCKS 32
 // Its block size, two blocks an SM at least: a thread holds every peer's
-// two lines of a vector at once (registers for 512 threads would run out),
-// and 8 ranks of one process sharing a GPU need 256 blocks in at once.
+// two lines of a vector at once (registers for 512 threads would run out).
 #define PUSH_THREADS 256
 #define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)
-// The pad word a kernel that gave up sets (after the push counts): every
-// later kernel of the communicator then ends at once, before it arrives
-// at a barrier or sends anything, so no peer can pass a barrier on the
-// arrival of a call that will not do its part.
+// The pad word a kernel that gave up sets (after the push counts), or the
+// host when a call failed to queue: every later kernel of the
+// communicator then ends at once, before it arrives at a barrier or sends
+// anything, so no peer can pass a barrier on the arrival of a call that
+// will not do its part; waits in progress give up too.
 #define PEER_STOPPED (PUSH_COUNTS + PUSH_BLOCKS)
 
 struct PeerArgs {
@@ -64,10 +64,19 @@ struct PeerArgs {
                     // large: bytes of one rank's slot of each area
 };
 
-// Marks this rank's communicator stopped (see PEER_STOPPED).
-__device__ __forceinline__ void peer_mark_stopped(const PeerArgs& a) {
-  *((volatile u32*)a.pad[a.rank] + PEER_STOPPED) = 1;
+
+
+__device__ __forceinline__ u64 peer_now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
+
+// This rank's PEER_STOPPED word.
+__device__ __forceinline__ u64 peer_stop_word(const PeerArgs& a) { return a.pad[a.rank] + 4 * PEER_STOPPED; }
+
+// Marks this rank's communicator stopped (see PEER_STOPPED).
+__device__ __forceinline__ void peer_mark_stopped(const PeerArgs& a) { *(volatile u32*)peer_stop_word(a) = 1; }
 
 // True (in every thread of the block) when an earlier kernel of this
 // rank's communicator gave up: this one then does nothing.
@@ -76,12 +85,6 @@ __device__ __forceinline__ bool peer_stopped(const PeerArgs& a) {
   if (threadIdx.x == 0) stopped = *((volatile u32*)a.pad[a.rank] + PEER_STOPPED);
   __syncthreads();
   return stopped != 0;
-}
-
-__device__ __forceinline__ u64 peer_now_ns() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ void peer_store_release(u32* p, u32 v) {
@@ -96,10 +99,15 @@ __device__ __forceinline__ u32 peer_load_acquire(const u32* p) {
 
 // Called every 256 tries of a wait for `peer`: true (and the reason left
 // in `status`) when the host raised the abort word or the wait, which
-// began at `*start` (0: now), has passed the timeout.
+// began at `*start` (0: now), has passed the timeout; true also when this
+// rank's communicator was stopped meanwhile (`stop`, its PEER_STOPPED
+// word: another block gave up, or the host refused a call), the reason
+// then left by whoever stopped it.
 // (The arguments' three fields, not the whole block: a reference to it
 // would make every kernel copy it to local memory.)
-__device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 timeout_ns, u64* start, u32 peer) {
+__device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 timeout_ns, u64 stop, u64* start,
+                                             u32 peer) {
+  if (*(volatile u32*)stop != 0) return true;
   if (*(volatile u32*)abort_flag != 0) {
     atomicCAS_system((u32*)status, 0u, (2u << 16) | peer);
     return true;
@@ -115,7 +123,7 @@ __device__ __noinline__ bool peer_give_up_at(u64 abort_flag, u64 status, u64 tim
 }
 
 __device__ __forceinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 peer) {
-  if (!peer_give_up_at(a.abort_flag, a.status, a.timeout_ns, start, peer)) return false;
+  if (!peer_give_up_at(a.abort_flag, a.status, a.timeout_ns, peer_stop_word(a), start, peer)) return false;
   peer_mark_stopped(a);
   return true;
 }
@@ -123,16 +131,16 @@ __device__ __forceinline__ bool peer_give_up(const PeerArgs& a, u64* start, u32 
 // Waits until *word has reached `epoch` (counts wrap: compared as a
 // signed difference).
 __device__ __noinline__ bool peer_wait_at(const u32* word, u32 epoch, u64 abort_flag, u64 status, u64 timeout_ns,
-                                          u32 peer) {
+                                          u64 stop, u32 peer) {
   u64 start = 0;
   for (u32 n = 1;; ++n) {
     if ((int)(peer_load_acquire(word) - epoch) >= 0) return true;
-    if ((n & 255) == 0 && peer_give_up_at(abort_flag, status, timeout_ns, &start, peer)) return false;
+    if ((n & 255) == 0 && peer_give_up_at(abort_flag, status, timeout_ns, stop, &start, peer)) return false;
   }
 }
 
 __device__ __forceinline__ bool peer_wait(const u32* word, u32 epoch, const PeerArgs& a, u32 peer) {
-  if (peer_wait_at(word, epoch, a.abort_flag, a.status, a.timeout_ns, peer)) return true;
+  if (peer_wait_at(word, epoch, a.abort_flag, a.status, a.timeout_ns, peer_stop_word(a), peer)) return true;
   peer_mark_stopped(a);
   return false;
 }
@@ -351,16 +359,21 @@ __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerAr
 // which each peer sent after its own call c had ended.
 template <typename Op>
 __device__ void peer_push(const PeerArgs& a) {
-  if (peer_stopped(a)) return;
   const int N = 16 / sizeof(typename Op::S);
+  // Thread 0 reads the stop word (see PEER_STOPPED) and, unless stopped,
+  // counts the call: one handoff to the block for both.
   __shared__ u32 shared_count;
+  __shared__ u32 shared_stopped;
   if (threadIdx.x == 0) {
-    volatile u32* count = (u32*)a.pad[a.rank] + PUSH_COUNTS + blockIdx.x;
-    const u32 c = *count + 1;
-    *count = c;
-    shared_count = c;
+    shared_stopped = *(volatile u32*)peer_stop_word(a);
+    if (shared_stopped == 0) {
+      volatile u32* count = (u32*)a.pad[a.rank] + PUSH_COUNTS + blockIdx.x;
+      shared_count = *count + 1;
+      *count = shared_count;
+    }
   }
   __syncthreads();
+  if (shared_stopped != 0) return;
   const u32 c = shared_count;
   const u32 flag = (c << 1) | 1u;
   const u64 half = (u64)(c & 1u) * a.world * a.slot;

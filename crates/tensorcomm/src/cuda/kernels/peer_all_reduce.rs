@@ -24,8 +24,13 @@ const THREADS: u32 = 512;
 /// arrivals), then a word per block (this rank's barrier count), then a
 /// word per push block (its call count), then the word a kernel that gave
 /// up sets (every later kernel then ends at once).
-pub(crate) const PEER_PAD_BYTES: usize =
-    (PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS + 1) * 4;
+pub(crate) const PEER_PAD_BYTES: usize = (PEER_STOPPED + 1) * 4;
+
+/// Index of the pad word that stops the communicator's kernels
+/// (`PEER_STOPPED`): set by a kernel that gave up, or by the host when a
+/// call failed to queue; every later kernel then ends at entry, and waits
+/// in progress give up.
+pub(crate) const PEER_STOPPED: usize = PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS;
 
 /// Largest message (bytes) the push kernel takes: an inbox holds, per
 /// sender and for each of two calls in flight, twice this (every 4 bytes
@@ -170,8 +175,9 @@ pub(crate) fn peer_grid(
 /// `ranks_per_gpu` ranks of the communicator share a GPU: all of them,
 /// unless ranks share one, whose blocks must then all be resident at once
 /// if the ranks are threads of one process (each waits for the others';
-/// a large block fills an SM): 64 blocks shared between them, which any
-/// GPU of compute capability 8.0 or newer holds.
+/// a large block fills an SM): 64 blocks shared between them, so such
+/// ranks need a GPU of at least 64 SMs (H100 and H200 have 132, A100 108;
+/// smaller ones such as the L4 would wait until the kernel timeout).
 pub(crate) fn peer_max_blocks(ranks_per_gpu: usize) -> usize {
     if ranks_per_gpu <= 1 {
         PEER_BLOCKS
@@ -338,6 +344,10 @@ mod tests {
         }
         assert!(source.contains("#define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)\n"));
         assert!(source.contains("#define PEER_STOPPED (PUSH_COUNTS + PUSH_BLOCKS)\n"));
+        assert_eq!(
+            PEER_STOPPED,
+            PEER_BLOCKS * PEER_MAX + PEER_BLOCKS + PUSH_BLOCKS
+        );
     }
 
     #[test]

@@ -105,6 +105,14 @@ impl MappedWords {
         self.word(i).store(value, Ordering::SeqCst)
     }
 
+    /// Sets word `i` to `new` if it holds `current` (as the kernels'
+    /// `atomicCAS_system` does); true if it did.
+    pub fn compare_exchange(&self, i: usize, current: u32, new: u32) -> bool {
+        self.word(i)
+            .compare_exchange(current, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
     /// The address kernels use for word `i`.
     pub fn device_ptr(&self, i: usize) -> DevicePtr {
         assert!(i < self.len, "word {i} of {}", self.len);
