@@ -468,6 +468,25 @@ __device__ __forceinline__ void large_part(u64 len, u64 slice, u64 per, u32 j, u
   *hi = min(min(*lo + per, *start + slice), len);
 }
 
+// Copies vectors [lo, hi) of this block's part, up to LARGE_UNROLL a
+// thread in flight: load(w) gives vector w, put(w, x) stores it.
+template <typename Load, typename Put>
+__device__ __forceinline__ void large_copy(u64 lo, u64 hi, Load load, Put put) {
+  for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
+    uint4 x[LARGE_UNROLL];
+#pragma unroll
+    for (int k = 0; k < LARGE_UNROLL; ++k) {
+      const u64 w = v + k * blockDim.x;
+      if (w < hi) x[k] = load(w);
+    }
+#pragma unroll
+    for (int k = 0; k < LARGE_UNROLL; ++k) {
+      const u64 w = v + k * blockDim.x;
+      if (w < hi) put(w, x[k]);
+    }
+  }
+}
+
 // The chunk's slices of the other ranks, from this rank's input into
 // area A of their owners' buffers (slot a.rank).
 template <typename Op>
@@ -477,19 +496,9 @@ __device__ __forceinline__ void large_scatter(const PeerArgs& a, u64 base, u64 l
     u64 lo, hi, start;
     large_part(len, slice, per, j, &lo, &hi, &start);
     uint4* to = (uint4*)a.buf[j] + (u64)a.rank * slot;
-    for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
-      uint4 x[LARGE_UNROLL];
-#pragma unroll
-      for (int k = 0; k < LARGE_UNROLL; ++k) {
-        const u64 w = v + k * blockDim.x;
-        if (w < hi) x[k] = peer_load_user<Op>(a, a.input, base + w);
-      }
-#pragma unroll
-      for (int k = 0; k < LARGE_UNROLL; ++k) {
-        const u64 w = v + k * blockDim.x;
-        if (w < hi) to[w - start] = x[k];
-      }
-    }
+    large_copy(
+        lo, hi, [&](u64 w) { return peer_load_user<Op>(a, a.input, base + w); },
+        [&](u64 w, uint4 x) { to[w - start] = x; });
   }
 }
 
@@ -525,19 +534,9 @@ __device__ __forceinline__ void large_gather(const PeerArgs& a, u64 base, u64 le
     u64 lo, hi, start;
     large_part(len, slice, per, j, &lo, &hi, &start);
     const uint4* from = (const uint4*)a.buf[a.rank] + (a.world + j) * slot;
-    for (u64 v = lo + threadIdx.x; v < hi; v += LARGE_UNROLL * blockDim.x) {
-      uint4 x[LARGE_UNROLL];
-#pragma unroll
-      for (int k = 0; k < LARGE_UNROLL; ++k) {
-        const u64 w = v + k * blockDim.x;
-        if (w < hi) x[k] = __ldcg(from + (w - start));
-      }
-#pragma unroll
-      for (int k = 0; k < LARGE_UNROLL; ++k) {
-        const u64 w = v + k * blockDim.x;
-        if (w < hi) peer_store_user<Op>(a, a.output, base + w, x[k]);
-      }
-    }
+    large_copy(
+        lo, hi, [&](u64 w) { return __ldcg(from + (w - start)); },
+        [&](u64 w, uint4 x) { peer_store_user<Op>(a, a.output, base + w, x); });
   }
 }
 
