@@ -839,6 +839,65 @@ fn ranks_in_separate_processes_reduce_through_ipc_at_2_4_and_8_ranks() {
 }
 
 #[test]
+fn a_rank_that_gave_up_ends_its_queued_calls_at_once_and_never_lets_a_late_peer_pass() {
+    if !can_run("a_rank_that_gave_up_ends_its_queued_calls_at_once_and_never_lets_a_late_peer_pass")
+    {
+        return;
+    }
+    // Rank 0 queues 10 one-shot calls at once; rank 1 queues its own only
+    // after rank 0's first call has timed out (2 s). Rank 0's other nine
+    // must end at entry (its queue drains in about one timeout, not ten),
+    // and must not arrive at their barriers: rank 1's first call may pass
+    // on rank 0's first arrival (its data was in place), but its next call
+    // has to wait for an arrival that never comes and fail, not reduce
+    // stale buffers.
+    let opts = IntraNodeOptions {
+        kernel_timeout: Some(Duration::from_secs(2)),
+        ..options(AlgoChoice::Force(AllReduceAlgo::OneShot), 1 << 20)
+    };
+    let ranks = comms(2, "gave-up", &opts);
+    let inputs: Vec<Vec<Tensor<'static>>> = (0..2)
+        .map(|rank| {
+            (0..10)
+                .map(|call| gpu_input(DType::F32, rank, 1000, 0, call))
+                .collect()
+        })
+        .collect();
+    let outcomes = on_every_rank(&ranks, |c, s| {
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        let began = Instant::now();
+        let mut queued = 0;
+        for t in &inputs[c.rank()] {
+            if c.all_reduce_on(t, ReduceOp::Sum, s).is_err() {
+                break; // refused once a kernel of this rank has stopped
+            }
+            queued += 1;
+        }
+        s.synchronize().unwrap();
+        (began.elapsed(), queued, c.check())
+    });
+    let (took, queued, verdict) = &outcomes[0];
+    assert_eq!(
+        *queued, 10,
+        "rank 0 queued every call before its first gave up"
+    );
+    assert!(
+        *took < Duration::from_secs(5),
+        "rank 0's ten calls took {took:?}: the nine behind the failed one waited"
+    );
+    let e = verdict.as_ref().unwrap_err().to_string();
+    assert!(e.contains("peer rank 1 did not arrive"), "{e}");
+    let (_, _, late) = &outcomes[1];
+    let e = late
+        .as_ref()
+        .expect_err("rank 1 completed calls rank 0 never made")
+        .to_string();
+    assert!(e.contains("peer rank 0 did not arrive"), "{e}");
+}
+
+#[test]
 fn a_rank_killed_during_a_call_fails_the_survivor_by_name_without_a_hang() {
     if !can_run("a_rank_killed_during_a_call_fails_the_survivor_by_name_without_a_hang") {
         return;
