@@ -64,8 +64,6 @@ struct PeerArgs {
                     // large: bytes of one rank's slot of each area
 };
 
-
-
 __device__ __forceinline__ u64 peer_now_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
