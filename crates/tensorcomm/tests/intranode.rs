@@ -173,6 +173,17 @@ fn gpu_input(
     whole.narrow(0, offset, numel).unwrap()
 }
 
+/// All-reduces (SUM) every tensor of `tensors` in place, queued `batch` at
+/// a time back to back, the stream synchronized after each batch.
+fn sum_in_batches(c: &IntraNodeComm, s: &Stream, tensors: &[Tensor<'_>], batch: usize) {
+    for some in tensors.chunks(batch) {
+        for t in some {
+            c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
+        }
+        s.synchronize().unwrap();
+    }
+}
+
 /// Checks `t` (rank `rank`'s result) against the reference, bit for bit.
 fn assert_reference(t: &Tensor<'_>, op: ReduceOp, world: usize, call: usize, what: &str) {
     let got = read(t);
@@ -425,12 +436,7 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             // 60 s after rank 0's, on one H200 and on two, with builds
             // before and after the large kernel; see IntraNodeComm.)
             let tensors = &inputs[c.rank()];
-            for batch in tensors.chunks(100) {
-                for t in batch {
-                    c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
-                }
-                s.synchronize().unwrap();
-            }
+            sum_in_batches(c, s, tensors, 100);
             c.check().unwrap_or_else(|e| panic!("{algo:?}: {e}"));
             for (call, t) in tensors.iter().enumerate() {
                 assert_reference(t, ReduceOp::Sum, 2, call, &format!("{algo:?} call {call}"));
@@ -473,12 +479,7 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
         let tensors = &inputs[c.rank()];
         // 20 calls a batch: 80 queued for all ranks together, under the
         // shared launch queue (see IntraNodeComm).
-        for batch in tensors.chunks(20) {
-            for t in batch {
-                c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
-            }
-            s.synchronize().unwrap();
-        }
+        sum_in_batches(c, s, tensors, 20);
         c.check().unwrap();
         for (call, t) in tensors.iter().enumerate() {
             assert_reference(t, ReduceOp::Sum, world, call, &format!("mixed call {call}"));

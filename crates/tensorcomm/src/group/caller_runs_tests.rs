@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::backend::{Call, GroupBackend};
-use super::collective::{Capabilities, Collective, Scope};
+use super::collective::Collective;
 use super::engine::Engine;
-use super::{run_here, DeviceEvent, FlightRecorder, ReduceOp, Work};
-use crate::store::HashStore;
+use super::one_rank_engine::{host_scope, one_rank_engine};
+use super::{run_here, DeviceEvent, ReduceOp, Work};
 use crate::tensor::{DType, Tensor};
 use crate::Result;
 
@@ -30,34 +30,14 @@ impl GroupBackend for Recording {
     fn abort(&self) {}
 }
 
-/// Runs `f(engine, submit)` on a thread named "the-caller", where
-/// `submit()` starts an all-reduce on a host group of one rank.
+/// Runs `f(submit)` on a thread named "the-caller", where `submit()`
+/// starts an all-reduce on a host group of one rank.
 fn on_caller(f: impl FnOnce(&dyn Fn() -> Work) + Send + 'static) -> Vec<String> {
     let backend = Arc::new(Recording::default());
-    let engine = Engine::start(
-        backend.clone(),
-        Arc::new(HashStore::new()),
-        "here",
-        (0, 1),
-        FlightRecorder::new(16, 0, 1, "here"),
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    let scope = Scope {
-        rank: 0,
-        size: 1,
-        caps: Capabilities::HOST,
-    };
+    let engine = one_rank_engine(backend.clone(), "here");
     std::thread::Builder::new()
         .name("the-caller".into())
-        .spawn(move || {
-            let t = Tensor::zeros(&[2], DType::F32).unwrap();
-            let submit = || {
-                let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
-                engine.submit(call, None).unwrap()
-            };
-            f(&submit);
-        })
+        .spawn(move || f(&|| submit_on(&engine)))
         .unwrap()
         .join()
         .unwrap();
@@ -129,27 +109,13 @@ impl GroupBackend for Ids {
 }
 
 fn engine_with<B: GroupBackend + 'static>(b: Arc<B>, name: &str) -> Arc<Engine> {
-    Arc::new(
-        Engine::start(
-            b,
-            Arc::new(HashStore::new()),
-            name,
-            (0, 1),
-            FlightRecorder::new(16, 0, 1, name),
-            Duration::from_secs(30),
-        )
-        .unwrap(),
-    )
+    Arc::new(one_rank_engine(b, name))
 }
 
+/// Starts an all-reduce of two zeros on `engine`'s host group of one rank.
 fn submit_on(engine: &Engine) -> Work {
-    let scope = Scope {
-        rank: 0,
-        size: 1,
-        caps: Capabilities::HOST,
-    };
     let t = Tensor::zeros(&[2], DType::F32).unwrap();
-    let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+    let call = Collective::all_reduce(&host_scope(), &t, ReduceOp::Sum).unwrap();
     engine.submit(call, None).unwrap()
 }
 

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::backend::{Call, GroupBackend, Prepared};
-use super::collective::{Capabilities, Collective, Scope};
+use super::collective::{Collective, Scope};
 use super::engine::Engine;
-use super::{DeviceEvent, FlightRecorder, ReduceOp};
-use crate::store::HashStore;
+use super::one_rank_engine::{host_scope, one_rank_engine};
+use super::{DeviceEvent, ReduceOp};
 use crate::tensor::{DType, Tensor};
 use crate::{Error, Result};
 
@@ -66,21 +66,7 @@ impl GroupBackend for PreparingBackend {
 }
 
 fn engine(backend: Arc<PreparingBackend>) -> (Engine, Scope) {
-    let engine = Engine::start(
-        backend,
-        Arc::new(HashStore::new()),
-        "host",
-        (0, 1),
-        FlightRecorder::new(16, 0, 1, "host"),
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    let scope = Scope {
-        rank: 0,
-        size: 1,
-        caps: Capabilities::HOST,
-    };
-    (engine, scope)
+    (one_rank_engine(backend, "host"), host_scope())
 }
 
 #[test]

@@ -51,6 +51,8 @@ mod flight_recorder;
 mod host_engine_tests;
 mod mismatch_sides;
 mod new_group;
+#[cfg(test)]
+mod one_rank_engine;
 mod progress;
 mod reduce_op;
 mod sparse_work;
