@@ -29,7 +29,10 @@
 //! `TENSORCOMM_FAULT_LINGER_MS` (how long a rank that got its error waits
 //! before exiting, default 300), `TENSORCOMM_BIN` (the `tensorcomm`
 //! binary to launch with, where this test binary was copied away from its
-//! build; default the one cargo built).
+//! build; default the one cargo built), `TENSORCOMM_FAULT_KEEP_OUTPUT`
+//! (a folder: each failed scenario's whole output goes there, including
+//! the `FAULT-STEP` line every rank prints, with the wall-clock time, as
+//! each of its steps succeeds).
 //!
 //! NCCL (`fault_injection_on_nccl`): each rank creates the NCCL group on
 //! the GPU of its local rank and runs the scenario on CUDA tensors, built

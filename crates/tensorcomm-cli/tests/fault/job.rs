@@ -179,6 +179,7 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
             .push(format!("still running after {:?}", timing.hard_limit));
         verdict.leaked = leaks(&stdout, &mut verdict.problems);
         explain(&stdout, &stderr, &mut verdict.problems);
+        keep_output(sc, &stdout, &stderr);
         return verdict;
     };
     judge_launcher(sc, status.code(), &stderr, &mut verdict.problems);
@@ -200,8 +201,26 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
     verdict.leaked = leaks(&stdout, &mut verdict.problems);
     if !verdict.problems.is_empty() {
         explain(&stdout, &stderr, &mut verdict.problems);
+        keep_output(sc, &stdout, &stderr);
     }
     verdict
+}
+
+/// With `TENSORCOMM_FAULT_KEEP_OUTPUT=<dir>`, a failed scenario's whole
+/// output (the launcher's and every rank's) goes to
+/// `<dir>/<seed>-<kind>.{stdout,stderr}`, for what the summary leaves out.
+fn keep_output(sc: &Scenario, stdout: &str, stderr: &str) {
+    let Some(dir) = std::env::var_os("TENSORCOMM_FAULT_KEEP_OUTPUT") else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir);
+    let stem = format!("{:#x}-{}", sc.seed, sc.kind);
+    for (ext, text) in [("stdout", stdout), ("stderr", stderr)] {
+        let path = dir.join(format!("{stem}.{ext}"));
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text)) {
+            eprintln!("could not keep {}: {e}", path.display());
+        }
+    }
 }
 
 /// Adds what the launcher and the ranks said, for a failed scenario.

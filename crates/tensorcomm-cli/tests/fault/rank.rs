@@ -430,7 +430,12 @@ pub fn main() -> ! {
                 ),
                 RANK_BROKEN,
             ),
-            Ok(None) => {}
+            Ok(None) => say(&format!(
+                "FAULT-STEP rank={rank} phase={phase} at_unix_ms={}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            )),
         }
         if victim && i == sc.fault_step && kind == FaultKind::Stop {
             // Continued: the launcher is ending the job.

@@ -35,6 +35,9 @@ struct FakeBackend {
     /// Every call fails at once with the link to this rank closed (a rank
     /// whose peer died, as its own transport would find).
     lost_peer: Option<usize>,
+    /// Device work ends this long after its deadline whatever the peers
+    /// did, as a kernel waiting on a peer that died or aborted can.
+    done_late: Option<Duration>,
     aborted: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -43,10 +46,15 @@ struct FakeEvent {
     device: Arc<Device>,
     seq: u64,
     size: usize,
+    /// Done from then on, whatever the peers queued.
+    done_at: Option<Instant>,
 }
 
 impl DeviceEvent for FakeEvent {
     fn query(&self) -> Result<bool> {
+        if let Some(at) = self.done_at {
+            return Ok(Instant::now() >= at);
+        }
         let calls = self.device.calls.lock().unwrap();
         Ok(calls
             .get(&self.seq)
@@ -102,6 +110,7 @@ impl GroupBackend for FakeBackend {
             device: self.device.clone(),
             seq: fp.seq,
             size: self.size,
+            done_at: self.done_late.map(|late| call.deadline + late),
         })))
     }
 
@@ -126,26 +135,28 @@ fn engines_stuck_on(
     timeout: Duration,
     stuck: impl Fn(usize) -> Option<CollectiveKind>,
 ) -> Vec<(Engine, Scope)> {
-    engines_with(size, timeout, |rank| (stuck(rank), None))
+    engines_with(size, timeout, |rank| (stuck(rank), None, None))
 }
 
 /// `engines`, where `setup(r)` gives rank r's backend the kind of call it
-/// cannot queue and the peer whose link it finds closed on every call.
+/// cannot queue, the peer whose link it finds closed on every call, and
+/// how long after its deadline its device work ends regardless.
 fn engines_with(
     size: usize,
     timeout: Duration,
-    setup: impl Fn(usize) -> (Option<CollectiveKind>, Option<usize>),
+    setup: impl Fn(usize) -> (Option<CollectiveKind>, Option<usize>, Option<Duration>),
 ) -> Vec<(Engine, Scope)> {
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
     let device = Arc::new(Device::default());
     (0..size)
         .map(|rank| {
-            let (stuck, lost_peer) = setup(rank);
+            let (stuck, lost_peer, done_late) = setup(rank);
             let backend = Arc::new(FakeBackend {
                 device: device.clone(),
                 size,
                 stuck,
                 lost_peer,
+                done_late,
                 aborted: Arc::default(),
             });
             let recorder = FlightRecorder::new(16, rank, size, "fake");
@@ -366,9 +377,9 @@ fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
     // gone rank). Rank 1 must fail with rank 0's cause long before its
     // 30 s timeout, not wait for it.
     let groups = engines_with(3, Duration::from_secs(30), |rank| match rank {
-        0 => (None, Some(2)),
-        1 => (Some(CollectiveKind::AllReduce), None),
-        _ => (None, None),
+        0 => (None, Some(2), None),
+        1 => (Some(CollectiveKind::AllReduce), None, None),
+        _ => (None, None, None),
     });
     let outcomes = all_reduce_on_ranks_0_and_1_failing_fast(&groups);
     for (rank, outcome) in outcomes.into_iter().enumerate() {
@@ -378,4 +389,22 @@ fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
             "rank {rank}: {text}"
         );
     }
+}
+
+#[test]
+fn device_work_that_ends_after_its_deadline_fails_with_the_timeout() {
+    // Rank 1 never calls; rank 0's device work ends 50 ms after its
+    // deadline anyway, while the watchdog is still settling the timeout
+    // (it waits for the peers' progress), as NCCL kernels can when a peer
+    // died or aborted. Four H200s showed this: two survivors reported a
+    // barrier done that the third timed out on, the victim never having
+    // called it. The work must fail with the timeout, not be done.
+    let groups = engines_with(2, Duration::from_millis(300), |rank| {
+        (None, None, (rank == 0).then_some(Duration::from_millis(50)))
+    });
+    let (engine, scope) = &groups[0];
+    let t = Tensor::zeros(&[3], crate::tensor::DType::F32).unwrap();
+    let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
+    let outcome = engine.submit(call, None).unwrap().synchronize();
+    failure_naming(outcome, 0, &[1]);
 }

@@ -13,7 +13,7 @@
 //! it long before its deadline.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -53,12 +53,41 @@ struct Tracked {
 
 /// The failure that broke a device group: the first failed sequence
 /// number and its error. Every pending or later collective sees it.
-#[derive(Default)]
 pub(crate) struct DeviceFailure {
     failed: Mutex<Option<(u64, Error)>>,
+    /// The first sequence number the watchdog has begun failing (u64::MAX:
+    /// none): from then until the error is set, that collective and later
+    /// ones are not done, whatever the device says.
+    deciding_from: AtomicU64,
+}
+
+impl Default for DeviceFailure {
+    fn default() -> Self {
+        DeviceFailure {
+            failed: Mutex::default(),
+            deciding_from: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl DeviceFailure {
+    /// The watchdog has found collective `seq` failed (past its deadline,
+    /// mismatched, or failed on another rank) and is settling the cause,
+    /// which takes store round trips and, for a timeout, a wait for the
+    /// peers' progress. Device work that ends meanwhile (a peer that died
+    /// or aborted can make a waiting kernel end, with garbage) must not
+    /// count as done.
+    pub(crate) fn begin(&self, seq: u64) {
+        self.deciding_from.fetch_min(seq, Ordering::AcqRel);
+    }
+
+    /// Whether the watchdog is failing collective `seq` (see [`begin`]).
+    ///
+    /// [`begin`]: DeviceFailure::begin
+    fn deciding(&self, seq: u64) -> bool {
+        seq >= self.deciding_from.load(Ordering::Acquire)
+    }
+
     /// Records the failure of collective `seq` (the first one counts).
     pub(crate) fn set(&self, seq: u64, error: Error) {
         let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -88,10 +117,16 @@ pub(crate) struct TrackedEvent {
 
 impl DeviceEvent for TrackedEvent {
     fn query(&self) -> Result<bool> {
-        match self.failure.of(self.seq) {
-            Some(e) => Err(e),
-            None => self.inner.query(),
+        // The device first: work it finished before the watchdog began
+        // failing the group is done; work that finishes after is not.
+        let done = self.inner.query();
+        if let Some(e) = self.failure.of(self.seq) {
+            return Err(e);
         }
+        if self.failure.deciding(self.seq) {
+            return Ok(false);
+        }
+        done
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -282,6 +317,7 @@ impl Watchdog {
                         // Any pending collective may be the first past its
                         // deadline (calls may pass shorter timeouts).
                         if let Some(late) = self.first_overdue(deadline) {
+                            self.failure.begin(fp.seq.min(late.seq));
                             let error = self.timeout_error(store, keys, late);
                             self.fail_all(engine, &late, error, None);
                             return;
@@ -422,13 +458,14 @@ impl Watchdog {
         source: Error,
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     ) {
-        let source = engine.settle(fp, mismatched, source);
         let first_pending = self
             .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .front()
             .map_or(fp.seq, |t| t.pending.fingerprint.seq);
+        self.failure.begin(first_pending.min(fp.seq));
+        let source = engine.settle(fp, mismatched, source);
         // A mismatch is told in full: this rank's call and the peer's, which
         // it posts when it finds the mismatch too (peers of a device group
         // learn through the store, so this comes before the abort).
