@@ -8,9 +8,9 @@
 //!
 //! The size limits depend on the world size ([`push_max`],
 //! [`one_shot_max`], [`two_shot_max`]; each says where it was measured):
-//! push's at 2, 3 and 4 ranks on four H200s, one-shot's and two-shot's at
-//! 2 ranks on two H200s and at 4 ranks on four H200s; other world sizes
-//! take the nearest measured one's.
+//! push's at 2, 3 and 4 ranks on four H200s, one-shot's at 2 ranks on two
+//! H200s and at 4 ranks on four, two-shot's at 2, 3 and 4 ranks; other
+//! world sizes take the nearest measured one's.
 //! `TENSORCOMM_INTRANODE_ALGO` forces one algorithm.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,9 +110,12 @@ pub const fn one_shot_max(world: usize) -> usize {
 /// `world` ranks (when the buffer region holds it; larger ones take the
 /// large kernel). At 2 ranks two-shot never beat both one-shot and the
 /// large kernel (two H200s: 25.2 µs at 4 MiB, 68.6 µs at 16 MiB), so it
-/// takes nothing: one-shot's limit. At 4 ranks two-shot beat NCCL at
-/// 4 MiB (39 against 43 µs) and lost at 16 MiB (125 against 100 µs; four
-/// H200s, before the large kernel existed).
+/// takes nothing: one-shot's limit. At 3 and 4 ranks (four H200s, f32,
+/// eager, `bench/results/intranode-large-h200x4`) two-shot beat the large
+/// kernel at 1 MiB (18.6 against 19.9 µs at 3 ranks, 20.5 against 21.6 at
+/// 4), tied or won at 4 MiB (36.2 against 35.6, 36.8 against 39.9) and
+/// lost at 16 MiB (107.9 against 103.8, 124.6 against 113.3); 5 to 8 ranks
+/// take the same 4 MiB, not yet measured.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::{one_shot_max, two_shot_max};
@@ -123,7 +126,7 @@ pub const fn two_shot_max(world: usize) -> usize {
     if world <= 2 {
         one_shot_max(world)
     } else {
-        10 << 20
+        4 << 20
     }
 }
 
@@ -135,16 +138,20 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// the large kernel beat PyTorch's NCCL all_reduce in the same call from
 /// 16 MiB to 1 GiB (63.5 against 77.9 µs at 16 MiB, 209 against 249 µs at
 /// 64 MiB, 3.0 against 3.25 ms at 1 GiB); inside the NCCL group one 16 MiB
-/// row was unexplainedly slow (498 µs). At more ranks it has
-/// not been measured (the chunked two-shot it replaced lost to NCCL from
-/// 16 MiB at 4 ranks), so NCCL keeps them.
+/// row was unexplainedly slow (498 µs). At 3 and 4 ranks (four H200s, f32,
+/// the NCCL group's all_reduce with the large kernel forced against
+/// peer memory off, `bench/results/intranode-large-h200x4`) it beat NCCL
+/// from 1 MiB to 256 MiB (4 ranks: 113 against 253 µs at 16 MiB, 383
+/// against 607 at 64 MiB, 1.25 against 1.48 ms at 256 MiB) and tied at
+/// 1 GiB (4.41 against 4.39 ms at 3 ranks, 4.87 against 4.74 at 4). From
+/// 5 ranks it has not been measured, so NCCL keeps those.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::large_beats_nccl;
-/// assert!(large_beats_nccl(2) && !large_beats_nccl(4));
+/// assert!(large_beats_nccl(4) && !large_beats_nccl(8));
 /// ```
 pub const fn large_beats_nccl(world: usize) -> bool {
-    world <= 2
+    world <= 4
 }
 
 /// How algorithms are chosen: by size, or one forced.
