@@ -173,13 +173,13 @@ fn gpu_input(
     whole.narrow(0, offset, numel).unwrap()
 }
 
-/// All-reduces (SUM) every tensor of `tensors` in place, queued `batch` at
-/// a time back to back, the stream synchronized after each batch.
-fn sum_in_batches(c: &IntraNodeComm, s: &Stream, tensors: &[Tensor<'_>], batch: usize) {
-    for some in tensors.chunks(batch) {
-        for t in some {
-            c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
-        }
+/// All-reduces (SUM) every tensor of `tensors` in place, one call queued
+/// at a time: ranks that are threads of one process sharing a GPU must not
+/// queue more (see `IntraNodeComm`). The ranks are not synchronized with
+/// each other, so a rank may start a call while its peers finish the last.
+fn sum_each(c: &IntraNodeComm, s: &Stream, tensors: &[Tensor<'_>]) {
+    for t in tensors {
+        c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
         s.synchronize().unwrap();
     }
 }
@@ -429,14 +429,12 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             })
             .collect();
         on_every_rank(&ranks, |c, s| {
-            // Queued back to back, 100 at a time; every result lands in its
-            // own tensor, checked after all have run. (Ranks that are
-            // threads of one process share a CUDA context: with 1000
-            // calls queued at once, rank 1's first kernel had not started
-            // 60 s after rank 0's, on one H200 and on two, with builds
-            // before and after the large kernel; see IntraNodeComm.)
+            // One after another (one queued at a time per rank: these
+            // ranks are threads of one process; ranks as processes queue
+            // calls back to back in `process_rank_calls`); every result
+            // lands in its own tensor, checked after all have run.
             let tensors = &inputs[c.rank()];
-            sum_in_batches(c, s, tensors, 100);
+            sum_each(c, s, tensors);
             c.check().unwrap_or_else(|e| panic!("{algo:?}: {e}"));
             for (call, t) in tensors.iter().enumerate() {
                 assert_reference(t, ReduceOp::Sum, 2, call, &format!("{algo:?} call {call}"));
@@ -453,9 +451,9 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
     // A 1 MiB region at 4 ranks: push up to 4 KiB, one-shot up to 256 KiB,
     // two-shot up to the region, the large kernel beyond (two chunks of
     // 1 MiB, the second partial, on several blocks). Calls of every kind
-    // follow each other with no synchronization, so the regions, the
-    // large kernel's use of both eager ones, and the inboxes all change
-    // hands between calls.
+    // follow each other with no synchronization between the ranks, so the
+    // regions, the large kernel's use of both eager ones, and the inboxes
+    // all change hands between calls.
     let world = 4;
     let ranks = comms(world, "mixed-4", &options(AlgoChoice::Auto, 1 << 20));
     let numels = [250, 25_000, 150_000, 375_000, 3, 60_001];
@@ -477,9 +475,7 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
         .collect();
     on_every_rank(&ranks, |c, s| {
         let tensors = &inputs[c.rank()];
-        // 20 calls a batch: 80 queued for all ranks together, under the
-        // shared launch queue (see IntraNodeComm).
-        sum_in_batches(c, s, tensors, 20);
+        sum_each(c, s, tensors);
         c.check().unwrap();
         for (call, t) in tensors.iter().enumerate() {
             assert_reference(t, ReduceOp::Sum, world, call, &format!("mixed call {call}"));
@@ -753,6 +749,25 @@ fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
     }
     let u = c.usage();
     assert_eq!((u.push, u.one_shot, u.two_shot), want, "{u:?}");
+    // Then back to back, all queued before the first is waited for (each
+    // process has a context of its own, so a rank's queued calls cannot
+    // hold up a peer's), the sizes taking every algorithm in turn; the
+    // large kernel beyond the 1 MiB region.
+    let inputs: Vec<Tensor<'static>> = (0..calls)
+        .map(|call| {
+            let numel = [1000, 60_000, 200_000, 600_002][call % 4];
+            gpu_input(DType::BF16, c.rank(), numel, 2 * (call % 3), calls + call)
+        })
+        .collect();
+    for t in &inputs {
+        c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
+    }
+    s.synchronize().unwrap();
+    for (call, t) in inputs.iter().enumerate() {
+        let what = format!("process rank {} back-to-back call {call}", c.rank());
+        assert_reference(t, ReduceOp::Sum, c.world(), calls + call, &what);
+    }
+    assert!(c.usage().large > 0, "{:?}", c.usage());
 }
 
 /// Not a test of its own: the entry point of the child ranks below.

@@ -6,6 +6,7 @@
 //! that names it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,91 @@ struct FakeBackend {
     /// Device work ends this long after its deadline whatever the peers
     /// did, as a kernel waiting on a peer that died or aborted can.
     done_late: Option<Duration>,
+    /// Set when this backend is aborted: the group's store is gone from
+    /// then on (its host rank exited once it had reported).
+    kills_store: Option<Arc<AtomicBool>>,
     aborted: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// What a rank's fake backend does differently (see [`FakeBackend`]).
+#[derive(Default)]
+struct Quirks {
+    stuck: Option<CollectiveKind>,
+    lost_peer: Option<usize>,
+    done_late: Option<Duration>,
+    kills_store: bool,
+}
+
+/// The group's store, which fails every call once `dead` is set.
+struct MortalStore {
+    inner: HashStore,
+    dead: Arc<AtomicBool>,
+}
+
+impl MortalStore {
+    fn alive(&self) -> Result<&HashStore> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(Error::StoreConnectionLost {
+                addr: "127.0.0.1:1".into(),
+                reason: "connection refused (its host exited)".into(),
+            });
+        }
+        Ok(&self.inner)
+    }
+}
+
+impl Store for MortalStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.alive()?.set(key, value)
+    }
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.alive()?.get_timeout(key, timeout)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.alive()?.add(key, delta)
+    }
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.alive()?.compare_set(key, expected, desired)
+    }
+    fn wait_timeout(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.alive()?.wait_timeout(keys, timeout)
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.alive()?.check(keys)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.alive()?.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<usize> {
+        self.alive()?.num_keys()
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.alive()?.append(key, value)
+    }
+    fn multi_get_timeout(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.alive()?.multi_get_timeout(keys, timeout)
+    }
+    fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
+        self.alive()?.multi_set(keys, values)
+    }
+    fn list_keys(&self) -> Result<Vec<String>> {
+        self.alive()?.list_keys()
+    }
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.alive()?.queue_push(key, value)
+    }
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.alive()?.queue_pop_timeout(key, timeout)
+    }
+    fn queue_len(&self, key: &str) -> Result<usize> {
+        self.alive()?.queue_len(key)
+    }
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+    fn set_timeout(&self, timeout: Duration) {
+        self.inner.set_timeout(timeout)
+    }
 }
 
 /// Done once every rank queued `seq` with one fingerprint.
@@ -115,6 +200,9 @@ impl GroupBackend for FakeBackend {
     }
 
     fn abort(&self) {
+        if let Some(dead) = &self.kills_store {
+            dead.store(true, Ordering::SeqCst);
+        }
         let (lock, cv) = &*self.aborted;
         *lock.lock().unwrap() = true;
         cv.notify_all();
@@ -135,28 +223,34 @@ fn engines_stuck_on(
     timeout: Duration,
     stuck: impl Fn(usize) -> Option<CollectiveKind>,
 ) -> Vec<(Engine, Scope)> {
-    engines_with(size, timeout, |rank| (stuck(rank), None, None))
+    engines_with(size, timeout, |rank| Quirks {
+        stuck: stuck(rank),
+        ..Quirks::default()
+    })
 }
 
-/// `engines`, where `setup(r)` gives rank r's backend the kind of call it
-/// cannot queue, the peer whose link it finds closed on every call, and
-/// how long after its deadline its device work ends regardless.
+/// `engines`, where `setup(r)` gives rank r's backend its [`Quirks`].
 fn engines_with(
     size: usize,
     timeout: Duration,
-    setup: impl Fn(usize) -> (Option<CollectiveKind>, Option<usize>, Option<Duration>),
+    setup: impl Fn(usize) -> Quirks,
 ) -> Vec<(Engine, Scope)> {
-    let store: Arc<dyn Store> = Arc::new(HashStore::new());
+    let dead = Arc::new(AtomicBool::new(false));
+    let store: Arc<dyn Store> = Arc::new(MortalStore {
+        inner: HashStore::new(),
+        dead: dead.clone(),
+    });
     let device = Arc::new(Device::default());
     (0..size)
         .map(|rank| {
-            let (stuck, lost_peer, done_late) = setup(rank);
+            let quirks = setup(rank);
             let backend = Arc::new(FakeBackend {
                 device: device.clone(),
                 size,
-                stuck,
-                lost_peer,
-                done_late,
+                stuck: quirks.stuck,
+                lost_peer: quirks.lost_peer,
+                done_late: quirks.done_late,
+                kills_store: quirks.kills_store.then(|| dead.clone()),
                 aborted: Arc::default(),
             });
             let recorder = FlightRecorder::new(16, rank, size, "fake");
@@ -376,18 +470,32 @@ fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
     // queue its all_reduce (NCCL's group end in progress, connecting to the
     // gone rank). Rank 1 must fail with rank 0's cause long before its
     // 30 s timeout, not wait for it.
-    let groups = engines_with(3, Duration::from_secs(30), |rank| match rank {
-        0 => (None, Some(2), None),
-        1 => (Some(CollectiveKind::AllReduce), None, None),
-        _ => (None, None, None),
-    });
-    let outcomes = all_reduce_on_ranks_0_and_1_failing_fast(&groups);
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
-        let text = failure_naming(outcome, rank, &[2]);
-        assert!(
-            text.contains("the fake link to it closed"),
-            "rank {rank}: {text}"
-        );
+    for kills_store in [false, true] {
+        // With `kills_store`, the store is gone once rank 1's monitor has
+        // read the cause and aborted (its host exited after reporting, as
+        // rank 0 of a job does): rank 1 must still tell that cause, which
+        // it recorded before the abort, not the abort. Four H200s showed
+        // both survivors of a mismatch naming no one that way.
+        let groups = engines_with(3, Duration::from_secs(30), |rank| match rank {
+            0 => Quirks {
+                lost_peer: Some(2),
+                ..Quirks::default()
+            },
+            1 => Quirks {
+                stuck: Some(CollectiveKind::AllReduce),
+                kills_store,
+                ..Quirks::default()
+            },
+            _ => Quirks::default(),
+        });
+        let outcomes = all_reduce_on_ranks_0_and_1_failing_fast(&groups);
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let text = failure_naming(outcome, rank, &[2]);
+            assert!(
+                text.contains("the fake link to it closed"),
+                "rank {rank}, store killed: {kills_store}: {text}"
+            );
+        }
     }
 }
 
@@ -399,8 +507,9 @@ fn device_work_that_ends_after_its_deadline_fails_with_the_timeout() {
     // died or aborted. Four H200s showed this: two survivors reported a
     // barrier done that the third timed out on, the victim never having
     // called it. The work must fail with the timeout, not be done.
-    let groups = engines_with(2, Duration::from_millis(300), |rank| {
-        (None, None, (rank == 0).then_some(Duration::from_millis(50)))
+    let groups = engines_with(2, Duration::from_millis(300), |rank| Quirks {
+        done_late: (rank == 0).then_some(Duration::from_millis(50)),
+        ..Quirks::default()
     });
     let (engine, scope) = &groups[0];
     let t = Tensor::zeros(&[3], crate::tensor::DType::F32).unwrap();

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::absent_ranks::{blame_absent, blame_unqueued};
-use super::backend::{Call, GroupBackend};
+use super::backend::{is_aborted, Call, GroupBackend};
 use super::call_description::describe;
 use super::caller_runs::keep;
 use super::collective::{Collective, Validated};
@@ -409,6 +409,14 @@ fn run(
 /// closed finds it), closes them, adds both sides' descriptions of a
 /// mismatch, and names what failed.
 fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error {
+    // A call failed by this group's own abort: whoever aborted (the stall
+    // monitor, the watchdog) recorded the cause first. It is told when the
+    // store, where it was posted too, cannot give it any more (its host
+    // rank exits once it has reported).
+    let recorded = match shared.watchdog.get() {
+        Some(dog) if is_aborted(&source) => dog.failure.of(fp.seq),
+        _ => None,
+    };
     let source = with_timeout_set(call, source);
     // A call that never got queued names the ranks that never came.
     let ranks = (shared.rank, shared.size);
@@ -429,7 +437,10 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
             .with_both_sides(fp, source, call.description()),
         Some(_) => source,
     };
-    named(shared, fp, source)
+    match recorded {
+        Some(recorded) if is_aborted(&source) => recorded,
+        _ => named(shared, fp, source),
+    }
 }
 
 /// A peer timeout names the timeout the caller set (a wait inside the

@@ -84,14 +84,18 @@ struct LastCall {
 /// two ranks' kernels in one queue would wait for each other. Such ranks
 /// must also not call CUDA functions that wait for the whole device
 /// (freeing device or pinned memory, `cuCtxSynchronize`) while a call is
-/// queued: the device waits for that very rank. And they should keep far
-/// fewer than 1000 calls queued ahead of the GPU: with 1000 queued at once
-/// by each of two such ranks, one rank's first kernel had not started
-/// 60 s after the other's (on one and on two H200s), most likely because
-/// the driver's launch queue, about 1000 launches shared by a process's
-/// streams, was full of the first rank's calls, which wait for kernels of
-/// the other rank that could then not be queued (`tensorcomm bench`
-/// queues at most 48 calls for all ranks together for the same reason).
+/// queued: the device waits for that very rank. And each such rank should
+/// have one call queued at a time (synchronize its stream, or wait for an
+/// event of the last call, before queuing the next): with 1000 calls
+/// queued back to back by each of two such ranks (on one and on two
+/// H200s), and with 100 by each of two or 20 by each of four (on four
+/// H200s, 32 hardware queues, every launch having returned at once), one
+/// rank's first kernel did not start while the other's waited for it. The
+/// likely cause is that a rank's second kernel, waiting in a hardware
+/// queue behind its first, held up a peer's first kernel queued behind
+/// it. One call at a time has not deadlocked in any run. Ranks
+/// that are processes have contexts of their own and may queue calls back
+/// to back.
 ///
 /// ```no_run
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
