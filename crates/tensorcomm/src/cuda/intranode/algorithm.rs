@@ -141,7 +141,7 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// row was unexplainedly slow (498 µs). At 3 and 4 ranks (four H200s, f32,
 /// the NCCL group's all_reduce with the large kernel forced against
 /// peer memory off, `bench/results/intranode-large-h200x4`) it beat NCCL
-/// from 1 MiB to 256 MiB (4 ranks: 113 against 253 µs at 16 MiB, 383
+/// from 1 MiB to 256 MiB (4 ranks: 132 against 253 µs at 16 MiB, 383
 /// against 607 at 64 MiB, 1.25 against 1.48 ms at 256 MiB) and tied at
 /// 1 GiB (4.41 against 4.39 ms at 3 ranks, 4.87 against 4.74 at 4). From
 /// 5 ranks it has not been measured, so NCCL keeps those.
