@@ -19,7 +19,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::process_gone;
+use crate::rendezvous::{process_gone, process_key};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -104,6 +104,24 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
     let mut what = Some(what);
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
+    // The store's host gone (its connection lost and refused again): the
+    // peers' records can no longer be read, and a peer that found the
+    // store gone first has left, so this wait would end at its timeout
+    // blaming that peer. The lost store is the cause (`init_process_group`
+    // names its host rank).
+    let probe = watch.peers.first().map(|&(_, global)| process_key(global));
+    if let Some(Err(e @ Error::StoreConnectionLost { .. })) =
+        probe.map(|key| watch.store.check(&[&key]))
+    {
+        let what = what_text();
+        tracing::error!(
+            group = %watch.group,
+            rank = watch.rank,
+            %e,
+            "set-up failed: the store was lost while this rank waited for {what}"
+        );
+        return Err(e);
+    }
     for &(peer, global) in &watch.peers {
         if let Some(process) = process_gone(&*watch.store, global) {
             let what = what_text();
@@ -221,5 +239,30 @@ impl Store for SetupStore<'_> {
     }
     fn set_timeout(&self, timeout: Duration) {
         self.0.set_timeout(timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{TcpStore, TcpStoreOptions, TcpStoreServer};
+
+    #[test]
+    fn a_wait_fails_at_once_with_the_store_lost_when_its_host_is_gone() {
+        // Rank 1 of 3 waits during set-up; rank 0's store server goes away.
+        // The peers' records cannot be read any more, so no peer is "known
+        // gone": before, the wait went on to its timeout and blamed the
+        // peer it waited for, which had itself left on losing the store.
+        let options = TcpStoreOptions::default();
+        let server = TcpStoreServer::bind("127.0.0.1:0", &options).unwrap();
+        let client = TcpStore::connect(&server.local_addr().to_string(), &options).unwrap();
+        client.set("warm-up", b"1").unwrap();
+        let _watch = enter(Arc::new(client), "default", 1, &[0, 1, 2]);
+        assert!(check(|| "rank 2 to connect".into()).is_ok());
+        drop(server);
+        // The next check is due CHECK_EVERY after the last.
+        std::thread::sleep(CHECK_EVERY);
+        let err = check(|| "rank 2 to connect".into()).unwrap_err();
+        assert!(matches!(err, Error::StoreConnectionLost { .. }), "{err}");
     }
 }
