@@ -501,19 +501,63 @@ fn a_rank_stuck_queuing_takes_the_failure_another_rank_posted() {
 
 #[test]
 fn device_work_that_ends_after_its_deadline_fails_with_the_timeout() {
-    // Rank 1 never calls; rank 0's device work ends 50 ms after its
+    // Rank 1 never calls; rank 0's device work ends 100 ms after its
     // deadline anyway, while the watchdog is still settling the timeout
     // (it waits for the peers' progress), as NCCL kernels can when a peer
     // died or aborted. Four H200s showed this: two survivors reported a
     // barrier done that the third timed out on, the victim never having
     // called it. The work must fail with the timeout, not be done.
     let groups = engines_with(2, Duration::from_millis(300), |rank| Quirks {
-        done_late: (rank == 0).then_some(Duration::from_millis(50)),
+        done_late: (rank == 0).then_some(Duration::from_millis(100)),
         ..Quirks::default()
     });
     let (engine, scope) = &groups[0];
     let t = Tensor::zeros(&[3], crate::tensor::DType::F32).unwrap();
     let call = Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap();
     let outcome = engine.submit(call, None).unwrap().synchronize();
-    failure_naming(outcome, 0, &[1]);
+    let text = failure_naming(outcome, 0, &[1]);
+    assert!(
+        text.contains("did not finish on the device within 300ms"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_call_stuck_queuing_when_an_earlier_one_timed_out_names_itself_and_that_cause() {
+    // Rank 0's all_reduce (seq 0) waits on the device for rank 1, which
+    // never calls; its broadcast (seq 1) cannot be queued. The watchdog
+    // times seq 0 out and aborts, and the store goes with the abort (its
+    // host exited), so seq 1 learns the cause only from what the watchdog
+    // recorded: it must fail as seq 1, with seq 0's timeout as the cause.
+    let groups = engines_with(2, Duration::from_millis(300), |rank| Quirks {
+        stuck: (rank == 0).then_some(CollectiveKind::Broadcast),
+        kills_store: rank == 0,
+        ..Quirks::default()
+    });
+    let (engine, scope) = &groups[0];
+    let t = Tensor::zeros(&[3], crate::tensor::DType::F32).unwrap();
+    let first = engine
+        .submit(
+            Collective::all_reduce(scope, &t, ReduceOp::Sum).unwrap(),
+            None,
+        )
+        .unwrap();
+    // A longer timeout of its own: the abort comes first.
+    let second = engine
+        .submit(
+            Collective::broadcast(scope, &t, 0).unwrap(),
+            Some(Duration::from_secs(5)),
+        )
+        .and_then(|w| w.wait());
+    let err = second.expect_err("the stuck call must fail");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::CollectiveFailed { seq: 1, ranks, .. } if ranks == &[1]),
+        "{text}"
+    );
+    assert!(
+        text.contains("did not finish on the device within 300ms"),
+        "{text}"
+    );
+    assert!(first.synchronize().is_err());
 }

@@ -337,6 +337,12 @@ impl OnDeviceFailure for DeviceHooks {
         self.shared.backend.abort();
     }
 
+    fn begin_failing(&self, seq: u64) {
+        if let Some(dog) = self.shared.watchdog.get() {
+            dog.begin_failing(seq);
+        }
+    }
+
     fn fail_pending(&self, seq: u64, error: Error) {
         if let Some(dog) = self.shared.watchdog.get() {
             dog.fail_pending(seq, error);
@@ -417,6 +423,10 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
         Some(dog) if is_aborted(&source) => dog.failure.of(fp.seq),
         _ => None,
     };
+    if let Some(dog) = shared.watchdog.get() {
+        // Earlier device work that ends while this settles is not done.
+        dog.begin_failing(fp.seq);
+    }
     let source = with_timeout_set(call, source);
     // A call that never got queued names the ranks that never came.
     let ranks = (shared.rank, shared.size);
@@ -437,8 +447,14 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
             .with_both_sides(fp, source, call.description()),
         Some(_) => source,
     };
+    let aborted = is_aborted(&source);
     match recorded {
-        Some(recorded) if is_aborted(&source) => recorded,
+        // Told for this collective when it broke the group at an earlier
+        // one (the same cause, as the path through the store tells it).
+        Some(Error::CollectiveFailed {
+            seq, source: cause, ..
+        }) if aborted && seq != fp.seq => named(shared, fp, *cause),
+        Some(recorded) if aborted => recorded,
         _ => named(shared, fp, source),
     }
 }

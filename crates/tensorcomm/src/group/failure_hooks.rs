@@ -18,6 +18,11 @@ pub(crate) trait OnDeviceFailure: Send + Sync {
     ) -> Error;
     /// Aborts the backend's device work.
     fn abort(&self);
+    /// Says that a failure of collective `seq` is being settled: until
+    /// [`fail_pending`](Self::fail_pending) records it, device work of
+    /// `seq` or later (or of the first pending collective) that ends is not
+    /// done (see `watchdog.rs`).
+    fn begin_failing(&self, seq: u64);
     /// Fails the device work queued before collective `seq` and `seq`
     /// itself with `error` (call it before [`abort`](Self::abort), so that
     /// aborted work is not taken for finished work).

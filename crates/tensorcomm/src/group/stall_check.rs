@@ -357,6 +357,7 @@ impl StallMonitor {
             let recent = self.recent.snapshot();
             let found = compare(store, keys, &recent);
             if let Some(found) = found {
+                engine.begin_failing(found.mine.seq);
                 let error = found.error(keys.rank);
                 let cause = engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
                 // Device work queued before the mismatch fails with it

@@ -88,12 +88,18 @@ impl DeviceFailure {
         seq >= self.deciding_from.load(Ordering::Acquire)
     }
 
-    /// Records the failure of collective `seq` (the first one counts).
+    /// Records the failure of collective `seq` (the first one counts), and
+    /// ends the decision [`begin`] started: collectives before the recorded
+    /// one are done when their device work is, whether or not this call's
+    /// failure was the one recorded.
+    ///
+    /// [`begin`]: DeviceFailure::begin
     pub(crate) fn set(&self, seq: u64, error: Error) {
         let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
         if failed.is_none() {
             *failed = Some((seq, error));
         }
+        self.deciding_from.store(u64::MAX, Ordering::Release);
     }
 
     /// The error that collective `seq` ends with, if the group failed at
@@ -117,13 +123,16 @@ pub(crate) struct TrackedEvent {
 
 impl DeviceEvent for TrackedEvent {
     fn query(&self) -> Result<bool> {
-        // The device first: work it finished before the watchdog began
-        // failing the group is done; work that finishes after is not.
+        // The device first, then whether a decision is under way, then the
+        // failure (a decision ends once its failure is recorded): device
+        // work seen done before the watchdog began failing the group is
+        // done; work seen done after is not.
         let done = self.inner.query();
+        let deciding = self.failure.deciding(self.seq);
         if let Some(e) = self.failure.of(self.seq) {
             return Err(e);
         }
-        if self.failure.deciding(self.seq) {
+        if deciding {
             return Ok(false);
         }
         done
@@ -213,16 +222,26 @@ impl Watchdog {
         self.recent.record(fp);
     }
 
-    /// Fails every pending collective and collective `seq` (whose host
-    /// part failed) with `error`, before the backend is aborted.
-    pub(crate) fn fail_pending(&self, seq: u64, error: Error) {
-        let first = self
-            .pending
+    /// The first collective a failure of collective `seq` covers: the
+    /// first pending one, or `seq`.
+    fn first_failed(&self, seq: u64) -> u64 {
+        self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .front()
-            .map_or(seq, |t| t.pending.fingerprint.seq.min(seq));
-        self.failure.set(first, error);
+            .map_or(seq, |t| t.pending.fingerprint.seq.min(seq))
+    }
+
+    /// A failure of collective `seq` is being settled (see
+    /// [`DeviceFailure::begin`]); [`Watchdog::fail_pending`] ends that.
+    pub(crate) fn begin_failing(&self, seq: u64) {
+        self.failure.begin(self.first_failed(seq));
+    }
+
+    /// Fails every pending collective and collective `seq` (whose host
+    /// part failed) with `error`, before the backend is aborted.
+    pub(crate) fn fail_pending(&self, seq: u64, error: Error) {
+        self.failure.set(self.first_failed(seq), error);
     }
 
     /// Queues `pending` to be polled until `event`, after its device
@@ -317,7 +336,8 @@ impl Watchdog {
                         // Any pending collective may be the first past its
                         // deadline (calls may pass shorter timeouts).
                         if let Some(late) = self.first_overdue(deadline) {
-                            self.failure.begin(fp.seq.min(late.seq));
+                            // `fp` is the front: the first pending one.
+                            self.failure.begin(fp.seq);
                             let error = self.timeout_error(store, keys, late);
                             self.fail_all(engine, &late, error, None);
                             return;
@@ -458,13 +478,8 @@ impl Watchdog {
         source: Error,
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     ) {
-        let first_pending = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .front()
-            .map_or(fp.seq, |t| t.pending.fingerprint.seq);
-        self.failure.begin(first_pending.min(fp.seq));
+        let first = self.first_failed(fp.seq);
+        self.failure.begin(first);
         let source = engine.settle(fp, mismatched, source);
         // A mismatch is told in full: this rank's call and the peer's, which
         // it posts when it finds the mismatch too (peers of a device group
@@ -483,8 +498,7 @@ impl Watchdog {
         };
         // Before the abort, which may wait for the device: waiters see the
         // failure at once.
-        self.failure
-            .set(first_pending.min(fp.seq), engine.named(fp, source));
+        self.failure.set(first, engine.named(fp, source));
         engine.abort();
         let error = self
             .failure
@@ -553,6 +567,44 @@ pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device work that has finished.
+    struct Finished;
+
+    impl DeviceEvent for Finished {
+        fn query(&self) -> Result<bool> {
+            Ok(true)
+        }
+        fn synchronize(&self) -> Result<()> {
+            Ok(())
+        }
+        fn wait_on_current_stream(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn finished_work_is_not_done_while_its_failure_is_settled_and_done_before_it() {
+        let failure = Arc::new(DeviceFailure::default());
+        let event = |seq| TrackedEvent {
+            seq,
+            inner: Arc::new(Finished),
+            failure: failure.clone(),
+        };
+        let why = |what: &str| Error::InvalidArgument(what.into());
+        // Another path recorded a failure at 5 first; then the watchdog
+        // begins failing 2 (a posted failure of an earlier collective).
+        failure.set(5, why("first"));
+        failure.begin(2);
+        assert!(!event(3).query().unwrap(), "settling: not done");
+        assert!(event(1).query().unwrap(), "before the decision: done");
+        // Its own failure is not the one kept, yet the decision is over:
+        // work before the recorded failure is done again, not waited for
+        // forever (a review found that).
+        failure.set(2, why("second"));
+        assert!(event(3).query().unwrap());
+        assert!(matches!(event(5).query(), Err(Error::InvalidArgument(w)) if w == "first"));
+    }
 
     fn at(started: u64, completed: u64) -> Option<Progress> {
         Some(Progress {
