@@ -187,8 +187,13 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
         .into_iter()
         .map(|(r, line)| (r, RankResult::parse(&line)))
         .collect();
+    let started = tagged(&stdout, "FAULT-PID ");
     for r in (0..sc.world).filter(|&r| r != sc.victim) {
         match results.get(&r) {
+            // The launcher stopped it (SIGTERM) before its program began,
+            // when the victim died within milliseconds of the start: it ran
+            // nothing, so it has nothing to report and nothing to leak.
+            None if !started.contains_key(&r) => {}
             None => {
                 verdict.hung = true;
                 verdict

@@ -318,13 +318,14 @@ pub fn main() -> ! {
         ),
     };
     let sc = Scenario::on(seed, kind, victim_0, backend, world);
-    say(&format!("FAULT-PID rank={rank} pid={}", std::process::id()));
     let victim = rank == sc.victim;
     // The victims that die or stop keep the default SIGTERM; every rank that
-    // is to report an error ignores it.
+    // is to report an error ignores it, from before it says it started (a
+    // rank the launcher stopped before that never ran; see `job.rs`).
     if !victim || matches!(kind, FaultKind::Mismatch | FaultKind::CloseSockets) {
         ignore_sigterm();
     }
+    say(&format!("FAULT-PID rank={rank} pid={}", std::process::id()));
     if kind == FaultKind::StoreKill {
         if victim {
             let delay = Duration::from_micros(sc.delay_us.unwrap_or(0));
