@@ -173,15 +173,15 @@ fn gpu_input(
     whole.narrow(0, offset, numel).unwrap()
 }
 
-/// All-reduces (SUM) every tensor of `tensors` in place, one call queued
-/// at a time: ranks that are threads of one process sharing a GPU must not
-/// queue more (see `IntraNodeComm`). The ranks are not synchronized with
-/// each other, so a rank may start a call while its peers finish the last.
-fn sum_each(c: &IntraNodeComm, s: &Stream, tensors: &[Tensor<'_>]) {
+/// All-reduces (SUM) every tensor of `tensors` in place, all calls
+/// queued back to back, then waits for the stream. (Thread ranks sharing
+/// the GPU: `IntraNodeComm` queues each only once the last has run, and
+/// without that these tests deadlocked on H200s; see its docs.)
+fn sum_all(c: &IntraNodeComm, s: &Stream, tensors: &[Tensor<'_>]) {
     for t in tensors {
         c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
-        s.synchronize().unwrap();
     }
+    s.synchronize().unwrap();
 }
 
 /// Checks `t` (rank `rank`'s result) against the reference, bit for bit.
@@ -429,12 +429,10 @@ fn a_thousand_back_to_back_calls_never_see_stale_data() {
             })
             .collect();
         on_every_rank(&ranks, |c, s| {
-            // One after another (one queued at a time per rank: these
-            // ranks are threads of one process; ranks as processes queue
-            // calls back to back in `process_rank_calls`); every result
-            // lands in its own tensor, checked after all have run.
+            // Queued back to back; every result lands in its own tensor,
+            // checked after all have run.
             let tensors = &inputs[c.rank()];
-            sum_each(c, s, tensors);
+            sum_all(c, s, tensors);
             c.check().unwrap_or_else(|e| panic!("{algo:?}: {e}"));
             for (call, t) in tensors.iter().enumerate() {
                 assert_reference(t, ReduceOp::Sum, 2, call, &format!("{algo:?} call {call}"));
@@ -451,9 +449,9 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
     // A 1 MiB region at 4 ranks: push up to 4 KiB, one-shot up to 256 KiB,
     // two-shot up to the region, the large kernel beyond (two chunks of
     // 1 MiB, the second partial, on several blocks). Calls of every kind
-    // follow each other with no synchronization between the ranks, so the
-    // regions, the large kernel's use of both eager ones, and the inboxes
-    // all change hands between calls.
+    // follow each other with no synchronization, so the regions, the
+    // large kernel's use of both eager ones, and the inboxes all change
+    // hands between calls.
     let world = 4;
     let ranks = comms(world, "mixed-4", &options(AlgoChoice::Auto, 1 << 20));
     let numels = [250, 25_000, 150_000, 375_000, 3, 60_001];
@@ -475,7 +473,7 @@ fn every_algorithm_back_to_back_by_size_at_4_ranks_never_sees_stale_data() {
         .collect();
     on_every_rank(&ranks, |c, s| {
         let tensors = &inputs[c.rank()];
-        sum_each(c, s, tensors);
+        sum_all(c, s, tensors);
         c.check().unwrap();
         for (call, t) in tensors.iter().enumerate() {
             assert_reference(t, ReduceOp::Sum, world, call, &format!("mixed call {call}"));
@@ -711,8 +709,11 @@ const CHILD_RANK: &str = "TENSORCOMM_TEST_INTRANODE_RANK";
 const CHILD_WORLD: &str = "TENSORCOMM_TEST_INTRANODE_WORLD";
 const CHILD_SCENARIO: &str = "TENSORCOMM_TEST_INTRANODE_SCENARIO";
 
-/// The calls every rank of the process tests makes: 20 of each algorithm
-/// with bf16 SUM, each checked.
+/// The calls every rank of the process tests makes, bf16 SUM: push,
+/// one-shot and (where the world size's limits leave it any sizes)
+/// two-shot in turn, each checked after it ran; then push, one-shot,
+/// two-shot and the large kernel in turn, all queued back to back, checked
+/// after the last.
 fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
     // Processes sharing a GPU take turns on it, so each barrier waits for
     // every other rank's time slice: fewer calls for more ranks.
@@ -779,18 +780,24 @@ fn child_rank_entry() {
     let rank: usize = std::env::var(CHILD_RANK).unwrap().parse().unwrap();
     let world: usize = std::env::var(CHILD_WORLD).unwrap().parse().unwrap();
     let store = FileStore::open(&path).unwrap();
-    let c = IntraNodeComm::new(
-        &store,
-        "procs",
-        rank,
-        world,
-        0,
-        &options(AlgoChoice::Auto, 1 << 20),
-    )
-    .unwrap();
+    let scenario = std::env::var(CHILD_SCENARIO).unwrap();
+    let opts = match scenario.as_str() {
+        "late" => gave_up_options(),
+        _ => options(AlgoChoice::Auto, 1 << 20),
+    };
+    let c = IntraNodeComm::new(&store, "procs", rank, world, 0, &opts).unwrap();
     let s = Stream::new(0).unwrap();
-    match std::env::var(CHILD_SCENARIO).unwrap().as_str() {
+    match scenario.as_str() {
         "calls" => process_rank_calls(&c, &s),
+        "late" => {
+            // The gave-up test's rank 1: comes 5 s late, and must fail.
+            std::thread::sleep(Duration::from_secs(5));
+            let (_, _, verdict) = ten_calls(&c, &s);
+            let e = verdict
+                .expect_err("rank 1 completed calls rank 0 never made")
+                .to_string();
+            assert!(e.contains("peer rank 0 did not arrive"), "{e}");
+        }
         "wait" => {
             // Set up, say so, and wait to be killed.
             store.set("child-ready", b"1").unwrap();
@@ -854,63 +861,69 @@ fn ranks_in_separate_processes_reduce_through_ipc_at_2_4_and_8_ranks() {
     }
 }
 
+/// The options of the gave-up test's two ranks: one-shot, 2 s timeout.
+fn gave_up_options() -> IntraNodeOptions {
+    IntraNodeOptions {
+        kernel_timeout: Some(Duration::from_secs(2)),
+        ..options(AlgoChoice::Force(AllReduceAlgo::OneShot), 1 << 20)
+    }
+}
+
+/// Queues ten calls (stopping at the first refused), waits for the
+/// stream, and gives the time that took, the calls queued and the
+/// communicator's verdict.
+fn ten_calls(c: &IntraNodeComm, s: &Stream) -> (Duration, usize, tensorcomm::Result<()>) {
+    let inputs: Vec<Tensor<'static>> = (0..10)
+        .map(|call| gpu_input(DType::F32, c.rank(), 1000, 0, call))
+        .collect();
+    let began = Instant::now();
+    let mut queued = 0;
+    for t in &inputs {
+        if c.all_reduce_on(t, ReduceOp::Sum, s).is_err() {
+            break; // refused once a kernel of this rank has stopped
+        }
+        queued += 1;
+    }
+    s.synchronize().unwrap();
+    (began.elapsed(), queued, c.check())
+}
+
 #[test]
 fn a_rank_that_gave_up_ends_its_queued_calls_at_once_and_never_lets_a_late_peer_pass() {
     if !can_run("a_rank_that_gave_up_ends_its_queued_calls_at_once_and_never_lets_a_late_peer_pass")
     {
         return;
     }
-    // Rank 0 queues 10 one-shot calls at once; rank 1 queues its own only
-    // after rank 0's first call has timed out (2 s). Rank 0's other nine
-    // must end at entry (its queue drains in about one timeout, not ten),
-    // and must not arrive at their barriers: rank 1's first call may pass
-    // on rank 0's first arrival (its data was in place), but its next call
-    // has to wait for an arrival that never comes and fail, not reduce
-    // stale buffers.
-    let opts = IntraNodeOptions {
-        kernel_timeout: Some(Duration::from_secs(2)),
-        ..options(AlgoChoice::Force(AllReduceAlgo::OneShot), 1 << 20)
-    };
-    let ranks = comms(2, "gave-up", &opts);
-    let inputs: Vec<Vec<Tensor<'static>>> = (0..2)
-        .map(|rank| {
-            (0..10)
-                .map(|call| gpu_input(DType::F32, rank, 1000, 0, call))
-                .collect()
-        })
-        .collect();
-    let outcomes = on_every_rank(&ranks, |c, s| {
-        if c.rank() == 1 {
-            std::thread::sleep(Duration::from_secs(5));
-        }
-        let began = Instant::now();
-        let mut queued = 0;
-        for t in &inputs[c.rank()] {
-            if c.all_reduce_on(t, ReduceOp::Sum, s).is_err() {
-                break; // refused once a kernel of this rank has stopped
-            }
-            queued += 1;
-        }
-        s.synchronize().unwrap();
-        (began.elapsed(), queued, c.check())
-    });
-    let (took, queued, verdict) = &outcomes[0];
+    // Rank 0 queues 10 one-shot calls at once; rank 1 (a child process:
+    // thread ranks sharing a GPU queue one call at a time) queues its own
+    // only 5 s after set-up, once rank 0's first call has timed out (2 s).
+    // Rank 0's other nine must end at entry (its queue drains in about one
+    // timeout, not ten), and must not arrive at their barriers: rank 1's
+    // first call may pass on rank 0's first arrival (its data was in
+    // place), but its next call has to wait for an arrival that never
+    // comes and fail, not reduce stale buffers (the child checks that).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = FileStore::open(&path).unwrap();
+    let mut child = spawn_child(&path, 1, 2, "late");
+    let c = IntraNodeComm::new(&store, "procs", 0, 2, 0, &gave_up_options()).unwrap();
+    let s = Stream::new(0).unwrap();
+    let (took, queued, verdict) = ten_calls(&c, &s);
     assert_eq!(
-        *queued, 10,
+        queued, 10,
         "rank 0 queued every call before its first gave up"
     );
     assert!(
-        *took < Duration::from_secs(5),
+        took < Duration::from_secs(5),
         "rank 0's ten calls took {took:?}: the nine behind the failed one waited"
     );
-    let e = verdict.as_ref().unwrap_err().to_string();
+    let e = verdict.unwrap_err().to_string();
     assert!(e.contains("peer rank 1 did not arrive"), "{e}");
-    let (_, _, late) = &outcomes[1];
-    let e = late
-        .as_ref()
-        .expect_err("rank 1 completed calls rank 0 never made")
-        .to_string();
-    assert!(e.contains("peer rank 0 did not arrive"), "{e}");
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the late rank 1 failed its checks: {status}"
+    );
 }
 
 #[test]

@@ -140,11 +140,17 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// 64 MiB, 3.0 against 3.25 ms at 1 GiB); inside the NCCL group one 16 MiB
 /// row was unexplainedly slow (498 µs). At 3 and 4 ranks (four H200s, f32,
 /// the NCCL group's all_reduce with the large kernel forced against
-/// peer memory off, `bench/results/intranode-large-h200x4`) it beat NCCL
-/// from 1 MiB to 256 MiB (4 ranks: 132 against 253 µs at 16 MiB, 383
-/// against 607 at 64 MiB, 1.25 against 1.48 ms at 256 MiB) and tied at
-/// 1 GiB (4.41 against 4.39 ms at 3 ranks, 4.87 against 4.74 at 4). From
-/// 5 ranks it has not been measured, so NCCL keeps those.
+/// peer memory off, `bench/results/intranode-large-h200x4`) it beat the
+/// group's NCCL path from 1 MiB to 256 MiB (4 ranks: 132 against 253 µs at
+/// 16 MiB, 383 against 607 at 64 MiB, 1.25 against 1.48 ms at 256 MiB) and
+/// was within 3% at 1 GiB (4.41 against 4.39 ms at 3 ranks, 4.87 against
+/// 4.74 at 4). That NCCL path was itself slower than PyTorch's NCCL,
+/// measured in another call on four H200s (607 against 323 µs at 64 MiB,
+/// bf16; not yet explained), which beat the large kernel from 16 MiB at 4
+/// ranks in its call (98.8 against 114.6 µs); so the choice is the faster
+/// of what this group has.
+/// From 5 ranks the large kernel has not been measured, so NCCL keeps
+/// those.
 ///
 /// ```
 /// use tensorcomm::cuda::intranode::large_beats_nccl;

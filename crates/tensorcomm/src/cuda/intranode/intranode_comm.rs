@@ -68,6 +68,9 @@ struct LastCall {
     stream: Option<Stream>,
     /// Eager calls so far: picks the region (they alternate).
     eager: u64,
+    /// Where another rank is a thread of this process on this GPU: passes
+    /// when this rank's last eager call has run (see `launch`).
+    done: Option<Event>,
 }
 
 /// All-reduce through memory every rank of one host maps: the seed's
@@ -84,18 +87,17 @@ struct LastCall {
 /// two ranks' kernels in one queue would wait for each other. Such ranks
 /// must also not call CUDA functions that wait for the whole device
 /// (freeing device or pinned memory, `cuCtxSynchronize`) while a call is
-/// queued: the device waits for that very rank. And each such rank should
-/// have one call queued at a time (synchronize its stream, or wait for an
-/// event of the last call, before queuing the next): with 1000 calls
-/// queued back to back by each of two such ranks (on one and on two
-/// H200s), and with 100 by each of two or 20 by each of four (on four
-/// H200s, 32 hardware queues, every launch having returned at once), one
-/// rank's first kernel did not start while the other's waited for it. The
-/// likely cause is that a rank's second kernel, waiting in a hardware
-/// queue behind its first, held up a peer's first kernel queued behind
-/// it. One call at a time has not deadlocked in any run. Ranks
-/// that are processes have contexts of their own and may queue calls back
-/// to back.
+/// queued: the device waits for that very rank. Each such rank queues an
+/// eager call only once its last one has run (the call waits on the host
+/// for it): with 1000 calls queued back to back by each of two such ranks
+/// (on one and on two H200s), and with 100 by each of two or 20 by each of
+/// four (on four H200s, 32 hardware queues, every launch having returned
+/// at once), one rank's first kernel did not start while the other's
+/// waited for it, most likely because a rank's second kernel, waiting in a
+/// hardware queue behind its first, held up a peer's first kernel queued
+/// behind it. Graph replays by such ranks should be one at a time for the
+/// same reason. Ranks that are processes have contexts of their own and
+/// queue calls back to back.
 ///
 /// ```no_run
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
@@ -399,6 +401,18 @@ impl IntraNodeComm {
     ) -> Result<()> {
         let capturing = stream.is_capturing()?;
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let one_at_a_time = !capturing && self.memory.shares_context();
+        if one_at_a_time {
+            // Ranks that are threads of one process on one GPU share its
+            // hardware queues: a rank's second kernel, waiting in a queue
+            // behind its first, can hold up a peer's first kernel queued
+            // behind it, which the first waits for (seen on H200s with 20
+            // to 1000 calls queued per rank). So such a rank queues a call
+            // only once its last one has run.
+            if let Some(done) = &last.done {
+                done.synchronize()?;
+            }
+        }
         if !capturing {
             if let Some(prev) = &last.stream {
                 if !prev.same_as(stream) {
@@ -469,6 +483,14 @@ impl IntraNodeComm {
         last.eager = next_eager;
         if !capturing {
             last.stream = Some(stream.clone());
+        }
+        if one_at_a_time {
+            let done = match last.done.take() {
+                Some(event) => event,
+                None => Event::new(self.device)?,
+            };
+            stream.record_into(&done)?;
+            last.done = Some(done);
         }
         Ok(())
     }

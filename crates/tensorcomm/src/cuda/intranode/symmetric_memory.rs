@@ -53,6 +53,9 @@ pub(crate) struct SymmetricMemory {
     inbox: usize,
     /// The most ranks of the group on one GPU.
     ranks_per_gpu: usize,
+    /// Whether another rank of the group is a thread of this process on
+    /// this rank's GPU (they share a CUDA context).
+    shares_context: bool,
 }
 
 impl Drop for SymmetricMemory {
@@ -223,6 +226,10 @@ impl Rendezvous<'_> {
                 .map(|i| infos.iter().filter(|o| o.uuid == i.uuid).count())
                 .max()
                 .unwrap_or(1),
+            shares_context: infos.iter().enumerate().any(|(r, other)| {
+                let me = &infos[self.rank];
+                r != self.rank && other.process == me.process && other.uuid == me.uuid
+            }),
         })
     }
 
@@ -334,6 +341,11 @@ impl SymmetricMemory {
     /// its own).
     pub(crate) fn ranks_per_gpu(&self) -> usize {
         self.ranks_per_gpu
+    }
+
+    /// Whether another rank is a thread of this process on this rank's GPU.
+    pub(crate) fn shares_context(&self) -> bool {
+        self.shares_context
     }
 }
 
