@@ -213,13 +213,17 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
 
 /// With `TENSORCOMM_FAULT_KEEP_OUTPUT=<dir>`, a failed scenario's whole
 /// output (the launcher's and every rank's) goes to
-/// `<dir>/<seed>-<kind>.{stdout,stderr}`, for what the summary leaves out.
+/// `<dir>/<seed>-<kind>-<unix ms>.{stdout,stderr}` (reruns of a seed do
+/// not overwrite each other), for what the summary leaves out.
 fn keep_output(sc: &Scenario, stdout: &str, stderr: &str) {
     let Some(dir) = std::env::var_os("TENSORCOMM_FAULT_KEEP_OUTPUT") else {
         return;
     };
     let dir = std::path::Path::new(&dir);
-    let stem = format!("{:#x}-{}", sc.seed, sc.kind);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let stem = format!("{:#x}-{}-{now}", sc.seed, sc.kind);
     for (ext, text) in [("stdout", stdout), ("stderr", stderr)] {
         let path = dir.join(format!("{stem}.{ext}"));
         if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text)) {
