@@ -479,6 +479,9 @@ pub(crate) struct FailureBoard {
     store_host: OnceLock<usize>,
     /// Why the store's connection was lost, once a call found it so.
     lost: OnceLock<String>,
+    /// Set once a call found the store silent: connected, no answer
+    /// within [`STORE_PATIENCE`] (its host stopped or hung).
+    silent: AtomicBool,
 }
 
 /// NCCL failures that name no rank and often come from another rank's
@@ -501,6 +504,7 @@ impl FailureBoard {
             unreachable: AtomicBool::new(false),
             store_host: OnceLock::new(),
             lost: OnceLock::new(),
+            silent: AtomicBool::new(false),
         }
     }
 
@@ -654,8 +658,12 @@ impl FailureBoard {
             Ok(v) => Some(v),
             Err(why) => {
                 self.unreachable.store(true, Ordering::Relaxed);
-                if let Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) = why {
-                    let _ = self.lost.set(format!("{addr}: {reason}"));
+                match why {
+                    Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) => {
+                        let _ = self.lost.set(format!("{addr}: {reason}"));
+                    }
+                    Unanswered::Silent => self.silent.store(true, Ordering::Relaxed),
+                    Unanswered::Failed(_) => {}
                 }
                 None
             }
@@ -668,8 +676,13 @@ impl FailureBoard {
     /// report travels, and the peers that closed on this rank may only have
     /// given up first on the dead host (it would otherwise name the first
     /// survivor to close, not the rank that died).
+    ///
+    /// A store that is there but silent (no answer within
+    /// [`STORE_PATIENCE`]) says the same of a host that stopped or hung,
+    /// whose peers give up on each other in turn: its host is named too,
+    /// as not responding.
     fn store_host_gone(&self, err: Error) -> Error {
-        let (Some(&host), Some(lost)) = (self.store_host.get(), self.lost.get()) else {
+        let Some(&host) = self.store_host.get() else {
             return err;
         };
         let (peer, during) = match &err {
@@ -681,13 +694,25 @@ impl FailureBoard {
         if peer == host {
             return err;
         }
-        Error::PeerClosed {
-            peer: host,
-            during,
-            reason: format!(
-                "the store it hosts is gone ({lost}); this rank lost rank {peer} too: {err}"
-            ),
+        if let Some(lost) = self.lost.get() {
+            return Error::PeerClosed {
+                peer: host,
+                during,
+                reason: format!(
+                    "the store it hosts is gone ({lost}); this rank lost rank {peer} too: {err}"
+                ),
+            };
         }
+        if self.silent.load(Ordering::Relaxed) {
+            return Error::PeerTimeout {
+                peer: host,
+                during: format!(
+                    "{during}; rank {host} hosts the store, which did not answer either, and this rank lost rank {peer} too: {err}"
+                ),
+                timeout: STORE_PATIENCE,
+            };
+        }
+        err
     }
 
     /// The root cause of a failure of collective `seq` on this rank (`err`,
@@ -1163,6 +1188,40 @@ mod tests {
         assert!(matches!(
             unhosted.settle(&fp(8, 5), 3, closed(2), None),
             Error::PeerClosed { peer: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn with_the_store_silent_a_timed_out_survivor_blames_the_store_host() {
+        // Rank 0 hosts the store and was stopped: its store keeps the
+        // connections but answers nothing. Rank 3 timed out on rank 2,
+        // which had itself been waiting on rank 0; no report can travel,
+        // and the silent store points at its host.
+        let silent = Arc::new(GoneStore {
+            calls: 1.into(), // every call waits `redial`, then fails
+            redial: STORE_PATIENCE + Duration::from_secs(1),
+        });
+        let board = FailureBoard::new(silent.clone(), "g");
+        board.set_store_host(0);
+        let timed_out = Error::PeerTimeout {
+            peer: 2,
+            during: "receiving 4 bytes from it".into(),
+            timeout: Duration::from_secs(2),
+        };
+        match board.settle(&fp(8, 5), 3, timed_out.clone(), None) {
+            Error::PeerTimeout {
+                peer: 0, during, ..
+            } => {
+                assert!(during.contains("did not answer"), "{during}");
+                assert!(during.contains("lost rank 2"), "{during}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without a rank hosting the store, rank 2 stays the one named.
+        let unhosted = FailureBoard::new(silent, "g");
+        assert!(matches!(
+            unhosted.settle(&fp(8, 5), 3, timed_out, None),
+            Error::PeerTimeout { peer: 2, .. }
         ));
     }
 
