@@ -217,7 +217,7 @@ fn run_suite(suite: &Suite) {
     };
     let victim_0 = std::env::var("TENSORCOMM_FAULT_VICTIM_0").as_deref() == Ok("1");
     let started = Instant::now();
-    let (mut survived, mut hung, mut leaked) = (0, 0, 0);
+    let (mut survived, mut hung, mut leaked, mut not_started) = (0, 0, 0, 0);
     let mut failures = Vec::new();
     for i in 0..count {
         let (seed, kind) = (base.wrapping_add(i as u64), kinds[i % kinds.len()]);
@@ -233,6 +233,7 @@ fn run_suite(suite: &Suite) {
             }
         );
         hung += usize::from(verdict.hung);
+        not_started += verdict.not_started;
         leaked += usize::from(verdict.leaked);
         if verdict.problems.is_empty() {
             survived += 1;
@@ -244,7 +245,7 @@ fn run_suite(suite: &Suite) {
         }
     }
     eprintln!(
-        "fault injection ({}): {count} scenarios run, {survived} survived, {hung} hung, {leaked} leaked in {:?} (base seed {base:#x}); failed: {failures:?}",
+        "fault injection ({}): {count} scenarios run, {survived} survived, {hung} hung, {leaked} leaked in {:?} (base seed {base:#x}; {not_started} survivors stopped before they started); failed: {failures:?}",
         suite.backend,
         started.elapsed()
     );

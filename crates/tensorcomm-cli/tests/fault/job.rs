@@ -46,6 +46,9 @@ pub struct Verdict {
     /// Every expectation that did not hold.
     pub problems: Vec<String>,
     pub elapsed: Duration,
+    /// Survivors the launcher stopped before their program began (the
+    /// victim of a store kill died first): nothing to judge.
+    pub not_started: usize,
 }
 
 /// One `FAULT-RESULT` line, split into `key=value` fields (`text` last).
@@ -191,9 +194,12 @@ pub fn run(sc: &Scenario, timing: Timing) -> Verdict {
     for r in (0..sc.world).filter(|&r| r != sc.victim) {
         match results.get(&r) {
             // The launcher stopped it (SIGTERM) before its program began,
-            // when the victim died within milliseconds of the start: it ran
+            // when a store kill's victim died within milliseconds of the
+            // start (other faults wait for every rank's rendezvous): it ran
             // nothing, so it has nothing to report and nothing to leak.
-            None if !started.contains_key(&r) => {}
+            None if !started.contains_key(&r) && sc.kind == FaultKind::StoreKill => {
+                verdict.not_started += 1;
+            }
             None => {
                 verdict.hung = true;
                 verdict

@@ -104,11 +104,12 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
     let mut what = Some(what);
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
-    // The store's host gone (its connection lost and refused again): the
-    // peers' records can no longer be read, and a peer that found the
-    // store gone first has left, so this wait would end at its timeout
-    // blaming that peer. The lost store is the cause (`init_process_group`
-    // names its host rank).
+    // The store's host gone or hung (the client says its connection was
+    // lost: an I/O error, a refused redial, or no reply within the store's
+    // timeout): the peers' records can no longer be read, and a peer that
+    // found the store gone first has left, so this wait would end at its
+    // timeout blaming that peer. The lost store is the cause
+    // (`init_process_group` names its host rank).
     let probe = watch.peers.first().map(|&(_, global)| process_key(global));
     if let Some(Err(e @ Error::StoreConnectionLost { .. })) =
         probe.map(|key| watch.store.check(&[&key]))

@@ -94,10 +94,14 @@ impl DeviceFailure {
     /// failure was the one recorded.
     ///
     /// [`begin`]: DeviceFailure::begin
+    /// The failure covers the collectives from the first one [`begin`]
+    /// held back, if that is earlier than `seq`: their device work may
+    /// have ended meanwhile and left the pending queue.
     pub(crate) fn set(&self, seq: u64, error: Error) {
         let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
         if failed.is_none() {
-            *failed = Some((seq, error));
+            let held = self.deciding_from.load(Ordering::Acquire);
+            *failed = Some((seq.min(held), error));
         }
         self.deciding_from.store(u64::MAX, Ordering::Release);
     }
@@ -322,14 +326,28 @@ impl Watchdog {
                     .map(|t| (t.pending.fingerprint, t.pending.deadline, t.event.clone()))
             };
             if let Some((fp, deadline, event)) = front {
+                // While another thread settles a failure that covers this
+                // collective, it is not done (see `DeviceFailure::begin`).
+                let held = self.failure.deciding(fp.seq);
                 match event.query() {
-                    Ok(true) => {
+                    Ok(true) if !held => {
                         self.pending
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .pop_front();
-                        self.lock_progress().completed = Some(fp.seq);
-                        engine.finished(fp.seq, &Ok(()));
+                        let outcome = match self.failure.of(fp.seq) {
+                            Some(e) => Err(e),
+                            None => {
+                                self.lock_progress().completed = Some(fp.seq);
+                                Ok(())
+                            }
+                        };
+                        engine.finished(fp.seq, &outcome);
+                        continue;
+                    }
+                    Ok(true) => {
+                        // Held: wait for the settling thread's verdict.
+                        std::thread::sleep(POLL);
                         continue;
                     }
                     Ok(false) => {
@@ -604,6 +622,18 @@ mod tests {
         failure.set(2, why("second"));
         assert!(event(3).query().unwrap());
         assert!(matches!(event(5).query(), Err(Error::InvalidArgument(w)) if w == "first"));
+    }
+
+    #[test]
+    fn a_failure_covers_what_its_decision_held_back() {
+        // The engine began failing at seq 0 (the first pending then); seq
+        // 0's device work ended while it settled and left the queue, so
+        // the failure it records from what is pending names seq 1. Seq 0
+        // must fail with it, not be done (a review found that).
+        let failure = DeviceFailure::default();
+        failure.begin(0);
+        failure.set(1, Error::InvalidArgument("settled".into()));
+        assert!(failure.of(0).is_some());
     }
 
     fn at(started: u64, completed: u64) -> Option<Progress> {

@@ -145,8 +145,8 @@ pub const fn two_shot_max(world: usize) -> usize {
 /// 16 MiB, 383 against 607 at 64 MiB, 1.25 against 1.48 ms at 256 MiB) and
 /// was within 3% at 1 GiB (4.41 against 4.39 ms at 3 ranks, 4.87 against
 /// 4.74 at 4). That NCCL path was itself slower than PyTorch's NCCL,
-/// measured in another call on four H200s (607 against 323 µs at 64 MiB,
-/// bf16; not yet explained), which beat the large kernel from 16 MiB at 4
+/// measured in another call on four H200s (607 µs for f32 against 323 µs
+/// for bf16 of the same 64 MiB; not yet explained), which beat the large kernel from 16 MiB at 4
 /// ranks in its call (98.8 against 114.6 µs); so the choice is the faster
 /// of what this group has.
 /// From 5 ranks the large kernel has not been measured, so NCCL keeps

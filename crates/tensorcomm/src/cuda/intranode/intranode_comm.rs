@@ -95,9 +95,12 @@ struct LastCall {
 /// at once), one rank's first kernel did not start while the other's
 /// waited for it, most likely because a rank's second kernel, waiting in a
 /// hardware queue behind its first, held up a peer's first kernel queued
-/// behind it. Graph replays by such ranks should be one at a time for the
-/// same reason. Ranks that are processes have contexts of their own and
-/// queue calls back to back.
+/// behind it. So each such rank needs a host thread of its own (one thread
+/// queuing for two ranks would wait for the first rank's call, which waits
+/// for the second's). Graph replays by such ranks should also be one at a
+/// time, and an eager call right after a replay is not made to wait for
+/// it. Ranks that are processes have contexts of their own and queue
+/// calls back to back.
 ///
 /// ```no_run
 /// use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
@@ -409,8 +412,16 @@ impl IntraNodeComm {
             // behind it, which the first waits for (seen on H200s with 20
             // to 1000 calls queued per rank). So such a rank queues a call
             // only once its last one has run.
-            if let Some(done) = &last.done {
-                done.synchronize()?;
+            match &last.done {
+                Some(done) => {
+                    done.synchronize_during_captures()?;
+                    // The last call may have given up meanwhile: this one
+                    // is refused then, not queued to end at entry.
+                    self.check()?;
+                }
+                // Made before the kernel is queued: a failure after that
+                // would leave peers waiting for a call said not queued.
+                None => last.done = Some(Event::new(self.device)?),
             }
         }
         if !capturing {
@@ -485,12 +496,13 @@ impl IntraNodeComm {
             last.stream = Some(stream.clone());
         }
         if one_at_a_time {
-            let done = match last.done.take() {
-                Some(event) => event,
-                None => Event::new(self.device)?,
-            };
-            stream.record_into(&done)?;
-            last.done = Some(done);
+            // The kernel is queued: a failure to mark its end only loses
+            // the wait before the next call.
+            let recorded = last.done.as_ref().map(|done| stream.record_into(done));
+            if let Some(Err(e)) = recorded {
+                tracing::warn!(rank = self.rank, %e, "could not record the end of an intra-node call; the next call will not wait for it");
+                last.done = None;
+            }
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use super::context::{context, Context};
-use super::driver::check;
+use super::driver::{check, check_raw};
 use crate::Result;
 
 /// A CUDA stream on one device: work queued on it runs in order.
@@ -196,6 +196,24 @@ impl Event {
     /// Blocks until the work before the event has finished.
     pub fn synchronize(&self) -> Result<()> {
         check("cuEventSynchronize", self.inner.synchronize())
+    }
+
+    /// [`synchronize`](Event::synchronize), allowed also while another
+    /// thread of the process captures a stream in global mode (PyTorch's
+    /// default), where a plain wait is an error: this thread's capture mode
+    /// is relaxed for the wait.
+    pub(crate) fn synchronize_during_captures(&self) -> Result<()> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer; swaps this thread's mode.
+        check_raw("cuThreadExchangeStreamCaptureMode", unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
+        let waited = self.synchronize();
+        // SAFETY: as above; puts the thread's previous mode back.
+        let restored = check_raw("cuThreadExchangeStreamCaptureMode", unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        });
+        waited.and(restored)
     }
 
     /// Milliseconds between `self` and the later event `end` (both recorded
