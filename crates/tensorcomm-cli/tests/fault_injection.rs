@@ -59,10 +59,11 @@
 //!   the store's host stopped, survivors cannot read each other's
 //!   progress; a survivor whose store stays silent names its host
 //!   (`group/failure_report.rs`), but one still setting up may take up to
-//!   3x the timeout (26 and 27 of 30 passed from seed 0x9000 before the
-//!   silent store named its host, 28 of 30 after; the other failure was a
-//!   stopped rank 6 at 8 ranks, which fails about 1 run in 4 on this
-//!   2-core VM under load).
+//!   3x the timeout (from seed 0x9000, 30 `stop` jobs: 26 and 27 passed
+//!   before the silent store named its host, 28 after, and 30 once a
+//!   timeout on a peer stalled in an earlier collective waited for that
+//!   peer's report, `group/absent_ranks.rs`; one run is not enough to put
+//!   it in the default set).
 //!   (Another rank stopped is named: a timeout blames the ranks furthest
 //!   behind, read from the rings of recent calls stalled ranks post to the
 //!   store; see `group/absent_ranks.rs`.)

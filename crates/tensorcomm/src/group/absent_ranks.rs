@@ -87,13 +87,29 @@ pub(crate) fn blame_absent(
                 timeout,
             }
         }
-        _ => Error::PeerTimeout {
-            peer,
-            during,
-            timeout,
-        },
+        _ => {
+            // The peer waited on is stalled in an earlier collective (its
+            // ring says so): its own timeout began before this one, and the
+            // report it is about to post names the cause, which this rank
+            // then tells (`FailureBoard::earlier_cause`). A ring can be
+            // stale (the peer stalled there once, then went on), so this
+            // only waits a little.
+            let peer_last = last.as_ref().and_then(|l| l.get(peer).copied().flatten());
+            if peer_last.is_some_and(|s| s < seq) {
+                board.await_earlier_failure(seq, EARLIER_REPORT_PATIENCE);
+            }
+            Error::PeerTimeout {
+                peer,
+                during,
+                timeout,
+            }
+        }
     }
 }
+
+/// How long a timeout on a peer stalled in an earlier collective waits for
+/// that collective's report (see [`blame_absent`]).
+const EARLIER_REPORT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Each rank's last started collective, the later of what its posted
 /// recent calls and (device groups) its watchdog's published progress say
@@ -168,7 +184,62 @@ pub(crate) fn blame_unqueued(
 
 #[cfg(test)]
 mod tests {
-    use super::furthest_behind;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::group::fingerprint::{CollectiveKind, Fingerprint};
+    use crate::store::{HashStore, Store};
+
+    fn fp(seq: u64) -> Fingerprint {
+        Fingerprint {
+            kind: CollectiveKind::AllReduce,
+            reduce_op: 1,
+            dtype: Some(crate::tensor::DType::F32),
+            root: 0,
+            seq,
+            numel: 8,
+            shape_hash: 7,
+        }
+    }
+
+    fn timed_out(peer: usize) -> Error {
+        Error::PeerTimeout {
+            peer,
+            during: "receiving 32 bytes from it".into(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn a_timeout_on_a_peer_stalled_earlier_tells_that_peers_cause() {
+        // Rank 1 of 8 timed out in collective 3 on rank 0, whose ring says
+        // it is stalled in collective 2 (on rank 6, which was stopped).
+        // Rank 0's own timeout posts its report 300 ms later: rank 1 must
+        // tell that cause, not blame rank 0 (seen 1 run in 4 at 8 ranks).
+        let store: Arc<dyn Store> = Arc::new(HashStore::new());
+        store.set(&ring_key("g", 0), &fp(2).encode()).unwrap();
+        let rank0 = FailureBoard::new(store.clone(), "g");
+        let poster = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rank0.settle(&fp(2), 0, timed_out(6), None)
+        });
+        let board = FailureBoard::new(store, "g");
+        let began = Instant::now();
+        let err = blame_absent(&board, (1, 8), 3, timed_out(0));
+        let (cause, earlier) = board.earlier_cause(3, 1, err, |seq| Some(fp(seq)));
+        poster.join().unwrap();
+        assert_eq!(earlier, Some(2), "{cause}");
+        assert!(
+            matches!(&cause, Error::PeerTimeout { peer: 6, .. }),
+            "{cause:?}"
+        );
+        assert!(
+            began.elapsed() < EARLIER_REPORT_PATIENCE,
+            "{:?}",
+            began.elapsed()
+        );
+    }
 
     #[test]
     fn the_ranks_furthest_behind_are_the_culprits() {

@@ -621,6 +621,33 @@ impl FailureBoard {
         .flatten()
     }
 
+    /// Waits up to `patience` for a report of a collective before `seq`
+    /// (polling the store within its patience); true once there is one.
+    /// For a rank that timed out in `seq` on a peer stalled in an earlier
+    /// collective: that peer's own timeout, which began first, is about to
+    /// post the cause, which [`earlier_cause`](Self::earlier_cause) then
+    /// finds.
+    pub(crate) fn await_earlier_failure(&self, seq: u64, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        loop {
+            let found = self.ask("look for an earlier failure", move |store, prefix| {
+                let key = failed_seq_key(prefix);
+                if !store.check(&[&key])? {
+                    return Ok(false);
+                }
+                let text = String::from_utf8_lossy(&store.get(&key)?).into_owned();
+                Ok(text.trim().parse::<u64>().is_ok_and(|failed| failed < seq))
+            });
+            match found {
+                Some(true) => return true,
+                Some(false) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => return false,
+            }
+        }
+    }
+
     /// Says, for ranks that fail later, that collective `seq` failed (the
     /// first such post counts).
     fn mark_failed(&self, seq: u64) {
