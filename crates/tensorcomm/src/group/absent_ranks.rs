@@ -94,8 +94,10 @@ pub(crate) fn blame_absent(
             // then tells (`FailureBoard::earlier_cause`). A ring can be
             // stale (the peer stalled there once, then went on), so this
             // only waits a little.
+            // A peer that is itself among the furthest behind is the one
+            // that never came: nothing to wait for.
             let peer_last = last.as_ref().and_then(|l| l.get(peer).copied().flatten());
-            if peer_last.is_some_and(|s| s < seq) {
+            if peer_last.is_some_and(|s| s < seq) && !culprits.contains(&peer) {
                 board.await_earlier_failure(seq, EARLIER_REPORT_PATIENCE);
             }
             Error::PeerTimeout {
@@ -236,6 +238,26 @@ mod tests {
         );
         assert!(
             began.elapsed() < EARLIER_REPORT_PATIENCE,
+            "{:?}",
+            began.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_timeout_on_the_rank_furthest_behind_names_it_without_waiting() {
+        // Rank 1 of 3 timed out in collective 3 on rank 0, whose ring is
+        // stale (it stalled in collective 1 once, then stopped before 3);
+        // rank 2 waits in 3 too. Rank 0 is the furthest behind: the one
+        // that never came, named at once, with no report to wait for.
+        let store: Arc<dyn Store> = Arc::new(HashStore::new());
+        store.set(&ring_key("g", 0), &fp(1).encode()).unwrap();
+        store.set(&ring_key("g", 2), &fp(3).encode()).unwrap();
+        let board = FailureBoard::new(store, "g");
+        let began = Instant::now();
+        let err = blame_absent(&board, (1, 3), 3, timed_out(0));
+        assert!(matches!(err, Error::PeerTimeout { peer: 0, .. }), "{err:?}");
+        assert!(
+            began.elapsed() < EARLIER_REPORT_PATIENCE / 2,
             "{:?}",
             began.elapsed()
         );

@@ -422,8 +422,10 @@ enum Unanswered {
     /// The store failed the call: with [`Error::StoreConnectionLost`], its
     /// host is gone.
     Failed(Error),
-    /// No answer within [`STORE_PATIENCE`] (or no thread to ask it).
+    /// No answer within [`STORE_PATIENCE`].
     Silent,
+    /// No thread to ask it on.
+    NoThread,
 }
 
 /// `f` (store calls) on a helper thread, waited on for at most
@@ -439,7 +441,7 @@ fn bounded<T: Send + 'static>(
             let _ = tx.send(f());
         });
     if spawned.is_err() {
-        return Err(Unanswered::Silent);
+        return Err(Unanswered::NoThread);
     }
     match rx.recv_timeout(STORE_PATIENCE) {
         Ok(Ok(v)) => Ok(v),
@@ -627,11 +629,15 @@ impl FailureBoard {
     /// collective: that peer's own timeout, which began first, is about to
     /// post the cause, which [`earlier_cause`](Self::earlier_cause) then
     /// finds.
+    ///
+    /// Its store calls do not mark the store unreachable: a slow answer
+    /// here only ends the wait.
     pub(crate) fn await_earlier_failure(&self, seq: u64, patience: Duration) -> bool {
         let deadline = Instant::now() + patience;
-        loop {
-            let found = self.ask("look for an earlier failure", move |store, prefix| {
-                let key = failed_seq_key(prefix);
+        while !self.unreachable.load(Ordering::Relaxed) {
+            let store = self.store.clone();
+            let key = failed_seq_key(&self.key_prefix);
+            let found = bounded("look for an earlier failure", move || {
                 if !store.check(&[&key])? {
                     return Ok(false);
                 }
@@ -639,13 +645,14 @@ impl FailureBoard {
                 Ok(text.trim().parse::<u64>().is_ok_and(|failed| failed < seq))
             });
             match found {
-                Some(true) => return true,
-                Some(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
+                Ok(true) => return true,
+                Ok(false) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
                 }
                 _ => return false,
             }
         }
+        false
     }
 
     /// Says, for ranks that fail later, that collective `seq` failed (the
@@ -684,16 +691,26 @@ impl FailureBoard {
         match call(&self.store) {
             Ok(v) => Some(v),
             Err(why) => {
-                self.unreachable.store(true, Ordering::Relaxed);
-                match why {
-                    Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) => {
-                        let _ = self.lost.set(format!("{addr}: {reason}"));
-                    }
-                    Unanswered::Silent => self.silent.store(true, Ordering::Relaxed),
-                    Unanswered::Failed(_) => {}
-                }
+                self.unanswered(why);
                 None
             }
+        }
+    }
+
+    /// A failure-path call got no answer: the store counts as unreachable
+    /// from now on, and a lost connection or a silent store is remembered.
+    /// (A silence counts from any call, also the read of every rank's
+    /// ring, whose round trips grow with the group: in a group of
+    /// thousands of ranks a live but slow store could be taken for a
+    /// silent one, and its host named.)
+    fn unanswered(&self, why: Unanswered) {
+        self.unreachable.store(true, Ordering::Relaxed);
+        match why {
+            Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) => {
+                let _ = self.lost.set(format!("{addr}: {reason}"));
+            }
+            Unanswered::Silent => self.silent.store(true, Ordering::Relaxed),
+            Unanswered::Failed(_) | Unanswered::NoThread => {}
         }
     }
 
@@ -731,12 +748,16 @@ impl FailureBoard {
             };
         }
         if self.silent.load(Ordering::Relaxed) {
+            let timeout = match &err {
+                Error::PeerTimeout { timeout, .. } => *timeout,
+                _ => STORE_PATIENCE,
+            };
             return Error::PeerTimeout {
                 peer: host,
                 during: format!(
-                    "{during}; rank {host} hosts the store, which did not answer either, and this rank lost rank {peer} too: {err}"
+                    "{during}; it hosts the store, which did not answer within {STORE_PATIENCE:?} either, and this rank lost rank {peer} too"
                 ),
-                timeout: STORE_PATIENCE,
+                timeout,
             };
         }
         err
