@@ -19,7 +19,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::{process_gone, process_key};
+use crate::rendezvous::process_gone;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -104,27 +104,23 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
     let mut what = Some(what);
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
-    // The store's host gone or hung (the client says its connection was
-    // lost: an I/O error, a refused redial, or no reply within the store's
-    // timeout): the peers' records can no longer be read, and a peer that
-    // found the store gone first has left, so this wait would end at its
-    // timeout blaming that peer. The lost store is the cause
-    // (`init_process_group` names its host rank).
-    let probe = watch.peers.first().map(|&(_, global)| process_key(global));
-    if let Some(Err(e @ Error::StoreConnectionLost { .. })) =
-        probe.map(|key| watch.store.check(&[&key]))
-    {
-        let what = what_text();
-        tracing::error!(
-            group = %watch.group,
-            rank = watch.rank,
-            %e,
-            "set-up failed: the store was lost while this rank waited for {what}"
-        );
-        return Err(e);
-    }
     for &(peer, global) in &watch.peers {
-        if let Some(process) = process_gone(&*watch.store, global) {
+        // The store's host gone or hung (the client says its connection
+        // was lost: an I/O error, a refused redial, or no reply within the
+        // store's timeout): the peers' records can no longer be read, and
+        // a peer that found the store gone first has left, so this wait
+        // would end at its timeout blaming that peer. The lost store is the
+        // cause (`init_process_group` names its host rank).
+        let gone = process_gone(&*watch.store, global).inspect_err(|e| {
+            let what = what_text();
+            tracing::error!(
+                group = %watch.group,
+                rank = watch.rank,
+                %e,
+                "set-up failed: the store was lost while this rank waited for {what}"
+            );
+        })?;
+        if let Some(process) = gone {
             let what = what_text();
             tracing::error!(
                 group = %watch.group,

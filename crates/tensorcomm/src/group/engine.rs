@@ -419,14 +419,11 @@ fn fail(shared: &Shared, fp: &Fingerprint, call: &Call, source: Error) -> Error 
     // monitor, the watchdog) recorded the cause first. It is told when the
     // store, where it was posted too, cannot give it any more (its host
     // rank exits once it has reported).
-    let recorded = match shared.watchdog.get() {
-        Some(dog) if is_aborted(&source) => dog.failure.of(fp.seq),
-        _ => None,
-    };
-    if let Some(dog) = shared.watchdog.get() {
+    let recorded = shared.watchdog.get().and_then(|dog| {
         // Earlier device work that ends while this settles is not done.
         dog.begin_failing(fp.seq);
-    }
+        dog.failure.of(fp.seq).filter(|_| is_aborted(&source))
+    });
     let source = with_timeout_set(call, source);
     // A call that never got queued names the ranks that never came.
     let ranks = (shared.rank, shared.size);

@@ -25,7 +25,7 @@ pub use init_method::{InitMethod, StoreAddress};
 
 use crate::listen_address::{bind_all_from_env, explain_bind_error, store_listen_address};
 use crate::store::{FileStore, Store, TcpStore, TcpStoreOptions};
-use crate::Result;
+use crate::{Error, Result};
 
 /// A process that has found its peers.
 pub struct Rendezvous {
@@ -166,13 +166,20 @@ fn start_time(pid: u32) -> Option<String> {
 /// `Some(description)` when rank `rank` of the job posted its process (at
 /// rendezvous), runs on this host, and that process has exited: no such
 /// pid, a zombie, or a pid reused by a process started later. `None` when
-/// it is alive, on another host, or never posted (nothing known).
-pub(crate) fn process_gone(store: &dyn Store, rank: usize) -> Option<String> {
+/// it is alive, on another host, or never posted (nothing known). The one
+/// error is [`Error::StoreConnectionLost`]: the store itself is gone.
+pub(crate) fn process_gone(store: &dyn Store, rank: usize) -> Result<Option<String>> {
     let key = process_key(rank);
-    if !store.check(&[key.as_str()]).ok()? {
-        return None;
+    match store.check(&[key.as_str()]) {
+        Ok(true) => Ok(posted_process_gone(store, &key)),
+        Err(e @ Error::StoreConnectionLost { .. }) => Err(e),
+        Ok(false) | Err(_) => Ok(None),
     }
-    let posted = String::from_utf8(store.get_timeout(&key, Duration::from_secs(1)).ok()?).ok()?;
+}
+
+/// [`process_gone`] once rank's record, under `key`, is known to be there.
+fn posted_process_gone(store: &dyn Store, key: &str) -> Option<String> {
+    let posted = String::from_utf8(store.get_timeout(key, Duration::from_secs(1)).ok()?).ok()?;
     let mut lines = posted.lines();
     let host = lines.next()?;
     let pid: u32 = lines.next()?.strip_prefix("pid=")?.parse().ok()?;

@@ -216,6 +216,7 @@ impl Rendezvous<'_> {
         let answers = self.round("mapped", answer.as_bytes())?;
         let peers = mapped?;
         Self::agreed(&answers)?;
+        let me = &infos[self.rank];
         Ok(SymmetricMemory {
             peers,
             mine: Some(mine),
@@ -227,7 +228,6 @@ impl Rendezvous<'_> {
                 .max()
                 .unwrap_or(1),
             shares_context: infos.iter().enumerate().any(|(r, other)| {
-                let me = &infos[self.rank];
                 r != self.rank && other.process == me.process && other.uuid == me.uuid
             }),
         })
