@@ -10,8 +10,12 @@
 //! an event, the call, an event. `time` is the median device time of one
 //! call (eager), `host` the median host time of queueing one, `graph` the
 //! device time of one call inside a CUDA graph of 20 calls replayed (the
-//! graph's time over 20; its input is refreshed before each replay). The last result of
-//! the timed calls is checked again. Rows give the slowest rank's medians.
+//! graph's time over 20; its input is refreshed before each replay), and
+//! `sync` the median host time of one call its caller waits for (the call,
+//! then its stream synchronized), the way `bench --backend cpu --device
+//! cuda --peer-memory` times the CPU group's device path, so the two
+//! compare like for like. The last result of the timed calls is checked
+//! again. Rows give the slowest rank's medians.
 //! `--in-process` runs the ranks as threads of one process (ranks sharing
 //! a GPU then run their kernels side by side; as processes they take
 //! turns on the GPU, and each barrier waits for a time slice).
@@ -141,10 +145,11 @@ fn rank_body(
             args.warmup
         );
         println!(
-            "{} {:>10} {:>9} {:>9}",
+            "{} {:>10} {:>9} {:>9} {:>9}",
             Row::header(),
             "graph(us)",
             "host(us)",
+            "sync(us)",
             "algo"
         );
     }
@@ -225,6 +230,23 @@ fn rank_body(
             replays.push(f64::from(start.elapsed_ms(end)?) * 1e3 / GRAPH_CALLS as f64);
         }
         comm.check()?;
+        // Calls the host waits for one by one, as a synchronous caller
+        // (and the CPU group's device path) does; the ranks start together.
+        let mut sync = Vec::new();
+        pg.barrier(None)?.wait()?;
+        for i in 0..total {
+            // A fresh input (sums of sums would overflow), not timed.
+            data.copy_from_on(&fresh, &stream)?;
+            stream.synchronize()?;
+            let t0 = Instant::now();
+            comm.all_reduce_on(&data, ReduceOp::Sum, &stream)?;
+            stream.synchronize()?;
+            if i >= args.warmup {
+                sync.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        comm.check()?;
+        correct &= all_equal(&data, want)?;
         // The slowest rank's medians and everyone's verdict.
         let agreed = Tensor::from_vec(
             vec![
@@ -232,8 +254,9 @@ fn rank_body(
                 median(replays),
                 if correct { 0.0 } else { 1.0 },
                 median(host),
+                median(sync),
             ],
-            &[4],
+            &[5],
         )?;
         pg.all_reduce(&agreed, ReduceOp::Max, None)?.wait()?;
         let v = agreed.to_vec::<f64>()?;
@@ -256,15 +279,17 @@ fn rank_body(
                     row.json_with(&[
                         ("graph_us", serde_json::json!(v[1])),
                         ("host_us", serde_json::json!(v[3])),
+                        ("sync_us", serde_json::json!(v[4])),
                         ("algo", serde_json::json!(algo.name())),
                     ])
                 );
             } else {
                 println!(
-                    "{} {:>10.2} {:>9.2} {:>9}",
+                    "{} {:>10.2} {:>9.2} {:>9.2} {:>9}",
                     row.text(),
                     v[1],
                     v[3],
+                    v[4],
                     algo.name()
                 );
             }
