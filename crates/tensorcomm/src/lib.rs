@@ -76,11 +76,17 @@ pub use tensor::Tensor;
 pub struct ReadmeDoctests;
 
 /// Says that a unit test skipped, past the test harness's capture (which
-/// hides `println!`), so a plain `cargo test` shows it.
+/// hides `println!`), so a plain `cargo test` shows it, in the one line
+/// `scripts/test.sh` counts: `test {name} skipped: {why}` (the name is the
+/// test's, from the harness's thread; `why` on one line). The integration
+/// tests' `tests/skip/mod.rs` writes the same line.
 #[cfg(test)]
 pub(crate) fn test_skipped(why: impl std::fmt::Display) {
     use std::io::Write;
+    let thread = std::thread::current();
+    let name = thread.name().filter(|n| *n != "main").unwrap_or("(unnamed)");
+    let why = why.to_string().replace(['\r', '\n'], " ");
     let _ = std::io::stderr()
         .lock()
-        .write_all(format!("skipped: {why}\n").as_bytes());
+        .write_all(format!("test {name} skipped: {why}\n").as_bytes());
 }

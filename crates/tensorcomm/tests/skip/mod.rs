@@ -7,9 +7,13 @@
 use std::fmt::Display;
 use std::io::Write;
 
-/// Writes `skipped {test}: {why}` past the harness's capture.
+/// Writes `test {test} skipped: {why}` past the harness's capture, as one
+/// line (`why`'s line breaks become spaces) in one write: the line
+/// `scripts/test.sh` counts (the library's unit tests write the same, from
+/// `tensorcomm::test_skipped`). `test` is the test function's name.
 pub fn skipped(test: &str, why: impl Display) {
-    let line = format!("skipped {test}: {why}\n");
+    let why = why.to_string().replace(['\r', '\n'], " ");
+    let line = format!("test {test} skipped: {why}\n");
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
