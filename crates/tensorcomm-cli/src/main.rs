@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod launch;
 mod memory;
+mod stdout;
 mod store_cmd;
 
 use std::process::ExitCode;

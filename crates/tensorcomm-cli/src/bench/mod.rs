@@ -57,6 +57,7 @@ mod row;
 mod sparse;
 
 use crate::memory;
+use crate::stdout::Stdout;
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -434,11 +435,13 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
     if cpu != ExitCode::SUCCESS {
         return cpu;
     }
+    // Best effort: the reader may have gone (`| head`).
+    let mut stdout = Stdout::new(true);
     match tensorcomm::cuda::runtime::device_count() {
         Ok(n) if n >= 2 => {
-            use std::io::Write;
-            if writeln!(std::io::stdout()).is_err() {
-                // The reader of the rows went away (`| head`): done.
+            stdout.line(format_args!(""));
+            if !stdout.is_open() {
+                // The reader of the rows went away: done.
                 return ExitCode::SUCCESS;
             }
             cuda_comm::main(&BenchArgs {
@@ -448,18 +451,14 @@ fn cpu_then_gpus(args: BenchArgs) -> ExitCode {
                 ..args
             })
         }
-        // Best effort: the reader may have gone (`| head`).
         Ok(n) => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stdout(),
+            stdout.line(format_args!(
                 "# cuda-comm: skipped, this machine has {n} GPU(s) and it needs 2"
-            );
+            ));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stdout(), "# cuda-comm: skipped ({e})");
+            stdout.line(format_args!("# cuda-comm: skipped ({e})"));
             ExitCode::SUCCESS
         }
     }
@@ -620,7 +619,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let sizes = op_sizes(args, op);
     let mut progress = progress::Progress::on_terminal(rank == 0, sizes.len());
     for size in sizes {
-        if !stdout.agree_open(&*pg)? {
+        if !stdout.agree_open(&*pg, Device::Cpu)? {
             // Nobody reads the rows any more: every rank stops here.
             break;
         }
@@ -664,38 +663,6 @@ fn reduce_label(op: BenchOp) -> String {
         }
         Some(reduce) => format!("reduce op {reduce}"),
         None => "no reduce op".into(),
-    }
-}
-
-/// Rank 0's standard output for the rows. A failed write (the reader went
-/// away: `tensorcomm bench | head`) closes it instead of panicking like
-/// `println!`, and [`Stdout::agree_open`] tells every rank, so the job
-/// ends quietly and successfully instead of with rank 0 gone mid-collective.
-struct Stdout {
-    open: bool,
-}
-
-impl Stdout {
-    fn new(printing: bool) -> Self {
-        Stdout { open: printing }
-    }
-
-    /// Writes one line if still open.
-    fn line(&mut self, text: std::fmt::Arguments<'_>) {
-        use std::io::Write;
-        if self.open {
-            let mut out = std::io::stdout().lock();
-            self.open = writeln!(out, "{text}").and_then(|()| out.flush()).is_ok();
-        }
-    }
-
-    /// Whether rank 0's stdout is still open, agreed by every rank (MIN of
-    /// a flag that only rank 0 can clear).
-    fn agree_open(&self, pg: &dyn ProcessGroup) -> tensorcomm::Result<bool> {
-        let flag = i32::from(self.open || pg.rank() != 0);
-        let flag = Tensor::from_vec(vec![flag], &[1])?;
-        pg.all_reduce(&flag, ReduceOp::Min, None)?.wait()?;
-        Ok(flag.to_vec::<i32>()?[0] == 1)
     }
 }
 
