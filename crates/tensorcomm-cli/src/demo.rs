@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use tensorcomm::rendezvous::{self, InitMethod, StoreAddress};
 use tensorcomm::store::Store;
 
+use crate::stdout::Stdout;
+
 /// Which store the ranks meet through.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum StoreKind {
@@ -109,13 +111,15 @@ fn launch_self(args: &DemoArgs) -> ExitCode {
     .into_iter()
     .map(OsString::from)
     .collect();
-    println!(
+    // A closed stdout (`demo | head`) is not a failure; the launcher stops
+    // copying the ranks' lines, and they stop writing them.
+    Stdout::new(true).line(format_args!(
         "tensorcomm demo: starting {} ({:?} store, {} bytes each, {} adds each)",
         crate::bench::rank_count(args.nproc_per_node),
         args.store,
         args.bytes,
         args.adds
-    );
+    ));
     crate::launch::launch_local(&exe, &rank_args, args.nproc_per_node, None, &[])
 }
 
@@ -139,23 +143,33 @@ fn run_rank(args: &DemoArgs) -> DemoResult<()> {
     let (rank, world) = (rdzv.rank, rdzv.world_size);
     let store = rdzv.store;
     store.set_timeout(timeout);
-    println!(
+    // Until a write to it fails (`demo | head`): the checks go on, silent.
+    let mut out = Stdout::new(true);
+    out.line(format_args!(
         "rendezvous of {world} ranks took {:.1} ms",
         ms(start.elapsed())
-    );
+    ));
 
-    exchange_payloads(&*store, rank, world, args.bytes)?;
-    count_together(&*store, world, args.adds)?;
-    pass_ring_token(&*store, rank, world)?;
+    exchange_payloads(&*store, rank, world, args.bytes, &mut out)?;
+    count_together(&*store, world, args.adds, &mut out)?;
+    pass_ring_token(&*store, rank, world, &mut out)?;
     store.barrier("demo/end", world, None)?;
     if rank == 0 {
-        println!("demo OK: {world} ranks exchanged payloads, counters and ring tokens");
+        out.line(format_args!(
+            "demo OK: {world} ranks exchanged payloads, counters and ring tokens"
+        ));
     }
     Ok(())
 }
 
 /// Every rank publishes a payload and checks everyone else's.
-fn exchange_payloads(store: &dyn Store, rank: usize, world: usize, bytes: usize) -> DemoResult<()> {
+fn exchange_payloads(
+    store: &dyn Store,
+    rank: usize,
+    world: usize,
+    bytes: usize,
+    out: &mut Stdout,
+) -> DemoResult<()> {
     let start = Instant::now();
     store.set(&format!("demo/payload/{rank}"), &payload(rank, bytes))?;
     let keys: Vec<String> = (0..world).map(|r| format!("demo/payload/{r}")).collect();
@@ -168,16 +182,21 @@ fn exchange_payloads(store: &dyn Store, rank: usize, world: usize, bytes: usize)
     }
     let moved = bytes as f64 * world as f64;
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    out.line(format_args!(
         "exchanged {world} payloads of {bytes} bytes in {:.1} ms ({:.0} MB/s through the store), all verified",
         secs * 1e3,
         moved / secs / 1e6
-    );
+    ));
     Ok(())
 }
 
 /// All ranks add to one counter; the total must be exact.
-fn count_together(store: &dyn Store, world: usize, adds: usize) -> DemoResult<()> {
+fn count_together(
+    store: &dyn Store,
+    world: usize,
+    adds: usize,
+    out: &mut Stdout,
+) -> DemoResult<()> {
     store.barrier("demo/count-start", world, None)?;
     let start = Instant::now();
     for _ in 0..adds {
@@ -190,16 +209,21 @@ fn count_together(store: &dyn Store, world: usize, adds: usize) -> DemoResult<()
     if total != expected {
         return Err(format!("counter is {total}, expected {expected}").into());
     }
-    println!(
+    out.line(format_args!(
         "{adds} adds in {:.1} ms ({:.1} µs each); counter {total} = {world} x {adds}",
         ms(elapsed),
         elapsed.as_secs_f64() * 1e6 / adds.max(1) as f64
-    );
+    ));
     Ok(())
 }
 
 /// A token goes once around the ring; each rank stamps it.
-fn pass_ring_token(store: &dyn Store, rank: usize, world: usize) -> DemoResult<()> {
+fn pass_ring_token(
+    store: &dyn Store,
+    rank: usize,
+    world: usize,
+    out: &mut Stdout,
+) -> DemoResult<()> {
     let queue = |r: usize| format!("demo/ring/{r}");
     if rank == 0 {
         store.queue_push(&queue(1 % world), b"0")?;
@@ -222,7 +246,9 @@ fn pass_ring_token(store: &dyn Store, rank: usize, world: usize) -> DemoResult<(
             format!("{stamps},{rank}").as_bytes(),
         )?;
     } else {
-        println!("ring token went round all {world} ranks: {stamps}");
+        out.line(format_args!(
+            "ring token went round all {world} ranks: {stamps}"
+        ));
     }
     Ok(())
 }

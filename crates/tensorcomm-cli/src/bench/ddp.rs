@@ -60,6 +60,7 @@ use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::{init_process_group_with, Backend, InitOptions, ProcessGroup, ReduceOp};
 
 use super::{BenchArgs, BenchBackend, BenchDevice};
+use crate::stdout::Stdout;
 
 /// The gradients of a model: layers (in forward order), each a list of
 /// parameter shapes.
@@ -520,12 +521,16 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     } else {
         ("", "")
     };
+    // Rank 0's stdout, until a write to it fails (`bench | head`). Its
+    // lines come after every collective but the final barrier, so the
+    // other ranks need not be told.
+    let mut stdout = Stdout::new(rank == 0);
     if rank == 0 {
         let numel = model.numel();
         let buckets = reducer.bucket_indices().len();
         let compute_us = args.compute_us * layers.len() as u64;
         if args.json {
-            println!(
+            stdout.line(format_args!(
                 "{{\"op\":\"ddp\",\"model\":\"{}\",\"params\":{numel},\"tensors\":{},\"layers\":{},\"buckets\":{buckets},\"ranks\":{ranks},\"hook\":\"{}\",\"transport\":\"{transport}\",\"bucket_cap_bytes\":{},\"compute_us_per_layer\":{},\"compute_us\":{compute_us},\"iters\":{},\"step_us\":{step_us:.1},\"comm_us\":{comm_us:.1},\"exposed_us\":{exposed_us:.1},\"tail_us\":{tail_us:.1}{json_placement}{views_json}}}",
                 model.name,
                 shapes.len(),
@@ -534,9 +539,9 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
                 args.bucket_cap,
                 args.compute_us,
                 args.iters,
-            );
+            ));
         } else {
-            println!(
+            stdout.line(format_args!(
                 "# tensorcomm bench: ddp, model {} ({numel} f32 parameters in {} tensors, {} layers, {buckets} buckets of at most {} bytes), {} hook, {}{placement}{views_text}, {} µs compute per layer, medians of {} steps after {} warm-up, the slowest rank's",
                 model.name,
                 shapes.len(),
@@ -547,14 +552,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
                 args.compute_us,
                 args.iters,
                 args.warmup
-            );
-            println!(
+            ));
+            stdout.line(format_args!(
                 "{:>10} {:>12} {:>12} {:>12} {:>12} {:>12}",
                 "params", "compute_us", "step_us", "comm_us", "exposed_us", "tail_us"
-            );
-            println!(
+            ));
+            stdout.line(format_args!(
                 "{numel:>10} {compute_us:>12} {step_us:>12.1} {comm_us:>12.1} {exposed_us:>12.1} {tail_us:>12.1}"
-            );
+            ));
         }
     }
     pg.barrier(None)?.wait()?;

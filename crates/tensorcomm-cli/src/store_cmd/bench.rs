@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tensorcomm::store::{Store, TcpStore, TcpStoreOptions, TcpStoreServer};
 
+use crate::stdout::Stdout;
+
 /// Stack of each client thread: the client needs little, and a thousand
 /// default 8 MiB stacks would be a lot of address space.
 const CLIENT_STACK: usize = 256 * 1024;
@@ -49,10 +51,12 @@ pub(super) struct BenchArgs {
 pub(super) fn main(args: BenchArgs) -> ExitCode {
     match run(&args) {
         Ok(report) => {
+            // Until a write to it fails (`store bench | head`).
+            let mut stdout = Stdout::new(true);
             if args.json {
-                println!("{}", report.to_json());
+                stdout.line(format_args!("{}", report.to_json()));
             } else {
-                report.print_table();
+                report.print_table(&mut stdout);
             }
             ExitCode::SUCCESS
         }
@@ -440,39 +444,48 @@ fn us(d: Duration) -> f64 {
 }
 
 impl Report {
-    fn print_table(&self) {
-        println!(
+    fn print_table(&self, stdout: &mut Stdout) {
+        stdout.line(format_args!(
             "tensorcomm store bench: {} clients, {} ops, server and clients in this process (open-file limit {})",
             self.clients, self.ops, self.fd_limit
-        );
-        println!();
-        println!(
+        ));
+        stdout.line(format_args!(""));
+        stdout.line(format_args!(
             "wake-up: {} clients wait on one key, one set wakes them",
             self.clients
-        );
-        println!("  round   last waiter (ms)   median waiter (ms)");
+        ));
+        stdout.line(format_args!(
+            "  round   last waiter (ms)   median waiter (ms)"
+        ));
         for (i, round) in self.wake.iter().enumerate() {
-            println!(
+            stdout.line(format_args!(
                 "  {:<5}   {:>16.3}   {:>18.3}",
                 i + 1,
                 ms(round.last),
                 ms(round.median)
-            );
+            ));
         }
-        println!();
-        println!(
+        stdout.line(format_args!(""));
+        stdout.line(format_args!(
             "round trip from one client ({} ops each, {VALUE_SIZE}-byte values)",
             self.ops
-        );
-        println!("  op    p50 (us)   p99 (us)");
+        ));
+        stdout.line(format_args!("  op    p50 (us)   p99 (us)"));
         for (name, p) in [("set", &self.set), ("get", &self.get)] {
-            println!("  {name:<4}  {:>8.1}   {:>8.1}", us(p.p50), us(p.p99));
+            stdout.line(format_args!(
+                "  {name:<4}  {:>8.1}   {:>8.1}",
+                us(p.p50),
+                us(p.p99)
+            ));
         }
-        println!();
-        println!("throughput, alternating set/get ({} ops per row)", self.ops);
-        println!("  threads        ops/s");
+        stdout.line(format_args!(""));
+        stdout.line(format_args!(
+            "throughput, alternating set/get ({} ops per row)",
+            self.ops
+        ));
+        stdout.line(format_args!("  threads        ops/s"));
         for (threads, rate) in &self.throughput {
-            println!("  {threads:>7}   {rate:>10.0}");
+            stdout.line(format_args!("  {threads:>7}   {rate:>10.0}"));
         }
     }
 
