@@ -13,6 +13,7 @@
 //! onto cuda:0, per size, then
 //! `broadcast_coalesced/<N>MiB` of the model-shaped set per `--buffers`.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -22,6 +23,7 @@ use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::{Error, Result};
 
 use super::{BenchArgs, Row};
+use crate::stdout::Stdout;
 
 /// The ops of the cuda-comm backend, in the order they are run.
 pub const OPS: [&str; 6] = [
@@ -94,8 +96,9 @@ fn same(a: &Tensor<'_>, b: &Tensor<'_>) -> Result<bool> {
 }
 
 /// Runs the selected cases on GPUs 0 to `-n` - 1, handing each row to
-/// `emit` as it is measured; needs `-n` GPUs (at least 2).
-pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<()> {
+/// `emit` as it is measured, until `emit` says nobody reads them any more
+/// (returns false); needs `-n` GPUs (at least 2).
+pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row) -> bool) -> Result<()> {
     let found = tensorcomm::cuda::runtime::device_count()?;
     let gpus = args.nproc;
     if gpus < 2 || found < gpus {
@@ -108,11 +111,19 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
     }
     let devices: Vec<i64> = (0..gpus as i64).collect();
     let (w, it) = (args.warmup, args.iters);
+    // Whether the rows are still read (`bench | head`).
+    let reading = Cell::new(true);
     let mut push = |op: &str, bytes: usize, count: usize, time_us: f64, correct: bool| {
-        emit(Row::new(bytes, count, "f32", op, gpus, time_us, correct));
+        reading.set(emit(Row::new(
+            bytes, count, "f32", op, gpus, time_us, correct,
+        )));
     };
-    let has = |op: &str| ops.contains(&op);
+    // An op is run while asked for and its rows are read.
+    let has = |op: &str| ops.contains(&op) && reading.get();
     for bytes in super::sizes(args) {
+        if !reading.get() {
+            return Ok(());
+        }
         let numel = (bytes / 4).max(gpus);
         let bytes = numel * 4;
         // One input per GPU; `x` is GPU 0's.
@@ -228,6 +239,9 @@ pub fn run(args: &BenchArgs, ops: &[&str], emit: &mut dyn FnMut(Row)) -> Result<
         .collect::<Result<Vec<_>>>()?;
     let total: usize = params.iter().map(Tensor::nbytes).sum();
     for &buffer in &args.buffers {
+        if !reading.get() {
+            break;
+        }
         let mut out = Vec::new();
         let t = median_us(
             || {
@@ -316,34 +330,37 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     };
     let mut header = !args.json;
     let mut all_correct = true;
+    // Until a write to it fails (`bench | head`).
+    let mut stdout = Stdout::new(true);
     let mut emit = |row: Row| {
         if header {
             header = false;
             let copy = std::env::var("TENSORCOMM_CUDA_COPY").unwrap_or_else(|_| "auto".into());
-            println!(
+            stdout.line(format_args!(
                 "# tensorcomm bench: cuda-comm on cuda:0 to cuda:{} {}(TENSORCOMM_CUDA_COPY={copy}), median of {} iterations after {} warm-up",
                 args.nproc.saturating_sub(1),
                 if args.label.is_empty() { String::new() } else { format!("{} ", args.label) },
                 args.iters,
                 args.warmup
-            );
-            println!("{}", Row::header_vs("torch"));
+            ));
+            stdout.line(format_args!("{}", Row::header_vs("torch")));
         }
         all_correct &= row.correct;
         let base = torch
             .as_ref()
             .and_then(|t| t.get(&(row.op.clone(), row.size)).copied());
         if args.json {
-            println!("{}", row.json_vs(base));
+            stdout.line(format_args!("{}", row.json_vs(base)));
         } else {
-            println!("{}", row.text_vs(base));
+            stdout.line(format_args!("{}", row.text_vs(base)));
         }
+        stdout.is_open()
     };
     let result = run(args, &ops, &mut emit);
     if !header && !args.json {
-        println!(
+        stdout.line(format_args!(
             "# algbw, busbw in GB/s; ratio = tensorcomm time / PyTorch time (lower is better)"
-        );
+        ));
     }
     match result {
         Ok(()) if all_correct => ExitCode::SUCCESS,

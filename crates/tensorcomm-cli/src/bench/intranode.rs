@@ -33,6 +33,7 @@ use tensorcomm::{ProcessGroup, ReduceOp};
 
 use super::nccl::median;
 use super::{data, progress, sizes, BenchArgs, BenchOp, Row};
+use crate::stdout::Stdout;
 
 /// Calls per captured graph.
 const GRAPH_CALLS: usize = 20;
@@ -136,22 +137,24 @@ fn rank_body(
         &IntraNodeOptions::default(),
     )?;
     let dtype = args.dtype;
+    // Rank 0's stdout, until a write to it fails (`bench | head`).
+    let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
-        println!(
+        stdout.line(format_args!(
             "# tensorcomm bench: all_reduce {dtype} on {} {} (peer memory, cuda:{device} of {count} GPUs), {} iterations after {} warm-up; time = device time per eager call, graph = per call in a CUDA graph of {GRAPH_CALLS} (medians)",
             super::rank_count(ranks),
             if args.in_process { "as threads" } else { "as processes" },
             args.iters,
             args.warmup
-        );
-        println!(
+        ));
+        stdout.line(format_args!(
             "{} {:>10} {:>9} {:>9} {:>9}",
             Row::header(),
             "graph(us)",
             "host(us)",
             "sync(us)",
             "algo"
-        );
+        ));
     }
     let stream = Stream::new(device)?;
     // One gate for the whole run: freeing pinned memory waits for the
@@ -164,6 +167,12 @@ fn rank_body(
     let mut all_correct = true;
     let want = (ranks * (ranks + 1) / 2) as f64;
     for size in sizes {
+        // Before this size queues any work gated on the other ranks, so
+        // stopping here leaves none of it waiting.
+        if !stdout.agree_open(&pg, Device::Cpu)? {
+            // Nobody reads the rows any more: every rank stops here.
+            break;
+        }
         let n = (size / dtype.size()).max(1);
         progress.show(n * dtype.size());
         let fresh = filled(dtype, n, rank as f64 + 1.0, device)?;
@@ -274,7 +283,7 @@ fn rank_body(
                 row_correct,
             );
             if args.json {
-                println!(
+                stdout.line(format_args!(
                     "{}",
                     row.json_with(&[
                         ("graph_us", serde_json::json!(v[1])),
@@ -282,16 +291,16 @@ fn rank_body(
                         ("sync_us", serde_json::json!(v[4])),
                         ("algo", serde_json::json!(algo.name())),
                     ])
-                );
+                ));
             } else {
-                println!(
+                stdout.line(format_args!(
                     "{} {:>10.2} {:>9.2} {:>9.2} {:>9}",
                     row.text(),
                     v[1],
                     v[3],
                     v[4],
                     algo.name()
-                );
+                ));
             }
         }
     }

@@ -17,6 +17,7 @@ use tensorcomm::tensor::{DType, Device, Tensor};
 use tensorcomm::{init_process_group, Backend, ProcessGroup, ReduceOp, Work};
 
 use super::{progress, sizes, BenchArgs, BenchOp, Row};
+use crate::stdout::Stdout;
 
 /// The ops this bench times.
 pub const OPS: [BenchOp; 7] = [
@@ -169,15 +170,17 @@ pub fn run_rank(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
     let (rank, ranks) = (pg.rank(), pg.size());
     let device = local_device();
     let dtype = args.dtype;
+    // Rank 0's stdout, until a write to it fails (`bench | head`).
+    let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
-        println!(
+        stdout.line(format_args!(
             "# tensorcomm bench: {} {dtype} on {} (NCCL backend), {} iterations after {} warm-up; host = the caller's time per call, time = device time per call (medians)",
             op.name(),
             super::rank_count(ranks),
             args.iters,
             args.warmup
-        );
-        println!("{} {:>10}", Row::header(), "host(us)");
+        ));
+        stdout.line(format_args!("{} {:>10}", Row::header(), "host(us)"));
     }
     let sizes = if op == BenchOp::Barrier {
         vec![0]
@@ -188,6 +191,10 @@ pub fn run_rank(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
     let stream = current_stream(device)?;
     let mut all_correct = true;
     for size in sizes {
+        if !stdout.agree_open(&*pg, Device::Cuda(device))? {
+            // Nobody reads the rows any more: every rank stops here.
+            break;
+        }
         let mut count = (size / dtype.size()).max(1);
         if matches!(op, BenchOp::ReduceScatterTensor | BenchOp::AllToAllSingle) {
             count = count.div_ceil(ranks) * ranks;
@@ -231,9 +238,12 @@ pub fn run_rank(args: &BenchArgs, op: BenchOp) -> tensorcomm::Result<bool> {
             let n = if op == BenchOp::Barrier { 0 } else { count };
             let row = Row::new(bytes, n, dtype.name(), op.name(), ranks, v[1], row_correct);
             if args.json {
-                println!("{}", row.json_with(&[("host_us", serde_json::json!(v[0]))]));
+                stdout.line(format_args!(
+                    "{}",
+                    row.json_with(&[("host_us", serde_json::json!(v[0]))])
+                ));
             } else {
-                println!("{} {:>10.2}", row.text(), v[0]);
+                stdout.line(format_args!("{} {:>10.2}", row.text(), v[0]));
             }
         }
     }
