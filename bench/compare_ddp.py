@@ -47,6 +47,15 @@ def run(cmd):
     return last_json(p.stdout)
 
 
+def title(cpus, layers, steps):
+    """The table's first line: op, reduce op, dtype, where, and timing."""
+    return (f"# DDP gradient all-reduce, reduce op SUM of the gradients / world size (the mean: "
+            f"PyTorch DDP's default, tensorcomm's allreduce hook), f32 gradients, CPU ranks "
+            f"(Gloo; tensorcomm's cpu backend), {cpus} cpus; ms per "
+            f"step, the slowest rank's median of {steps} steps after 3 warm-up, in both; compute "
+            f"per layer = PyTorch's step without DDP at the threads of one rank / {layers} layers")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tensorcomm", default="target/release/tensorcomm")
@@ -59,8 +68,7 @@ def main():
     script = os.path.join(here, "ddp_torch.py")
     layers = 7
     cpus = os.cpu_count() or 1
-    print(f"# {cpus} cpus; all-reduce hook, CPU ranks; compute per layer = PyTorch's step without DDP "
-          f"at the threads of one rank / {layers} layers")
+    print(title(cpus, layers, a.steps))
     modes = [False, True] if a.grad_as_bucket_view else [False]
     mode_head = f" {'grads':>5}" if a.grad_as_bucket_view else ""
     print(f"{'ranks':>5}{mode_head} {'compute ms':>10} {'torch ms':>9} {'tensorcomm ms':>14} {'ratio':>6} "

@@ -31,7 +31,9 @@ memory asked for: the device path where the ranks qualify, and large
 all_reduces staged in pipelined chunks.
 
 --no-gloo runs the tensorcomm half only (where PyTorch is missing);
---json-out FILE also writes every measurement as JSON lines. Output lines
+--json-out FILE also writes every measurement as JSON lines (each with its
+tool, ranks and device, tensorcomm's with their transport;
+bench/ratio_table.py reads them). Output lines
 that are not JSON objects (headers, launcher prefixes such as
 `[rank0]: `, warnings) are skipped, so either tool may print extra text.
 Exits non-zero if any run failed or a row's correctness check failed, after
@@ -130,17 +132,24 @@ REDUCING = ("all_reduce", "reduce", "all_reduce_coalesced", "reduce_scatter",
             "reduce_scatter_tensor", "all_reduce_sparse")
 
 
+def reduce_op(op):
+    """The reduce op both tools time `op` with, as a header says it."""
+    return "reduce op SUM" if op in REDUCING else "no reduce op"
+
+
+def timing(device):
+    """How each column of a comparison on `device` (cpu or cuda) was timed."""
+    if device == "cuda":
+        return ("time: tensorcomm = mean call, slowest rank (tensorcomm bench); "
+                "gloo = median call, wait() then torch.cuda.synchronize() (gloo_cuda_torch.py)")
+    return ("time: mean call after warm-up, slowest rank, in both "
+            "(tensorcomm bench, gloo_bench.py)")
+
+
 def title(op, ranks, dtype, device):
     """The table's first line: op, ranks, dtype, reduce op and how each
     column was timed."""
-    reduce = "reduce op SUM" if op in REDUCING else "no reduce op"
-    if device == "cuda":
-        timing = ("time: tensorcomm = mean call, slowest rank (tensorcomm bench); "
-                  "gloo = median call, wait() then torch.cuda.synchronize() (gloo_cuda_torch.py)")
-    else:
-        timing = ("time: mean call after warm-up, slowest rank, in both "
-                  "(tensorcomm bench, gloo_bench.py)")
-    return f"# {op}, {ranks} ranks, {dtype}, {reduce}; {timing}"
+    return f"# {op}, {ranks} ranks, {dtype}, {reduce_op(op)}; {timing(device)}"
 
 
 def table(op, ranks, transports, results, gloo, dtype="f32", device="cpu"):
@@ -229,13 +238,15 @@ def main(argv=None):
                 if any(r.get("correct") is False for r in rows):
                     failures.append(f"tensorcomm {op} {ranks} ranks {t}: a result was WRONG")
                 results[t] = rows
-                everything += [dict(r, tool="tensorcomm", transport=t, ranks=ranks) for r in rows]
+                everything += [dict(r, tool="tensorcomm", transport=t, ranks=ranks,
+                                    device=args.device) for r in rows]
             gloo = []
             if not args.no_gloo:
                 gloo, err = run(gloo_cmd(args, op, ranks), timeout=args.timeout)
                 if err:
                     failures.append(f"gloo {op} {ranks} ranks: {err}")
-                everything += [dict(r, tool="gloo", ranks=ranks) for r in gloo]
+                everything += [dict(r, tool="gloo", ranks=ranks, device=args.device)
+                               for r in gloo]
             print(table(op, ranks, transports, results, gloo, args.dtype, args.device), flush=True)
             print(flush=True)
     if args.json_out:

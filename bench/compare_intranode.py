@@ -38,6 +38,15 @@ def run(cmd, env):
     return list(json_lines(p.stdout)), p.stdout, p.returncode == 0
 
 
+def title(ranks, dtype, iters, warmup):
+    """The table's first line: op, reduce op, ranks, dtype and timing."""
+    return (f"# all_reduce, reduce op SUM, {ranks} ranks, {dtype}; us per call, the slowest "
+            f"rank's medians, in both: device time of one eager call (CUDA events around it; "
+            f"{iters} calls after {warmup} warm-up, queued back to back), _g = a replay of a CUDA "
+            f"graph of 20 calls / 20; ratio = tensorcomm / best PyTorch (one_shot, two_shot, "
+            f"nccl; _g: one_shot, two_shot)")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tensorcomm", default="target/release/tensorcomm")
@@ -56,6 +65,7 @@ def main():
     theirs, raw, ok_theirs = run([a.tensorcomm, "run", "--nproc-per-node", str(a.ranks), "--",
                                   sys.executable, a.torch_script, "--sizes", a.sizes, "--dtype",
                                   a.dtype, "--iters", a.iters, "--warmup", a.warmup], env)
+    print(title(a.ranks, a.dtype, a.iters, a.warmup))
     for line in raw.splitlines():
         if "# " in line:
             print(line)
@@ -65,7 +75,6 @@ def main():
             print(f"# PyTorch {r['impl']} at {r['size']} B: {r['error']}")
             continue
         by.setdefault(int(r["size"]), {})[r["impl"]] = r
-    print(f"# {a.ranks} ranks, {a.dtype}; times in us per call (median); ratio = tensorcomm / best PyTorch")
     print(f"{'bytes':>11} {'algo':>9} {'ours':>8} {'one_shot':>9} {'two_shot':>9} {'nccl':>8} {'ratio':>6}"
           f" {'ours_g':>8} {'1shot_g':>8} {'2shot_g':>8} {'ratio_g':>7} ok")
     for r in ours:

@@ -40,6 +40,15 @@ def run(cmd, env):
     return rows(p.stdout), p.returncode == 0
 
 
+def title(op, ranks, dtype, iters, warmup):
+    """One op's table's first line: op, ranks, dtype, reduce op and timing."""
+    reduce = "reduce op SUM" if op in ("all_reduce", "reduce", "reduce_scatter_tensor") else "no reduce op"
+    return (f"# {op}, {ranks} rank(s), {dtype}, {reduce}; per call, the slowest rank's median "
+            f"of {iters} calls after {warmup} warm-up, in both: host = the caller's time of the "
+            f"call and its wait(), time = from an event on the current stream before the call "
+            f"to one after wait() (ratio = tensorcomm / PyTorch)")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tensorcomm", default="target/release/tensorcomm")
@@ -60,7 +69,7 @@ def main():
     ok_all = True
     out = open(a.json_out, "w") if a.json_out else None
     here = os.path.dirname(os.path.abspath(__file__))
-    for op in a.ops.split(","):
+    for i, op in enumerate(a.ops.split(",")):
         tc, ok1 = run([a.tensorcomm, "bench", "--backend", "nccl", "--op", op, "-n",
                        str(a.ranks), "--json"] + common, env)
         torch_cmd = [sys.executable]
@@ -69,10 +78,9 @@ def main():
         torch_cmd += [os.path.join(here, "nccl_torch.py"), "--op", op] + common
         pt, ok2 = run(torch_cmd, env)
         ok_all &= ok1 and ok2
-        reduce = "reduce op SUM" if op in ("all_reduce", "reduce", "reduce_scatter_tensor") else "no reduce op"
-        print(f"\n## {op}, {a.ranks} rank(s), {a.dtype}, {reduce}; per call, the slowest rank's median "
-              f"of {a.iters} calls after {a.warmup} warm-up: host = the caller's time, "
-              f"time = device time (ratio = tensorcomm / PyTorch)")
+        if i:
+            print()
+        print(title(op, a.ranks, a.dtype, a.iters, a.warmup))
         print(f"{'size(B)':>12} {'tc host':>9} {'pt host':>9} {'host ratio':>10} "
               f"{'tc time':>9} {'pt time':>9} {'time ratio':>10} {'check':>6}")
         for size in sorted(set(tc) | set(pt)):

@@ -59,7 +59,7 @@ class ParseAndTable(unittest.TestCase):
 
     def test_device_cuda_passes_the_device_and_picks_the_cuda_script(self):
         class Args:
-            tensorcomm, python, gloo_script, device = "tc", "py", None, "cuda"
+            tensorcomm, python, gloo_script, device, peer_memory = "tc", "py", None, "cuda", False
             begin, end, factor, dtype, iters, warmup = "8", "64", 2, "f32", 5, 1
         tc = compare_gloo.tensorcomm_cmd(Args, "all_reduce", 2, "shm")
         self.assertEqual(tc[tc.index("--device") + 1], "cuda")
