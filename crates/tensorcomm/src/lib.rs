@@ -84,7 +84,10 @@ pub struct ReadmeDoctests;
 pub(crate) fn test_skipped(why: impl std::fmt::Display) {
     use std::io::Write;
     let thread = std::thread::current();
-    let name = thread.name().filter(|n| *n != "main").unwrap_or("(unnamed)");
+    let name = thread
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("(unnamed)");
     let why = why.to_string().replace(['\r', '\n'], " ");
     let _ = std::io::stderr()
         .lock()
