@@ -73,8 +73,10 @@ def main():
     gloo = dist.new_group(backend="gloo")
     native = dist.distributed_c10d._get_default_group()._group
     if rank == 0:
-        print(f"# python_backend: {world} ranks, torch {torch.__version__}, float32, "
-              f"{os.cpu_count()} cpus; times in us (slowest rank's mean per call)")
+        print(f"# python_backend: {args.ops} (all_reduce: reduce op SUM), {world} ranks, "
+              f"torch {torch.__version__}, float32, {os.cpu_count()} cpus; times in us: the "
+              "slowest rank's mean per synchronous call (dist.<op>(t, group=...), host clock "
+              "around the timed loop; native = the extension's call and wait())")
         print(f"{'op':<11}{'size':>8}{'tensorcomm':>12}{'gloo':>12}{'ratio':>8}{'native':>10}{'dispatch':>10}")
     for op in args.ops.split(","):
         for i, nbytes in enumerate(sizes(args.min_bytes, args.max_bytes, args.factor)):

@@ -27,7 +27,7 @@ for t in $([ "${TESTS:-1}" = 0 ] || echo "$dir"/test-*); do
   "$t" --test-threads="${TEST_THREADS:-1}" --nocapture > "$log" 2>&1
   rc=$?
   res="$(grep -E '^test result:' "$log" | tail -1)"
-  skips="$(grep -c '^skipped' "$log")"
+  skips="$(grep -c 'test [^ ]* skipped: ' "$log")"
   summary+=("$name rc=$rc skipped=$skips $res")
   if [ $rc -ne 0 ]; then grep -E "panicked|FAILED|assert" "$log" | head -20; fi
 done

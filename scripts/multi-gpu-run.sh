@@ -32,7 +32,7 @@ stage_tests() {
     name="$(basename "$t")"
     timeout -k 5 "${LIMIT:-150}" "$t" --test-threads=1 --nocapture > "$out/$name.log" 2>&1
     rc=$?
-    echo "$name rc=$rc skipped=$(grep -c '^skipped' "$out/$name.log") $(grep -E '^test result:' "$out/$name.log" | tail -1)"
+    echo "$name rc=$rc skipped=$(grep -c 'test [^ ]* skipped: ' "$out/$name.log") $(grep -E '^test result:' "$out/$name.log" | tail -1)"
     [ $rc -ne 0 ] && grep -E "panicked|FAILED|Error" "$out/$name.log" | head -20
   done
 }

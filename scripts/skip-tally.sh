@@ -13,12 +13,12 @@
 # the test binary cargo said it was running (its `Running ...` line, on
 # the same stream), so a test that says it skipped twice counts once, and
 # two tests of one name in two files count twice. Colour codes are
-# ignored. Always exits 0.
+# ignored. Prints nothing when no test binary ran. Always exits 0.
 set -uo pipefail
 input="${1:--}"
 awk '
   { gsub(/\033\[[0-9;]*m/, "") }
-  /^ *Running / { binary = $0 }
+  /^ *Running / { binary = $0; ran++ }
   match($0, /test [^ ]+ skipped: /) {
     line = substr($0, RSTART)
     split(line, word, " ")
@@ -29,6 +29,8 @@ awk '
     total++
   }
   END {
+    # No test binary ran (cargo failed to build them): nothing to say.
+    if (ran == 0) exit
     if (total == 0) { print "no test skipped"; exit }
     printf "%d test%s skipped (cargo test counts %s as passed):\n", total, (total == 1 ? "" : "s"), (total == 1 ? "it" : "them")
     for (i = 1; i <= reasons; i++) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Python extension (python/, abi3) into a wheel, installs it into a
 # virtual environment with python/requirements-dev.txt (maturin, numpy,
-# pytest; no PyTorch), and runs python/tests. The environment is .venv-py
+# pytest; no PyTorch), and runs python/tests and bench/test_*.py. The environment is .venv-py
 # (or $TENSORCOMM_PY_VENV) and is reused when it is already there. Where
 # python3 cannot make a virtual environment (Debian without python3-venv),
 # the package for it is installed with apt-get when running as root.
@@ -38,7 +38,10 @@ trap 'rm -rf "$wheels"' EXIT
 # From the root, so that `import tensorcomm` finds the installed wheel, not
 # the python/tensorcomm sources (which lack the compiled module).
 set +e
-"$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+# Also the bench scripts' own tests (their headers, their parsing); they
+# need neither PyTorch nor a GPU.
+"$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests \
+  bench/test_compare_gloo.py bench/test_bench_headers.py
 status=$?
 set -e
 if [ "$status" = 5 ]; then

@@ -5,7 +5,7 @@
 //! cpu collective bench has its own test in `bench.rs`; the GPU benches
 //! (nccl, intranode, cuda-comm) cannot run here.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,14 @@ fn ends_quietly_after(args: &[&str], lines: usize) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tensorcomm");
+    // Drained as it comes, so that a long stderr (a flight-recorder dump)
+    // cannot block the child and pass for a hang.
+    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stderr_pipe.read_to_end(&mut text);
+        text
+    });
     let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
     for _ in 0..lines {
         let mut line = String::new();
@@ -38,16 +46,17 @@ fn ends_quietly_after(args: &[&str], lines: usize) {
         }
         if start.elapsed() > BOUND {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("collect stderr");
+            let _ = child.wait();
+            let text = stderr_reader.join().unwrap_or_default();
             panic!(
                 "{args:?} (reader gone after {lines} line(s)) still running after {BOUND:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&text)
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let out = child.wait_with_output().expect("collect stderr");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = stderr_reader.join().unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&text);
     let what = format!("{args:?} (reader gone after {lines} line(s)): {status:?}\n{stderr}");
     assert!(status.success(), "{what}");
     assert!(!stderr.contains("panicked"), "{what}");
@@ -76,9 +85,9 @@ fn a_closed_stdout_ends_the_ddp_bench_quietly() {
         "--transport",
         "tcp",
     ];
-    for lines in [0, 1] {
-        ends_quietly_after(&ddp, lines);
-    }
+    // The reader gone before the first line (after one, the whole table is
+    // already in the pipe, which proves nothing).
+    ends_quietly_after(&ddp, 0);
     ends_quietly_after(&[&ddp[..], &["--json"]].concat(), 0);
 }
 
@@ -135,8 +144,7 @@ fn a_closed_stdout_ends_the_store_bench_quietly() {
         "--threads",
         "1,2",
     ];
-    for lines in [0, 1] {
-        ends_quietly_after(&store, lines);
-    }
+    // As for the ddp bench, the reader gone before the first line.
+    ends_quietly_after(&store, 0);
     ends_quietly_after(&[&store[..], &["--json"]].concat(), 0);
 }

@@ -643,8 +643,8 @@ mod tests {
     #[test]
     fn gpu_tensors_without_a_driver_are_no_cuda_errors() {
         if crate::cuda::runtime::device_count().is_ok() {
-            println!(
-                "skipped: this machine has a CUDA driver (the test is for machines without one)"
+            crate::test_skipped(
+                "this machine has a CUDA driver (the test is for machines without one)",
             );
             return;
         }
