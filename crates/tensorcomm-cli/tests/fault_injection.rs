@@ -67,21 +67,9 @@
 //!   (Another rank stopped is named: a timeout blames the ranks furthest
 //!   behind, read from the rings of recent calls stalled ranks post to the
 //!   store; see `group/absent_ranks.rs`.)
-//!
-//! Linger 0 (`TENSORCOMM_FAULT_LINGER_MS=0`: a rank exits the moment it
-//! has its error) used to fail: a survivor rank 0 took the store with it,
-//! and the others, finding it gone, named rank 0 instead of the victim (16
-//! and 18 of 30 from seed 0xa000, 41 of 60 from 0xb000). A hosting store
-//! now keeps serving other processes' clients while its process exits, up
-//! to its linger (`store/tcp/at_exit.rs`): 30 of 30 from 0xa000 in three
-//! runs, 59 and 60 of 60 from 0xb000. The one failure (0xb00c, `kill`)
-//! is flaky at any linger, before the change too (of 20 reruns, 11 passed
-//! at linger 0 and 14 at 300 ms; 13 at 300 ms before): a survivor already
-//! in the next collective names rank 0, whose group, failing on the
-//! victim, closed its shared-memory links. The
-//! default linger stays 300 ms. The cost: where the only other client
-//! left is a stopped victim (`stop` at 2 ranks), rank 0 waits its store's
-//! linger (10 s) before exiting, and the launcher stops the job then.
+//! - linger 0: a survivor rank 0 that exits at once after its error takes
+//!   the store with it, and the others, finding the store gone, name rank
+//!   0 instead of the victim (18 of 30 passed from seed 0xa000).
 //!
 //! `store-kill` (rank 0 and its store killed, also during set-up) joined
 //! the default set once a set-up wait failed at once on losing the store
