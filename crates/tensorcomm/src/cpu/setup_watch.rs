@@ -3,31 +3,23 @@
 //! WARN every [`WARN_EVERY`] what they still wait for, and fail at once,
 //! naming the rank, when a peer's process is known to be gone.
 //!
-//! A peer is known to be gone when
-//! - the launcher that started this rank (`tensorcomm run`) lists it as
-//!   exited (see [`crate::rendezvous::launch_exits`]): whether or not it
-//!   ever reached rendezvous, on this rank's node only; or
-//! - it posted its process under [`crate::rendezvous::process_key`] (every
-//!   rank does so at rendezvous), runs on this host, and that process has
-//!   exited (or is a zombie, or its pid now belongs to a process started
-//!   later), with or without a launcher.
-//!
-//! A peer on another host, or one that died before posting without a
-//! launcher to tell it, is waited for until the group's timeout.
+//! A peer is known to be gone when it posted its process under
+//! [`crate::rendezvous::process_key`] (every rank does so at rendezvous),
+//! runs on this host, and that process has exited (or is a zombie, or its
+//! pid now belongs to a process started later). A peer on another host, or
+//! one that died before posting, is waited for until the group's timeout.
 //!
 //! The watch of the set-up running on a thread is kept in a thread-local,
 //! so the transports' wait loops reach it without threading it through
-//! every constructor; [`setup_store`] wraps the store the set-up uses so
+//! every constructor; [`SetupStore`] wraps the store the set-up uses so
 //! that its blocking calls wait in slices and check between them.
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::{launch_exits, process_gone, process_key};
-use crate::store::watched::WatchedStore;
+use crate::rendezvous::process_gone;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -35,6 +27,8 @@ use crate::{Error, Result};
 pub(crate) const WARN_EVERY: Duration = Duration::from_secs(5);
 /// How often a wait checks whether its peers' processes are alive.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
+/// The longest slice a [`SetupStore`] blocking call waits at a time.
+const SLICE: Duration = Duration::from_millis(500);
 
 struct Watch {
     store: Arc<dyn Store>,
@@ -42,8 +36,6 @@ struct Watch {
     rank: usize,
     /// (group rank, global rank) of every other rank.
     peers: Vec<(usize, usize)>,
-    /// The file where this rank's launcher lists the ranks that exited.
-    launch_exits: Option<PathBuf>,
     started: Instant,
     last_warn: Cell<Instant>,
     last_check: Cell<Option<Instant>>,
@@ -73,18 +65,6 @@ pub(crate) fn enter(
     rank: usize,
     global_ranks: &[usize],
 ) -> Guard {
-    let exits = launch_exits::path_from_env();
-    enter_with(store, group, rank, global_ranks, exits)
-}
-
-/// [`enter`], with the launcher's exits file (if any) given.
-fn enter_with(
-    store: Arc<dyn Store>,
-    group: &str,
-    rank: usize,
-    global_ranks: &[usize],
-    launch_exits: Option<PathBuf>,
-) -> Guard {
     let now = Instant::now();
     let watch = Rc::new(Watch {
         store,
@@ -96,7 +76,6 @@ fn enter_with(
             .filter(|&(r, _)| r != rank)
             .map(|(r, &g)| (r, g))
             .collect(),
-        launch_exits,
         started: now,
         last_warn: Cell::new(now),
         last_check: Cell::new(None),
@@ -125,45 +104,6 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
     let mut what = Some(what);
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
-    let during = |what: &str| {
-        format!(
-            "setting up group {:?} (rank {} of {}), waiting for {what}",
-            watch.group,
-            watch.rank,
-            watch.peers.len() + 1
-        )
-    };
-    if let Some(path) = &watch.launch_exits {
-        let exits = launch_exits::read(path);
-        if let Some((peer, global, ended)) = watch
-            .peers
-            .iter()
-            .find_map(|&(p, g)| exits.get(&g).map(|e| (p, g, e)))
-        {
-            // Whether it had joined only changes the words: the store
-            // being unreachable must not hide the launcher's news.
-            let joined = watch.store.check(&[process_key(global).as_str()]).ok();
-            let what = what_text();
-            let who = if peer == global {
-                "it".to_string()
-            } else {
-                format!("it (job rank {global})")
-            };
-            let reason = launch_exits::reason(&who, ended, joined);
-            tracing::error!(
-                group = %watch.group,
-                rank = watch.rank,
-                peer,
-                global,
-                "set-up failed: rank {peer} is gone while this rank waited for {what}: {reason}"
-            );
-            return Err(Error::PeerClosed {
-                peer,
-                during: during(&what),
-                reason,
-            });
-        }
-    }
     for &(peer, global) in &watch.peers {
         // The store's host gone or hung (the client says its connection
         // was lost: an I/O error, a refused redial, or no reply within the
@@ -191,7 +131,12 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
             );
             return Err(Error::PeerClosed {
                 peer,
-                during: during(&what),
+                during: format!(
+                    "setting up group {:?} (rank {} of {}), waiting for {what}",
+                    watch.group,
+                    watch.rank,
+                    watch.peers.len() + 1
+                ),
                 reason: format!("its process ({process}) exited during set-up"),
             });
         }
@@ -209,15 +154,89 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     Ok(())
 }
 
-/// `store`, whose blocking calls, during a watched set-up, wait in slices
+/// A store whose blocking calls, during a watched set-up, wait in slices
 /// and [`check`] between them; the whole wait still ends at its timeout
 /// with the error the store gives for it.
-pub(crate) fn setup_store(
-    store: &dyn Store,
-) -> WatchedStore<'_, impl Fn(&[&str]) -> Result<()> + Send + Sync> {
-    WatchedStore::new(store, |keys: &[&str]| {
-        check(|| format!("store keys {keys:?}"))
-    })
+pub(crate) struct SetupStore<'a>(pub(crate) &'a dyn Store);
+
+impl SetupStore<'_> {
+    /// Runs `call` with slices of `timeout` until it does not time out, or
+    /// the last slice did.
+    fn sliced<T>(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        call: impl Fn(Duration) -> Result<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let slice = left.min(SLICE);
+            match call(slice) {
+                Err(Error::StoreTimeout { keys: k, .. }) if slice == left => {
+                    return Err(Error::StoreTimeout { keys: k, timeout });
+                }
+                Err(Error::StoreTimeout { .. }) => {
+                    check(|| format!("store keys {keys:?}"))?;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Store for SetupStore<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.set(key, value)
+    }
+    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.sliced(&[key], timeout, |t| self.0.get_timeout(key, t))
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(key, expected, desired)
+    }
+    fn wait_timeout(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        self.sliced(keys, timeout, |t| self.0.wait_timeout(keys, t))
+    }
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        self.0.check(keys)
+    }
+    fn delete_key(&self, key: &str) -> Result<bool> {
+        self.0.delete_key(key)
+    }
+    fn num_keys(&self) -> Result<usize> {
+        self.0.num_keys()
+    }
+    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.append(key, value)
+    }
+    fn multi_get_timeout(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        self.sliced(keys, timeout, |t| self.0.multi_get_timeout(keys, t))
+    }
+    fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
+        self.0.multi_set(keys, values)
+    }
+    fn list_keys(&self) -> Result<Vec<String>> {
+        self.0.list_keys()
+    }
+    fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.queue_push(key, value)
+    }
+    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.0.queue_pop_timeout(key, timeout)
+    }
+    fn queue_len(&self, key: &str) -> Result<usize> {
+        self.0.queue_len(key)
+    }
+    fn timeout(&self) -> Duration {
+        self.0.timeout()
+    }
+    fn set_timeout(&self, timeout: Duration) {
+        self.0.set_timeout(timeout)
+    }
 }
 
 #[cfg(test)]
@@ -242,46 +261,5 @@ mod tests {
         std::thread::sleep(CHECK_EVERY);
         let err = check(|| "rank 2 to connect".into()).unwrap_err();
         assert!(matches!(err, Error::StoreConnectionLost { .. }), "{err}");
-    }
-
-    #[test]
-    fn a_peer_the_launcher_lists_fails_the_wait_naming_it_and_how_it_ended() {
-        use crate::rendezvous::launch_exits::{line, Ended};
-        use crate::store::HashStore;
-        let dir = tempfile::tempdir().unwrap();
-        let exits = dir.path().join("exits");
-        let store = Arc::new(HashStore::new());
-        // A sub-group of job ranks 0, 5 and 7; this is group rank 0.
-        let watch = || enter_with(store.clone(), "sub", 0, &[0, 5, 7], Some(exits.clone()));
-        let _watch = watch();
-        assert!(check(|| "keys".into()).is_ok(), "no file: nothing known");
-        // Job rank 3 is not in the group: not waited for.
-        std::fs::write(&exits, line(3, &Ended::Status(0))).unwrap();
-        std::thread::sleep(CHECK_EVERY);
-        assert!(check(|| "keys".into()).is_ok());
-        let killed = Ended::Signal {
-            number: 9,
-            name: Some("SIGKILL".into()),
-        };
-        std::fs::write(&exits, line(3, &Ended::Status(0)) + &line(7, &killed)).unwrap();
-        std::thread::sleep(CHECK_EVERY);
-        let err = check(|| "group rank 2's address".into()).unwrap_err();
-        assert!(matches!(err, Error::PeerClosed { peer: 2, .. }), "{err}");
-        assert_eq!(
-            err.to_string(),
-            "peer rank 2 is gone while setting up group \"sub\" (rank 0 of 3), waiting for group rank 2's address: \
-             it (job rank 7) was killed by signal 9 (SIGKILL) before joining the job (it never reached rendezvous; reported by tensorcomm run)"
-        );
-        // One that had posted its process record left during set-up.
-        store
-            .set(&process_key(7), b"elsewhere\npid=1\nstart=1")
-            .unwrap();
-        let _watch = watch();
-        let err = check(|| "keys".into()).unwrap_err();
-        assert!(
-            err.to_string()
-                .ends_with("it (job rank 7) was killed by signal 9 (SIGKILL) after joining, during set-up (reported by tensorcomm run)"),
-            "{err}"
-        );
     }
 }

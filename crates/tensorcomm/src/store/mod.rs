@@ -31,7 +31,6 @@ mod prefix;
 pub(crate) mod state;
 pub(crate) mod tcp;
 mod timeout;
-pub(crate) mod watched;
 
 use std::time::Duration;
 
