@@ -245,7 +245,7 @@ impl ProcessGroupCpu {
         // Set-up waits say what they wait for and fail at once when a
         // peer's process is gone (see `setup_watch`).
         let _watch = setup_watch::enter(store.clone(), key_prefix, rank, &global_ranks);
-        let setup_store = setup_watch::SetupStore(&*store);
+        let setup_store = setup_watch::setup_store(&*store);
         // Names a crashed set-up left in /dev/shm (older than a set-up takes).
         #[cfg(target_os = "linux")]
         crate::cpu::transport::shm::reclaim_orphans(ORPHAN_AGE);

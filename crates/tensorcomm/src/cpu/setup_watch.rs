@@ -11,7 +11,7 @@
 //!
 //! The watch of the set-up running on a thread is kept in a thread-local,
 //! so the transports' wait loops reach it without threading it through
-//! every constructor; [`SetupStore`] wraps the store the set-up uses so
+//! every constructor; [`setup_store`] wraps the store the set-up uses so
 //! that its blocking calls wait in slices and check between them.
 
 use std::cell::{Cell, RefCell};
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::rendezvous::process_gone;
+use crate::store::watched::WatchedStore;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -27,8 +28,6 @@ use crate::{Error, Result};
 pub(crate) const WARN_EVERY: Duration = Duration::from_secs(5);
 /// How often a wait checks whether its peers' processes are alive.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
-/// The longest slice a [`SetupStore`] blocking call waits at a time.
-const SLICE: Duration = Duration::from_millis(500);
 
 struct Watch {
     store: Arc<dyn Store>,
@@ -154,89 +153,15 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     Ok(())
 }
 
-/// A store whose blocking calls, during a watched set-up, wait in slices
+/// `store`, whose blocking calls, during a watched set-up, wait in slices
 /// and [`check`] between them; the whole wait still ends at its timeout
 /// with the error the store gives for it.
-pub(crate) struct SetupStore<'a>(pub(crate) &'a dyn Store);
-
-impl SetupStore<'_> {
-    /// Runs `call` with slices of `timeout` until it does not time out, or
-    /// the last slice did.
-    fn sliced<T>(
-        &self,
-        keys: &[&str],
-        timeout: Duration,
-        call: impl Fn(Duration) -> Result<T>,
-    ) -> Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let slice = left.min(SLICE);
-            match call(slice) {
-                Err(Error::StoreTimeout { keys: k, .. }) if slice == left => {
-                    return Err(Error::StoreTimeout { keys: k, timeout });
-                }
-                Err(Error::StoreTimeout { .. }) => {
-                    check(|| format!("store keys {keys:?}"))?;
-                }
-                other => return other,
-            }
-        }
-    }
-}
-
-impl Store for SetupStore<'_> {
-    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.0.set(key, value)
-    }
-    fn get_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.sliced(&[key], timeout, |t| self.0.get_timeout(key, t))
-    }
-    fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        self.0.add(key, delta)
-    }
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
-        self.0.compare_set(key, expected, desired)
-    }
-    fn wait_timeout(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        self.sliced(keys, timeout, |t| self.0.wait_timeout(keys, t))
-    }
-    fn check(&self, keys: &[&str]) -> Result<bool> {
-        self.0.check(keys)
-    }
-    fn delete_key(&self, key: &str) -> Result<bool> {
-        self.0.delete_key(key)
-    }
-    fn num_keys(&self) -> Result<usize> {
-        self.0.num_keys()
-    }
-    fn append(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.0.append(key, value)
-    }
-    fn multi_get_timeout(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        self.sliced(keys, timeout, |t| self.0.multi_get_timeout(keys, t))
-    }
-    fn multi_set(&self, keys: &[&str], values: &[&[u8]]) -> Result<()> {
-        self.0.multi_set(keys, values)
-    }
-    fn list_keys(&self) -> Result<Vec<String>> {
-        self.0.list_keys()
-    }
-    fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.0.queue_push(key, value)
-    }
-    fn queue_pop_timeout(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.0.queue_pop_timeout(key, timeout)
-    }
-    fn queue_len(&self, key: &str) -> Result<usize> {
-        self.0.queue_len(key)
-    }
-    fn timeout(&self) -> Duration {
-        self.0.timeout()
-    }
-    fn set_timeout(&self, timeout: Duration) {
-        self.0.set_timeout(timeout)
-    }
+pub(crate) fn setup_store(
+    store: &dyn Store,
+) -> WatchedStore<'_, impl Fn(&[&str]) -> Result<()> + Send + Sync> {
+    WatchedStore::new(store, |keys: &[&str]| {
+        check(|| format!("store keys {keys:?}"))
+    })
 }
 
 #[cfg(test)]

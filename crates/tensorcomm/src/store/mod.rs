@@ -31,6 +31,7 @@ mod prefix;
 pub(crate) mod state;
 pub(crate) mod tcp;
 mod timeout;
+pub(crate) mod watched;
 
 use std::time::Duration;
 
