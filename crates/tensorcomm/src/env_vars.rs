@@ -277,6 +277,14 @@ pub const LAUNCHED: EnvVar = EnvVar {
     agreed: false,
 };
 
+/// `TENSORCOMM_LAUNCH_EXITS`.
+pub const LAUNCH_EXITS: EnvVar = EnvVar {
+    name: "TENSORCOMM_LAUNCH_EXITS",
+    default: "unset",
+    doc: "set by `tensorcomm run`: a file where it writes each of its ranks' exits (`rank 2 exited with status 0`), which rendezvous and CPU-group set-up waits read to fail at once, naming the rank, when a rank they wait for has exited (only the ranks of the launcher's own node are listed)",
+    agreed: false,
+};
+
 /// Every variable, in the README's order.
 pub const VARIABLES: &[EnvVar] = &[
     LOG,
@@ -306,6 +314,7 @@ pub const VARIABLES: &[EnvVar] = &[
     INTRANODE_ALGO,
     INTRANODE_REGION,
     LAUNCHED,
+    LAUNCH_EXITS,
 ];
 
 /// The README's table of [`VARIABLES`] (Markdown).

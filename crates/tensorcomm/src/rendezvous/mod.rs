@@ -10,13 +10,18 @@
 //!   system).
 //!
 //! For TCP, rank 0 hosts the [`TcpStore`] server and waits until every rank
-//! has connected; for a file, every rank waits at a barrier in the file.
+//! has connected and posted its process record; for a file, every rank
+//! waits at a barrier in the file. Under `tensorcomm run`, these waits fail
+//! at once naming a rank the launcher saw exit before it joined (see
+//! [`launch_exits`]), and so do a CPU group's set-up waits.
 //! Rank 0's server listens on the address `MASTER_ADDR` (the URL's host)
 //! resolves to, not on every interface, unless `TENSORCOMM_BIND_ALL=1`
 //! (see [`crate::listen_address`]): rank 0 must run on the host that
 //! address names.
 
+mod arrival;
 mod init_method;
+pub mod launch_exits;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,24 +92,33 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
                 tracing::debug!(%bind, world_size = method.world_size, "rank 0 hosting the TCP store");
                 let what = "the TCP store (rank 0)";
                 let told = format!("MASTER_ADDR {host}");
+                // The other ranks are waited for below, by their process
+                // records, a wait that can tell who is missing and who
+                // will never come.
                 Arc::new(
-                    TcpStore::host(&bind, method.world_size, &options)
+                    TcpStore::host(&bind, 1, &options)
                         .map_err(|e| explain_bind_error(e, what, &bind, &told))?,
                 )
             } else {
                 tracing::debug!(%addr, rank = method.rank, "connecting to the TCP store");
+                arrival::reach_store_host(&addr, &options, (method.rank, method.world_size))?;
                 Arc::new(TcpStore::connect(&addr, &options)?)
             }
         }
         StoreAddress::File { path } => {
             let store = FileStore::open(path)?;
-            store.barrier("tensorcomm/rendezvous", method.world_size, Some(timeout))?;
+            let ranks = (method.rank, method.world_size);
+            arrival::file_barrier(&store, path, ranks, timeout)?;
             Arc::new(store)
         }
     };
     store.set_timeout(crate::store::DEFAULT_TIMEOUT);
-    // Lets the others' set-up waits tell when this process is gone.
+    // Lets the others' set-up waits tell when this process is gone, and
+    // tells rank 0 this rank has arrived.
     store.set(&process_key(method.rank), this_process().as_bytes())?;
+    if method.rank == 0 && matches!(method.address, StoreAddress::Tcp { .. }) {
+        arrival::wait_for_ranks(&*store, method.world_size, timeout)?;
+    }
     Ok(Rendezvous {
         rank: method.rank,
         world_size: method.world_size,
@@ -132,7 +146,8 @@ pub fn host_port(host: &str, port: u16) -> String {
 }
 
 /// The store key under which rank `rank` of a job posts its process at
-/// rendezvous (see [`process_gone`]).
+/// rendezvous (see [`process_gone`]); rank 0 of a TCP rendezvous waits
+/// for every rank's.
 pub(crate) fn process_key(rank: usize) -> String {
     format!("tensorcomm/rendezvous/process/{rank}")
 }

@@ -1,0 +1,201 @@
+//! What `tensorcomm run` tells its ranks about ranks that have exited.
+//!
+//! The launcher creates one file per job (mode 0600, in the system's
+//! temporary folder, removed when the job ends), names it to every rank in
+//! `TENSORCOMM_LAUNCH_EXITS`, and appends one line per rank as it reaps
+//! it: `rank 2 exited with status 0`, `rank 3 was killed by signal 9
+//! (SIGKILL)`. A rank's set-up waits (rendezvous, a CPU group's set-up)
+//! read it on their periodic check and fail at once, naming the rank, when
+//! a rank they wait for is listed: one that exits before it ever reaches
+//! rendezvous would otherwise leave the others waiting until their timeout,
+//! since it posted no process record to tell its death by. Nothing else
+//! reads it, so a rank that leaves once its work is done breaks nothing
+//! that no longer waits for it.
+//!
+//! Each launcher knows only the ranks of its own node: in a job of several
+//! nodes a rank learns only of its own node's ranks this way. A missing,
+//! unreadable or unset file means nothing is known, never an error; ranks
+//! started without the launcher are not affected.
+//!
+//! ```
+//! use tensorcomm::rendezvous::launch_exits::{line, parse, Ended};
+//!
+//! let mut text = line(2, &Ended::Status(0));
+//! text += &line(3, &Ended::Signal { number: 9, name: Some("SIGKILL".into()) });
+//! assert_eq!(text, "rank 2 exited with status 0\nrank 3 was killed by signal 9 (SIGKILL)\n");
+//! let exits = parse(&text);
+//! assert_eq!(exits[&2], Ended::Status(0));
+//! assert_eq!(exits[&3].to_string(), "was killed by signal 9 (SIGKILL)");
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::env_vars::LAUNCH_EXITS;
+
+/// How a rank's process ended, as its launcher saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this status.
+    Status(i32),
+    /// A signal killed it; `name` such as `SIGKILL` where the launcher
+    /// knows one.
+    Signal { number: i32, name: Option<String> },
+}
+
+impl fmt::Display for Ended {
+    /// `exited with status 0`, `was killed by signal 9 (SIGKILL)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ended::Status(code) => write!(f, "exited with status {code}"),
+            Ended::Signal {
+                number,
+                name: Some(name),
+            } => write!(f, "was killed by signal {number} ({name})"),
+            Ended::Signal { number, name: None } => write!(f, "was killed by signal {number}"),
+        }
+    }
+}
+
+/// The line the launcher appends when rank `rank` has ended.
+pub fn line(rank: usize, ended: &Ended) -> String {
+    format!("rank {rank} {ended}\n")
+}
+
+/// The ranks listed in a launcher's file, by rank. Only whole lines (ending
+/// in a newline) count, so a line the launcher is still writing is read
+/// next time; lines that do not parse are skipped.
+pub fn parse(text: &str) -> BTreeMap<usize, Ended> {
+    let mut exits = BTreeMap::new();
+    let mut lines = text.split_inclusive('\n');
+    while let Some(whole) = lines.next().and_then(|l| l.strip_suffix('\n')) {
+        if let Some((rank, ended)) = parse_line(whole) {
+            exits.insert(rank, ended);
+        }
+    }
+    exits
+}
+
+fn parse_line(line: &str) -> Option<(usize, Ended)> {
+    let rest = line.strip_prefix("rank ")?;
+    let (rank, how) = rest.split_once(' ')?;
+    let rank = rank.parse().ok()?;
+    if let Some(code) = how.strip_prefix("exited with status ") {
+        return Some((rank, Ended::Status(code.parse().ok()?)));
+    }
+    let signal = how.strip_prefix("was killed by signal ")?;
+    let (number, name) = match signal.split_once(' ') {
+        None => (signal, None),
+        Some((number, name)) => {
+            let name = name.strip_prefix('(')?.strip_suffix(')')?;
+            (number, Some(name.to_string()))
+        }
+    };
+    let number = number.parse().ok()?;
+    Some((rank, Ended::Signal { number, name }))
+}
+
+/// The file this process's launcher writes, if it was started by one.
+pub(crate) fn path_from_env() -> Option<PathBuf> {
+    LAUNCH_EXITS
+        .get()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The ranks listed in the file at `path` now; empty when it is missing or
+/// cannot be read.
+pub(crate) fn read(path: &std::path::Path) -> BTreeMap<usize, Ended> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), "cannot read the launcher's exits file: {e}");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// The reason of the error a set-up wait fails with when a rank it waits
+/// for, `who` (`it`, or `it (job rank 5)` in a sub-group), is listed as
+/// `ended`: `joined` whether it had posted its process record at
+/// rendezvous (`None`: not known).
+pub(crate) fn reason(who: &str, ended: &Ended, joined: Option<bool>) -> String {
+    match joined {
+        Some(false) => format!(
+            "{who} {ended} before joining the job (it never reached rendezvous; reported by tensorcomm run)"
+        ),
+        Some(true) => {
+            format!("{who} {ended} after joining, during set-up (reported by tensorcomm run)")
+        }
+        None => format!("{who} {ended} (reported by tensorcomm run)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_line_the_launcher_writes_reads_back() {
+        let cases = [
+            Ended::Status(0),
+            Ended::Status(3),
+            Ended::Status(-1),
+            Ended::Signal {
+                number: 9,
+                name: Some("SIGKILL".into()),
+            },
+            Ended::Signal {
+                number: 64,
+                name: None,
+            },
+        ];
+        for (rank, ended) in cases.iter().enumerate() {
+            let exits = parse(&line(rank * 100, ended));
+            assert_eq!(exits.len(), 1);
+            assert_eq!(exits.get(&(rank * 100)), Some(ended), "{ended}");
+        }
+    }
+
+    #[test]
+    fn a_partial_last_line_and_lines_that_do_not_parse_are_skipped() {
+        let text = "rank 1 exited with status 0\n\
+                    something else\n\
+                    rank x exited with status 0\n\
+                    rank 2 exited with status zero\n\
+                    rank 3 was killed by signal 9 SIGKILL\n\
+                    rank 4 exited with status 0";
+        let exits = parse(text);
+        assert_eq!(exits.keys().copied().collect::<Vec<_>>(), [1]);
+        assert!(parse("").is_empty());
+        assert!(parse("rank 5 exited with st").is_empty());
+    }
+
+    #[test]
+    fn a_missing_file_means_nothing_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read(&dir.path().join("none")).is_empty());
+        assert!(read(dir.path()).is_empty(), "a folder cannot be read");
+        let file = dir.path().join("exits");
+        std::fs::write(&file, line(7, &Ended::Status(0))).unwrap();
+        assert_eq!(read(&file)[&7], Ended::Status(0));
+    }
+
+    #[test]
+    fn reasons_say_how_the_rank_ended_and_whether_it_had_joined() {
+        let before = reason("it", &Ended::Status(0), Some(false));
+        assert_eq!(
+            before,
+            "it exited with status 0 before joining the job (it never reached rendezvous; reported by tensorcomm run)"
+        );
+        let killed = Ended::Signal {
+            number: 15,
+            name: Some("SIGTERM".into()),
+        };
+        assert!(reason("it (job rank 5)", &killed, Some(true)).starts_with(
+            "it (job rank 5) was killed by signal 15 (SIGTERM) after joining, during set-up"
+        ));
+        assert!(reason("it", &Ended::Status(1), None).starts_with("it exited with status 1 ("));
+    }
+}

@@ -1,0 +1,222 @@
+//! The launcher's list of exited ranks (`TENSORCOMM_LAUNCH_EXITS`), written
+//! here by the test in the launcher's format (`launch_exits::line`): ranks started by hand as
+//! processes (the test binary re-runs itself as each, `exits_rank_entry`).
+//! A rank listed before it ever joined fails the others' rendezvous and
+//! set-up at once, naming it and how it ended; a rank listed after it
+//! joined fails nothing that no longer waits for it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tensorcomm::group::{Backend, ReduceOp};
+use tensorcomm::tensor::Tensor;
+use tensorcomm::{init_process_group_with, InitOptions};
+
+/// Set in a child: the group's timeout in milliseconds.
+const CHILD_TIMEOUT_MS: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_TIMEOUT_MS";
+/// Set in a child: after the default group's first all_reduce, ranks 0 and
+/// 1 wait for this file, then make a sub-group of the two; rank 2 leaves.
+const CHILD_GO: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_GO";
+const JOINED: &str = "LAUNCH-EXITS: joined";
+const SUBGROUP_DONE: &str = "LAUNCH-EXITS: sub-group all_reduce";
+const FAILED: &str = "LAUNCH-EXITS: failed: ";
+
+/// A group's timeout far beyond what the tests wait: a rank that waits for
+/// it fails them.
+const TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a test waits for a rank (generous for a loaded 2-core machine;
+/// failing at once takes about a second).
+const PROMPT: Duration = Duration::from_secs(30);
+
+/// One rank of a hand-started job when CHILD_TIMEOUT_MS is set; without
+/// it (a plain `cargo test`), nothing to do.
+#[test]
+fn exits_rank_entry() {
+    let Ok(ms) = std::env::var(CHILD_TIMEOUT_MS) else {
+        return;
+    };
+    let timeout = Duration::from_millis(ms.parse().unwrap());
+    let outcome = (|| -> tensorcomm::Result<()> {
+        let options = InitOptions {
+            timeout,
+            ..InitOptions::default()
+        };
+        let pg = init_process_group_with(Backend::Cpu, "env://", &options)?;
+        let t = Tensor::from_vec(vec![1.0f32; 4], &[4])?;
+        pg.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
+        eprintln!("{JOINED}");
+        let Ok(go) = std::env::var(CHILD_GO) else {
+            return Ok(());
+        };
+        if pg.rank() == 2 {
+            return Ok(());
+        }
+        while !Path::new(&go).exists() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pair = pg.new_group(&[0, 1])?.expect("a member");
+        let t = Tensor::from_vec(vec![pair.rank() as f32 + 1.0], &[1])?;
+        pair.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
+        assert_eq!(t.to_vec::<f32>()?, [3.0]);
+        eprintln!("{SUBGROUP_DONE}");
+        Ok(())
+    })();
+    match outcome {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("{FAILED}{e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+/// A port for rank 0's store that no other test of this process picks,
+/// and that is free now.
+fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + ((std::process::id().wrapping_mul(89) + n * 7) % 30_000) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+struct Rank {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+fn spawn_rank(rank: usize, world: usize, port: u16, exits: &Path, go: Option<&Path>) -> Rank {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "exits_rank_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("MASTER_ADDR", "127.0.0.1")
+    .env("MASTER_PORT", port.to_string())
+    .env("RANK", rank.to_string())
+    .env("LOCAL_RANK", rank.to_string())
+    .env("WORLD_SIZE", world.to_string())
+    .env("LOCAL_WORLD_SIZE", world.to_string())
+    .env("TENSORCOMM_LAUNCH_EXITS", exits)
+    .env(CHILD_TIMEOUT_MS, TIMEOUT.as_millis().to_string())
+    .env_remove(CHILD_GO)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    if let Some(go) = go {
+        cmd.env(CHILD_GO, go);
+    }
+    let mut child = cmd.spawn().expect("spawn a rank");
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Rank {
+        child,
+        lines: rx,
+        seen: Vec::new(),
+    }
+}
+
+/// A test that fails leaves no rank running.
+impl Drop for Rank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Rank {
+    /// Waits (at most [`PROMPT`]) for the process to exit; its exit code
+    /// (`None` if it had to be killed) and everything it wrote.
+    fn finish(&mut self) -> (Option<i32>, String) {
+        let deadline = Instant::now() + PROMPT;
+        let code = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status.code();
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+            self.seen.push(line);
+        }
+        (code, std::mem::take(&mut self.seen).join("\n"))
+    }
+}
+
+#[test]
+fn a_rank_listed_before_it_joined_fails_rendezvous_and_set_up_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let exits = dir.path().join("exits");
+    // Rank 2 of 3 never starts; its launcher saw it killed.
+    std::fs::write(&exits, "rank 2 was killed by signal 9 (SIGKILL)\n").unwrap();
+    let port = free_port();
+    let started = Instant::now();
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| spawn_rank(r, 3, port, &exits, None))
+        .collect();
+    for (rank, r) in ranks.iter_mut().enumerate() {
+        let (code, text) = r.finish();
+        assert_eq!(code, Some(3), "rank {rank} did not fail:\n{text}");
+        let failed = text
+            .lines()
+            .find(|l| l.starts_with(FAILED))
+            .unwrap_or_else(|| panic!("rank {rank}:\n{text}"));
+        assert!(
+            failed.contains("peer rank 2 is gone while")
+                && failed.contains(
+                    "it was killed by signal 9 (SIGKILL) before joining the job (it never reached rendezvous; reported by tensorcomm run)"
+                ),
+            "rank {rank}: {failed}"
+        );
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_rank_listed_after_it_joined_fails_nothing_that_no_longer_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let exits = dir.path().join("exits");
+    let go = dir.path().join("go");
+    std::fs::write(&exits, "").unwrap();
+    let port = free_port();
+    let mut ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank(r, 3, port, &exits, Some(&go)))
+        .collect();
+    // Rank 2 joins, all-reduces once and leaves; as a launcher would, the
+    // test lists it, then lets ranks 0 and 1 set up a group of the two.
+    let (code, text) = ranks[2].finish();
+    assert_eq!(code, Some(0), "rank 2:\n{text}");
+    assert!(text.contains(JOINED), "{text}");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&exits)
+        .unwrap();
+    file.write_all(b"rank 2 exited with status 0\n").unwrap();
+    std::fs::write(&go, b"").unwrap();
+    for (rank, r) in ranks[..2].iter_mut().enumerate() {
+        let (code, text) = r.finish();
+        assert_eq!(code, Some(0), "rank {rank}:\n{text}");
+        assert!(text.contains(SUBGROUP_DONE), "rank {rank}:\n{text}");
+    }
+}
