@@ -2,11 +2,13 @@
 //!
 //! A rank that finishes early is often legitimate (rank 0 alone writes a
 //! checkpoint, the others are already done), so nothing is stopped for it.
-//! But when the others wait for the rank that left (a collective it never
-//! joins), they wait silently until their own timeout. So once the first
-//! rank that exited 0 has been gone [`NOTICE_AFTER`] with others still
-//! running, the launcher says so on stderr, naming it, and then again every
-//! [`REMIND_EVERY`] with the count, while any still run.
+//! The others learn of its exit through [`super::exits_file`]: if they
+//! wait for it at rendezvous or in a CPU group's set-up, that wait fails at
+//! once naming it. But a collective it never joins waits silently until its
+//! own timeout. So once the first rank that exited 0 has been gone
+//! [`NOTICE_AFTER`] with others still running, the launcher says so on
+//! stderr, naming it, and then again every [`REMIND_EVERY`] with the count,
+//! while any still run.
 
 use std::time::{Duration, Instant};
 
@@ -63,7 +65,7 @@ impl EarlyExitNotice {
         if !self.noticed {
             self.noticed = true;
             return Some(format!(
-                "rank {rank} exited with status 0 {gone}s ago and {others}; if they wait for it, they wait until their own timeout (nothing is stopped for this)"
+                "rank {rank} exited with status 0 {gone}s ago and {others}; if they wait for it in a collective, they wait until their own timeout (set-up waits fail at once; nothing is stopped for this)"
             ));
         }
         let finished = match self.finished {

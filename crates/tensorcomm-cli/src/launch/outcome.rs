@@ -57,12 +57,15 @@ impl RankExit {
 /// Why the launcher stopped the job before every rank finished by itself.
 #[derive(Debug)]
 pub enum StopCause {
-    /// This rank failed first; `others` ranks were still running.
+    /// This rank failed first; `others` ranks were still running;
+    /// `finished` had exited 0 (one that left before joining makes the
+    /// others fail: it is the cause, not the rank named first).
     RankFailed {
         rank: usize,
         pid: u32,
         exit: RankExit,
         others: usize,
+        finished: Vec<usize>,
     },
     /// The launcher received `signal` and forwarded it to `ranks` ranks.
     Signal { signal: c_int, ranks: usize },
@@ -106,13 +109,21 @@ impl Outcome {
                 pid,
                 exit,
                 others,
+                finished,
             } => {
                 let rest = match others {
                     0 => "no other rank was running".to_string(),
                     1 => "stopped the other running rank".to_string(),
                     n => format!("stopped the other {n} ranks"),
                 };
-                format!("rank {rank} (pid {pid}) {}; {rest}", exit.describe())
+                let mut line = format!("rank {rank} (pid {pid}) {}; {rest}", exit.describe());
+                if !finished.is_empty() {
+                    line.push_str(&format!(
+                        "; {} already exited with status 0",
+                        ranks_had(finished)
+                    ));
+                }
+                line
             }
             StopCause::Signal { signal, ranks } => {
                 let name = signals::name(*signal).unwrap_or("a signal");
@@ -146,6 +157,20 @@ impl Outcome {
     }
 }
 
+/// `rank 2 had`, `ranks 2, 5 had`, the first [`LISTED`] and a count.
+fn ranks_had(ranks: &[usize]) -> String {
+    const LISTED: usize = 8;
+    let shown: Vec<String> = ranks.iter().take(LISTED).map(usize::to_string).collect();
+    let more = match ranks.len().saturating_sub(LISTED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    match ranks.len() {
+        1 => format!("rank {} had", shown[0]),
+        _ => format!("ranks {}{more} had", shown.join(", ")),
+    }
+}
+
 fn count(n: usize, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
@@ -165,6 +190,7 @@ mod tests {
                 pid: 1234,
                 exit,
                 others,
+                finished: vec![],
             }),
             killed,
             killed_on: None,
@@ -179,6 +205,27 @@ mod tests {
         assert_eq!(
             outcome.report().as_deref(),
             Some("rank 2 (pid 1234) exited with status 3; stopped the other 3 ranks")
+        );
+    }
+
+    #[test]
+    fn ranks_that_had_exited_0_are_named_after_the_failed_one() {
+        // A rank that exits 0 before joining makes the others fail at
+        // rendezvous: the line names the first to fail, then it.
+        let mut outcome = failed(RankExit::Code(1), 0, vec![]);
+        if let Some(StopCause::RankFailed { finished, .. }) = &mut outcome.cause {
+            finished.push(4);
+        }
+        assert_eq!(
+            outcome.report().as_deref(),
+            Some("rank 2 (pid 1234) exited with status 1; no other rank was running; rank 4 had already exited with status 0")
+        );
+        assert_eq!(outcome.exit_code(), 1);
+        assert_eq!(ranks_had(&[0, 3]), "ranks 0, 3 had");
+        let many: Vec<usize> = (0..10).collect();
+        assert_eq!(
+            ranks_had(&many),
+            "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 2 more had"
         );
     }
 

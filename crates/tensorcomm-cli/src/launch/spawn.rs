@@ -16,6 +16,9 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
+use tensorcomm::env_vars::LAUNCH_EXITS;
+
+use super::exits_file::ExitsFile;
 use super::output::Stream;
 use super::plan::JobPlan;
 use super::pump::OutputPump;
@@ -72,11 +75,14 @@ impl fmt::Display for SpawnError {
 }
 
 /// Start local rank `local_rank` of `plan`. With prefixed output, its stdout
-/// and stderr are handed to `pump` to be copied.
+/// and stderr are handed to `pump` to be copied. `exits` is named to it
+/// (without one, a value inherited from a launcher above is removed: its
+/// ranks are another job's).
 pub fn spawn_rank(
     plan: &JobPlan,
     local_rank: usize,
     pump: Option<&mut OutputPump>,
+    exits: Option<&ExitsFile>,
 ) -> Result<RankProcess, SpawnError> {
     let rank = plan.global_rank(local_rank);
     let error = |source| SpawnError {
@@ -92,6 +98,10 @@ pub fn spawn_rank(
         .envs(plan.rank_env(local_rank))
         .stdin(Stdio::null())
         .process_group(0);
+    match exits.map(ExitsFile::env) {
+        Some((name, path)) => command.env(name, path),
+        None => command.env_remove(LAUNCH_EXITS.name),
+    };
     if pump.is_some() {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
     }

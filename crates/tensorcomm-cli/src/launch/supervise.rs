@@ -1,4 +1,5 @@
-//! Running a job: start the ranks, wait for them, stop them all when one
+//! Running a job: start the ranks, wait for them, tell the ranks which of
+//! them have exited (see [`super::exits_file`]), stop them all when one
 //! fails or when the launcher gets a signal, say so when one exits 0 while
 //! the others keep running (see [`super::early_exit`]), and drain their
 //! output.
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use libc::c_int;
 
 use super::early_exit::EarlyExitNotice;
+use super::exits_file::ExitsFile;
 use super::guard::TreeGuard;
 use super::outcome::{Outcome, RankExit, StopCause};
 use super::output;
@@ -76,7 +78,14 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
             None
         }
     };
-    let mut job = Supervisor::new(plan.kill_grace);
+    let exits = match ExitsFile::create() {
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::warn!("cannot create the file that tells the ranks which of them exited; a rank that exits before joining leaves the others waiting until their timeout: {e}");
+            None
+        }
+    };
+    let mut job = Supervisor::new(plan.kill_grace, exits);
     let mut cause = None;
     // The next local rank to start.
     let mut next = 0;
@@ -86,7 +95,7 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
     loop {
         let starting = next < plan.nproc_per_node && !job.stopping();
         if starting {
-            match spawn::spawn_rank(plan, next, pump.as_mut()) {
+            match spawn::spawn_rank(plan, next, pump.as_mut(), job.exits.as_ref()) {
                 Ok(rank) => {
                     if let Some(guard) = guard.as_mut() {
                         guard.watch(rank.pid);
@@ -146,11 +155,18 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
                 let (rank, pid) = (rank.process.rank, rank.process.pid);
                 let exit = job.ranks[index].exit.clone().unwrap_or(RankExit::Code(0));
                 let others = job.stop(libc::SIGTERM);
+                let finished = job
+                    .ranks
+                    .iter()
+                    .filter(|r| r.exit.as_ref().is_some_and(RankExit::success))
+                    .map(|r| r.process.rank)
+                    .collect();
                 cause = Some(StopCause::RankFailed {
                     rank,
                     pid,
                     exit,
                     others,
+                    finished,
                 });
             }
         }
@@ -177,6 +193,8 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
         }
     }
     drop(watch);
+    // Every rank has been reaped: no one reads it any more.
+    job.exits.take();
     if let Some(guard) = guard {
         guard.done();
     }
@@ -215,15 +233,18 @@ struct Supervisor {
     kill_at: Option<Instant>,
     /// Ranks sent SIGKILL.
     killed: Vec<usize>,
+    /// Where each reaped rank's exit is written for the others.
+    exits: Option<ExitsFile>,
 }
 
 impl Supervisor {
-    fn new(grace: Duration) -> Self {
+    fn new(grace: Duration, exits: Option<ExitsFile>) -> Self {
         Supervisor {
             ranks: Vec::new(),
             grace,
             kill_at: None,
             killed: Vec::new(),
+            exits,
         }
     }
 
@@ -280,7 +301,8 @@ impl Supervisor {
         }
     }
 
-    /// Reap ranks that have exited; returns their indices in rank order.
+    /// Reap ranks that have exited, telling the others; returns their
+    /// indices in rank order.
     fn reap(&mut self) -> Vec<usize> {
         let mut exited = Vec::new();
         for (index, rank) in self.ranks.iter_mut().enumerate() {
@@ -298,6 +320,9 @@ impl Supervisor {
                 "rank {}",
                 exit.describe()
             );
+            if let Some(exits) = self.exits.as_mut() {
+                exits.record(rank.process.rank, &exit);
+            }
             rank.exit = Some(exit);
             exited.push(index);
         }
