@@ -144,3 +144,38 @@ fn a_rank_missing_from_a_file_rendezvous_is_named_at_once() {
         out.output
     );
 }
+
+/// The launcher names its exits file to every rank, lists each exit there
+/// as it reaps the rank, and removes the file when the job ends.
+#[test]
+fn every_rank_is_told_of_the_exits_and_the_file_goes_with_the_job() {
+    let script = r#"if [ "$RANK" = 1 ]; then exit 0; fi
+i=0; while ! grep -q "rank 1 exited with status 0" "$TENSORCOMM_LAUNCH_EXITS" && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+echo "file $TENSORCOMM_LAUNCH_EXITS"; cat "$TENSORCOMM_LAUNCH_EXITS""#;
+    let out = run(2, script);
+    assert_eq!(out.code, Some(0), "{}", out.output);
+    let path = out
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("[rank0]: file "))
+        .unwrap_or_else(|| panic!("{}", out.output));
+    assert!(
+        path.starts_with(
+            &std::env::temp_dir()
+                .join("tensorcomm-exits-")
+                .display()
+                .to_string()
+        ),
+        "{path}"
+    );
+    assert!(
+        out.output
+            .contains("[rank0]: rank 1 exited with status 0\n"),
+        "{}",
+        out.output
+    );
+    assert!(
+        !std::path::Path::new(path).exists(),
+        "{path} was left behind"
+    );
+}

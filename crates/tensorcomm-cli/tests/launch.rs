@@ -575,7 +575,7 @@ fn ranks_die_when_the_launcher_is_killed_hard() {
         "--",
         "sh",
         "-c",
-        r#"echo "pid $$"; exec sleep 60"#,
+        r#"echo "exits $TENSORCOMM_LAUNCH_EXITS"; echo "pid $$"; exec sleep 60"#,
     ]);
     let pids: Vec<u32> = launcher
         .wait_for_lines("pid ", 2)
@@ -587,12 +587,25 @@ fn ranks_die_when_the_launcher_is_killed_hard() {
                 .unwrap_or_else(|| panic!("no pid in {l:?}"))
         })
         .collect();
+    let exits = launcher.wait_for_lines("exits ", 1)[0]
+        .trim_end()
+        .trim_start_matches("[rank0]: ")
+        .trim_start_matches("[rank1]: ")
+        .trim_start_matches("exits ")
+        .to_string();
+    assert!(Path::new(&exits).is_file(), "{exits:?}");
     launcher.signal("KILL");
     let out = launcher.finish();
     assert_eq!(out.code, None, "killed by a signal: {out:?}");
     for pid in pids {
         assert_dies(pid);
     }
+    // The guardian removes the job's exits file too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Path::new(&exits).exists() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!Path::new(&exits).exists(), "{exits} was left behind");
 }
 
 /// `kill -9` of the launcher also ends what the ranks started: a rank

@@ -7,11 +7,11 @@
 //! pid with a random suffix), names it to every rank in
 //! `TENSORCOMM_LAUNCH_EXITS`, appends one line per rank as it reaps it
 //! (`rank 2 exited with status 0`, `rank 3 was killed by signal 9
-//! (SIGKILL)`), and removes it when the job ends. The ranks' rendezvous
+//! (SIGKILL)`), and removes it when the job ends (its guardian does, when
+//! the launcher is killed: see [`super::guard`]). The ranks' rendezvous
 //! and CPU-group set-up waits read it and fail at once naming the rank
 //! (`tensorcomm::rendezvous::launch_exits`); nothing else reads it. Only
-//! this node's ranks are listed. A launcher killed with SIGKILL leaves the
-//! file behind.
+//! this node's ranks are listed.
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -38,9 +38,14 @@ impl ExitsFile {
         Ok(ExitsFile { file })
     }
 
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
     /// The variable and value that name the file to a rank.
     pub fn env(&self) -> (&'static str, &Path) {
-        (LAUNCH_EXITS.name, self.file.path())
+        (LAUNCH_EXITS.name, self.path())
     }
 
     /// Appends that rank `rank` ended as `exit`, in one write, so a rank

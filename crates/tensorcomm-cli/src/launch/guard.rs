@@ -8,12 +8,16 @@
 //! ranks. It reads the ranks' process-group ids from a pipe; when the pipe
 //! reaches end of file without the launcher's "done" (the launcher died:
 //! the kernel closed its end), it sends SIGKILL to every group it was told
-//! about, then exits. A group keeps its id while any process of it lives,
-//! so the id still names the rank's tree.
+//! about, removes the job's exits file (see [`super::exits_file`]), then
+//! exits. A group keeps its id while any process of it lives, so the id
+//! still names the rank's tree.
 
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 /// The most ranks one guardian watches (the rest are only covered by the
 /// parent-death signal).
@@ -28,8 +32,11 @@ pub struct TreeGuard {
 }
 
 impl TreeGuard {
-    /// Forks the guardian.
-    pub fn start() -> io::Result<Self> {
+    /// Forks the guardian; `remove` is a file it removes if the launcher
+    /// dies.
+    pub fn start(remove: Option<&Path>) -> io::Result<Self> {
+        // Made before the fork: the child may not allocate.
+        let remove = remove.and_then(|p| CString::new(p.as_os_str().as_bytes()).ok());
         let mut fds: [RawFd; 2] = [-1; 2];
         // SAFETY: `fds` is a valid array of two file descriptors.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -39,8 +46,8 @@ impl TreeGuard {
         // Allocated before the fork: the child may not allocate.
         let mut groups = vec![0 as libc::pid_t; CAPACITY];
         // SAFETY: the child runs only async-signal-safe system calls
-        // (close, setpgid, read, kill, _exit) on memory allocated before the
-        // fork, and never returns.
+        // (close, setpgid, read, kill, unlink, _exit) on memory allocated
+        // before the fork, and never returns.
         match unsafe { libc::fork() } {
             -1 => {
                 let e = io::Error::last_os_error();
@@ -50,7 +57,7 @@ impl TreeGuard {
                 }
                 Err(e)
             }
-            0 => unsafe { guardian(read, &mut groups) },
+            0 => unsafe { guardian(read, &mut groups, remove.as_deref()) },
             pid => {
                 // SAFETY: `write` is ours alone from here on.
                 unsafe { libc::close(read) };
@@ -83,7 +90,7 @@ impl TreeGuard {
 }
 
 /// The guardian's whole life, in the forked child.
-unsafe fn guardian(read: RawFd, groups: &mut [libc::pid_t]) -> ! {
+unsafe fn guardian(read: RawFd, groups: &mut [libc::pid_t], remove: Option<&CStr>) -> ! {
     // Hold no other descriptor of the launcher's (its output pipes, the
     // write end of our own pipe), so readers of those see EOF when the
     // launcher and its ranks are gone; and leave the terminal's process
@@ -126,6 +133,9 @@ unsafe fn guardian(read: RawFd, groups: &mut [libc::pid_t]) -> ! {
     // End of file without "done": the launcher died.
     for &pgid in &groups[..known] {
         libc::kill(-pgid, libc::SIGKILL);
+    }
+    if let Some(path) = remove {
+        libc::unlink(path.as_ptr());
     }
     libc::_exit(0)
 }

@@ -70,18 +70,19 @@ pub fn run_job(plan: &JobPlan) -> Outcome {
     };
     let take_signal = || watch.as_ref().and_then(SignalWatch::take);
 
-    // Kills the ranks' process trees if this process dies hard.
-    let mut guard = match TreeGuard::start() {
-        Ok(guard) => Some(guard),
-        Err(e) => {
-            tracing::warn!("cannot start the guardian, a kill -9 of the launcher will leave what the ranks started running: {e}");
-            None
-        }
-    };
     let exits = match ExitsFile::create() {
         Ok(file) => Some(file),
         Err(e) => {
             tracing::warn!("cannot create the file that tells the ranks which of them exited; a rank that exits before joining leaves the others waiting until their timeout: {e}");
+            None
+        }
+    };
+    // Kills the ranks' process trees if this process dies hard, and
+    // removes the exits file then.
+    let mut guard = match TreeGuard::start(exits.as_ref().map(ExitsFile::path)) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            tracing::warn!("cannot start the guardian, a kill -9 of the launcher will leave what the ranks started running: {e}");
             None
         }
     };
