@@ -281,7 +281,7 @@ pub const LAUNCHED: EnvVar = EnvVar {
 pub const LAUNCH_EXITS: EnvVar = EnvVar {
     name: "TENSORCOMM_LAUNCH_EXITS",
     default: "unset",
-    doc: "set by `tensorcomm run`: a file where it writes each of its ranks' exits (`rank 2 exited with status 0`), which rendezvous and CPU-group set-up waits read to fail at once, naming the rank, when a rank they wait for has exited (only the ranks of the launcher's own node are listed)",
+    doc: "set by `tensorcomm run`: a file where it writes each of its ranks' exits (`rank 2 exited with status 0`), which a rendezvous of its ranks (the `RANK` and `WORLD_SIZE` it set) reads to fail at once, naming the rank, when a rank it waits for exited before joining (only the ranks of the launcher's own node are listed)",
     agreed: false,
 };
 

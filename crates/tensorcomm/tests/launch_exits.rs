@@ -1,9 +1,10 @@
 //! The launcher's list of exited ranks (`TENSORCOMM_LAUNCH_EXITS`), written
 //! here by the test in the launcher's format (`launch_exits::line`): ranks started by hand as
 //! processes (the test binary re-runs itself as each, `exits_rank_entry`).
-//! A rank listed before it ever joined fails the others' rendezvous and
-//! set-up at once, naming it and how it ended; a rank listed after it
-//! joined fails nothing that no longer waits for it.
+//! A rank listed before it ever joined fails the others' rendezvous at
+//! once, naming it and how it ended; a rank listed after it joined fails
+//! nothing that no longer waits for it; a sub-group's set-up names a
+//! member whose process is gone by its process record.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -19,8 +20,11 @@ use tensorcomm::{init_process_group_with, InitOptions};
 /// Set in a child: the group's timeout in milliseconds.
 const CHILD_TIMEOUT_MS: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_TIMEOUT_MS";
 /// Set in a child: after the default group's first all_reduce, ranks 0 and
-/// 1 wait for this file, then make a sub-group of the two; rank 2 leaves.
+/// 1 wait for this file, then make a sub-group (of ranks 0 and 1, or those
+/// in CHILD_MEMBERS); rank 2 leaves.
 const CHILD_GO: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_GO";
+/// Set in a child: the sub-group's members, `0,2`.
+const CHILD_MEMBERS: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_MEMBERS";
 const JOINED: &str = "LAUNCH-EXITS: joined";
 const SUBGROUP_DONE: &str = "LAUNCH-EXITS: sub-group all_reduce";
 const FAILED: &str = "LAUNCH-EXITS: failed: ";
@@ -58,7 +62,12 @@ fn exits_rank_entry() {
         while !Path::new(&go).exists() {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let pair = pg.new_group(&[0, 1])?.expect("a member");
+        let members: Vec<usize> = std::env::var(CHILD_MEMBERS)
+            .map(|m| m.split(',').map(|r| r.parse().unwrap()).collect())
+            .unwrap_or_else(|_| vec![0, 1]);
+        let Some(pair) = pg.new_group(&members)? else {
+            return Ok(());
+        };
         let t = Tensor::from_vec(vec![pair.rank() as f32 + 1.0], &[1])?;
         pair.all_reduce(&t, ReduceOp::Sum, None)?.wait()?;
         assert_eq!(t.to_vec::<f32>()?, [3.0]);
@@ -94,6 +103,17 @@ struct Rank {
 }
 
 fn spawn_rank(rank: usize, world: usize, port: u16, exits: &Path, go: Option<&Path>) -> Rank {
+    spawn_rank_with(rank, world, port, exits, go, None)
+}
+
+fn spawn_rank_with(
+    rank: usize,
+    world: usize,
+    port: u16,
+    exits: &Path,
+    go: Option<&Path>,
+    members: Option<&str>,
+) -> Rank {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
@@ -110,10 +130,14 @@ fn spawn_rank(rank: usize, world: usize, port: u16, exits: &Path, go: Option<&Pa
     .env("TENSORCOMM_LAUNCH_EXITS", exits)
     .env(CHILD_TIMEOUT_MS, TIMEOUT.as_millis().to_string())
     .env_remove(CHILD_GO)
+    .env_remove(CHILD_MEMBERS)
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     if let Some(go) = go {
         cmd.env(CHILD_GO, go);
+    }
+    if let Some(members) = members {
+        cmd.env(CHILD_MEMBERS, members);
     }
     let mut child = cmd.spawn().expect("spawn a rank");
     let (tx, rx) = mpsc::channel();
@@ -165,7 +189,7 @@ impl Rank {
 }
 
 #[test]
-fn a_rank_listed_before_it_joined_fails_rendezvous_and_set_up_at_once() {
+fn a_rank_listed_before_it_joined_fails_rendezvous_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let exits = dir.path().join("exits");
     // Rank 2 of 3 never starts; its launcher saw it killed.
@@ -219,4 +243,39 @@ fn a_rank_listed_after_it_joined_fails_nothing_that_no_longer_waits_for_it() {
         assert_eq!(code, Some(0), "rank {rank}:\n{text}");
         assert!(text.contains(SUBGROUP_DONE), "rank {rank}:\n{text}");
     }
+}
+
+#[test]
+fn a_sub_group_names_a_member_whose_process_is_gone_during_set_up() {
+    // Before, a sub-group's set-up looked for process records under its
+    // own key prefix, found none, and waited until its timeout.
+    let dir = tempfile::tempdir().unwrap();
+    let exits = dir.path().join("exits");
+    let go = dir.path().join("go");
+    std::fs::write(&exits, "").unwrap();
+    let port = free_port();
+    let mut ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank_with(r, 3, port, &exits, Some(&go), Some("0,2")))
+        .collect();
+    let (code, text) = ranks[2].finish();
+    assert_eq!(code, Some(0), "rank 2:\n{text}");
+    // Rank 2 is gone (and not listed); ranks 0 and 1 make a group of
+    // ranks 0 and 2.
+    std::fs::write(&go, b"").unwrap();
+    let started = Instant::now();
+    let (code, text) = ranks[1].finish();
+    assert_eq!(code, Some(0), "rank 1, not a member:\n{text}");
+    let (code, text) = ranks[0].finish();
+    assert_eq!(code, Some(3), "rank 0 did not fail:\n{text}");
+    let failed = text
+        .lines()
+        .find(|l| l.starts_with(FAILED))
+        .unwrap_or_else(|| panic!("rank 0:\n{text}"));
+    assert!(
+        failed.contains("peer rank 1 is gone while setting up group")
+            && failed.contains("its process (job rank 2, pid ")
+            && failed.contains("exited during set-up"),
+        "{failed}"
+    );
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
 }

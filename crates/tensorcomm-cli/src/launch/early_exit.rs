@@ -3,8 +3,8 @@
 //! A rank that finishes early is often legitimate (rank 0 alone writes a
 //! checkpoint, the others are already done), so nothing is stopped for it.
 //! The others learn of its exit through [`super::exits_file`]: if they
-//! wait for it at rendezvous or in a CPU group's set-up, that wait fails at
-//! once naming it. But a collective it never joins waits silently until its
+//! wait for it at rendezvous (it never joined), that wait fails at once
+//! naming it. But a collective it never joins waits silently until its
 //! own timeout. So once the first rank that exited 0 has been gone
 //! [`NOTICE_AFTER`] with others still running, the launcher says so on
 //! stderr, naming it, and then again every [`REMIND_EVERY`] with the count,
@@ -65,7 +65,7 @@ impl EarlyExitNotice {
         if !self.noticed {
             self.noticed = true;
             return Some(format!(
-                "rank {rank} exited with status 0 {gone}s ago and {others}; if they wait for it in a collective, they wait until their own timeout (set-up waits fail at once; nothing is stopped for this)"
+                "rank {rank} exited with status 0 {gone}s ago and {others}; if they wait for it in a collective, they wait until their own timeout (a rendezvous waiting for it fails at once; nothing is stopped for this)"
             ));
         }
         let finished = match self.finished {

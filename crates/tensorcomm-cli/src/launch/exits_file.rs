@@ -9,7 +9,7 @@
 //! (`rank 2 exited with status 0`, `rank 3 was killed by signal 9
 //! (SIGKILL)`), and removes it when the job ends (its guardian does, when
 //! the launcher is killed: see [`super::guard`]). The ranks' rendezvous
-//! and CPU-group set-up waits read it and fail at once naming the rank
+//! (one of the launcher's ranks) reads it and fails at once naming the rank
 //! (`tensorcomm::rendezvous::launch_exits`); nothing else reads it. Only
 //! this node's ranks are listed.
 

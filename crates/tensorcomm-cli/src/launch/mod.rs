@@ -10,7 +10,7 @@
 //! - [`supervise`]: waiting, stopping the job when a rank fails, draining output;
 //! - [`early_exit`]: saying so when a rank exits 0 while the others run on;
 //! - [`exits_file`]: telling the ranks which of them have exited, so that
-//!   their set-up waits fail at once instead of waiting for one that left;
+//!   their rendezvous fails at once instead of waiting for one that left;
 //! - [`outcome`]: the exit code and the message about how the job ended.
 //!
 //! [`launch_local`] gives other subcommands the same machinery to start N

@@ -192,6 +192,9 @@ struct Origin {
     subgroups: AtomicU64,
     /// The global rank whose process hosts the store, if one does.
     store_host: OnceLock<usize>,
+    /// The store of the group that has no parent, where rendezvous posts
+    /// each rank's process record (see `setup_watch`).
+    records: Arc<dyn Store>,
 }
 
 impl std::fmt::Debug for ProcessGroupCpu {
@@ -215,7 +218,7 @@ impl ProcessGroupCpu {
     ) -> Result<Self> {
         let global_ranks = (0..size).collect();
         Self::connect(
-            store,
+            (store.clone(), store),
             key_prefix,
             (rank, size),
             options,
@@ -230,7 +233,7 @@ impl ProcessGroupCpu {
     /// ([`EnvVar::get_lossy`], so a value that is not Unicode fails as a
     /// bad value) but in tests.
     fn connect(
-        store: Arc<dyn Store>,
+        (store, records): (Arc<dyn Store>, Arc<dyn Store>),
         key_prefix: &str,
         (rank, size): (usize, usize),
         options: &CpuOptions,
@@ -244,7 +247,7 @@ impl ProcessGroupCpu {
         let shm_wait = ShmWait::from_vars(env)?;
         // Set-up waits say what they wait for and fail at once when a
         // peer's process is gone (see `setup_watch`).
-        let _watch = setup_watch::enter(store.clone(), key_prefix, rank, &global_ranks);
+        let _watch = setup_watch::enter(records.clone(), key_prefix, rank, &global_ranks);
         let setup_store = setup_watch::setup_store(&*store);
         // Names a crashed set-up left in /dev/shm (older than a set-up takes).
         #[cfg(target_os = "linux")]
@@ -335,6 +338,7 @@ impl ProcessGroupCpu {
                 options: options.clone(),
                 subgroups: AtomicU64::new(0),
                 store_host: OnceLock::new(),
+                records,
             },
             _store: store,
             scope: Scope {
@@ -788,7 +792,7 @@ impl ProcessGroupCpu {
         ));
         let global_ranks = members.iter().map(|&r| self.global_ranks[r]).collect();
         let group = ProcessGroupCpu::connect(
-            store,
+            (store, self.origin.records.clone()),
             "pg",
             (rank, members.len()),
             &self.origin.options,

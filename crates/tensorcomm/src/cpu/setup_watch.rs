@@ -3,17 +3,11 @@
 //! WARN every [`WARN_EVERY`] what they still wait for, and fail at once,
 //! naming the rank, when a peer's process is known to be gone.
 //!
-//! A peer is known to be gone when
-//! - the launcher that started this rank (`tensorcomm run`) lists it as
-//!   exited (see [`crate::rendezvous::launch_exits`]): whether or not it
-//!   ever reached rendezvous, on this rank's node only; or
-//! - it posted its process under [`crate::rendezvous::process_key`] (every
-//!   rank does so at rendezvous), runs on this host, and that process has
-//!   exited (or is a zombie, or its pid now belongs to a process started
-//!   later), with or without a launcher.
-//!
-//! A peer on another host, or one that died before posting without a
-//! launcher to tell it, is waited for until the group's timeout.
+//! A peer is known to be gone when it posted its process under
+//! [`crate::rendezvous::process_key`] (every rank does so at rendezvous),
+//! runs on this host, and that process has exited (or is a zombie, or its
+//! pid now belongs to a process started later). A peer on another host, or
+//! one that died before posting, is waited for until the group's timeout.
 //!
 //! The watch of the set-up running on a thread is kept in a thread-local,
 //! so the transports' wait loops reach it without threading it through
@@ -21,12 +15,11 @@
 //! that its blocking calls wait in slices and check between them.
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::{launch_exits, process_gone, process_key};
+use crate::rendezvous::process_gone;
 use crate::store::watched::WatchedStore;
 use crate::store::Store;
 use crate::{Error, Result};
@@ -42,8 +35,6 @@ struct Watch {
     rank: usize,
     /// (group rank, global rank) of every other rank.
     peers: Vec<(usize, usize)>,
-    /// The file where this rank's launcher lists the ranks that exited.
-    launch_exits: Option<PathBuf>,
     started: Instant,
     last_warn: Cell<Instant>,
     last_check: Cell<Option<Instant>>,
@@ -73,18 +64,6 @@ pub(crate) fn enter(
     rank: usize,
     global_ranks: &[usize],
 ) -> Guard {
-    let exits = launch_exits::path_from_env();
-    enter_with(store, group, rank, global_ranks, exits)
-}
-
-/// [`enter`], with the launcher's exits file (if any) given.
-fn enter_with(
-    store: Arc<dyn Store>,
-    group: &str,
-    rank: usize,
-    global_ranks: &[usize],
-    launch_exits: Option<PathBuf>,
-) -> Guard {
     let now = Instant::now();
     let watch = Rc::new(Watch {
         store,
@@ -96,7 +75,6 @@ fn enter_with(
             .filter(|&(r, _)| r != rank)
             .map(|(r, &g)| (r, g))
             .collect(),
-        launch_exits,
         started: now,
         last_warn: Cell::new(now),
         last_check: Cell::new(None),
@@ -125,45 +103,6 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let warn = now.duration_since(watch.last_warn.get()) >= WARN_EVERY;
     let mut what = Some(what);
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
-    let during = |what: &str| {
-        format!(
-            "setting up group {:?} (rank {} of {}), waiting for {what}",
-            watch.group,
-            watch.rank,
-            watch.peers.len() + 1
-        )
-    };
-    if let Some(path) = &watch.launch_exits {
-        let exits = launch_exits::read(path);
-        if let Some((peer, global, ended)) = watch
-            .peers
-            .iter()
-            .find_map(|&(p, g)| exits.get(&g).map(|e| (p, g, e)))
-        {
-            // Whether it had joined only changes the words: the store
-            // being unreachable must not hide the launcher's news.
-            let joined = watch.store.check(&[process_key(global).as_str()]).ok();
-            let what = what_text();
-            let who = if peer == global {
-                "it".to_string()
-            } else {
-                format!("it (job rank {global})")
-            };
-            let reason = launch_exits::reason(&who, ended, joined);
-            tracing::error!(
-                group = %watch.group,
-                rank = watch.rank,
-                peer,
-                global,
-                "set-up failed: rank {peer} is gone while this rank waited for {what}: {reason}"
-            );
-            return Err(Error::PeerClosed {
-                peer,
-                during: during(&what),
-                reason,
-            });
-        }
-    }
     for &(peer, global) in &watch.peers {
         // The store's host gone or hung (the client says its connection
         // was lost: an I/O error, a refused redial, or no reply within the
@@ -191,8 +130,17 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
             );
             return Err(Error::PeerClosed {
                 peer,
-                during: during(&what),
-                reason: format!("its process ({process}) exited during set-up"),
+                during: format!(
+                    "setting up group {:?} (rank {} of {}), waiting for {what}",
+                    watch.group,
+                    watch.rank,
+                    watch.peers.len() + 1
+                ),
+                reason: if peer == global {
+                    format!("its process ({process}) exited during set-up")
+                } else {
+                    format!("its process (job rank {global}, {process}) exited during set-up")
+                },
             });
         }
     }
@@ -242,46 +190,5 @@ mod tests {
         std::thread::sleep(CHECK_EVERY);
         let err = check(|| "rank 2 to connect".into()).unwrap_err();
         assert!(matches!(err, Error::StoreConnectionLost { .. }), "{err}");
-    }
-
-    #[test]
-    fn a_peer_the_launcher_lists_fails_the_wait_naming_it_and_how_it_ended() {
-        use crate::rendezvous::launch_exits::{line, Ended};
-        use crate::store::HashStore;
-        let dir = tempfile::tempdir().unwrap();
-        let exits = dir.path().join("exits");
-        let store = Arc::new(HashStore::new());
-        // A sub-group of job ranks 0, 5 and 7; this is group rank 0.
-        let watch = || enter_with(store.clone(), "sub", 0, &[0, 5, 7], Some(exits.clone()));
-        let _watch = watch();
-        assert!(check(|| "keys".into()).is_ok(), "no file: nothing known");
-        // Job rank 3 is not in the group: not waited for.
-        std::fs::write(&exits, line(3, &Ended::Status(0))).unwrap();
-        std::thread::sleep(CHECK_EVERY);
-        assert!(check(|| "keys".into()).is_ok());
-        let killed = Ended::Signal {
-            number: 9,
-            name: Some("SIGKILL".into()),
-        };
-        std::fs::write(&exits, line(3, &Ended::Status(0)) + &line(7, &killed)).unwrap();
-        std::thread::sleep(CHECK_EVERY);
-        let err = check(|| "group rank 2's address".into()).unwrap_err();
-        assert!(matches!(err, Error::PeerClosed { peer: 2, .. }), "{err}");
-        assert_eq!(
-            err.to_string(),
-            "peer rank 2 is gone while setting up group \"sub\" (rank 0 of 3), waiting for group rank 2's address: \
-             it (job rank 7) was killed by signal 9 (SIGKILL) before joining the job (it never reached rendezvous; reported by tensorcomm run)"
-        );
-        // One that had posted its process record left during set-up.
-        store
-            .set(&process_key(7), b"elsewhere\npid=1\nstart=1")
-            .unwrap();
-        let _watch = watch();
-        let err = check(|| "keys".into()).unwrap_err();
-        assert!(
-            err.to_string()
-                .ends_with("it (job rank 7) was killed by signal 9 (SIGKILL) after joining, during set-up (reported by tensorcomm run)"),
-            "{err}"
-        );
     }
 }

@@ -2,17 +2,18 @@
 //! will never come.
 //!
 //! - Rank 0 of a TCP rendezvous hosts the store, then waits until every
-//!   rank has posted its process record ([`super::process_key`]), saying at
-//!   WARN every [`WARN_EVERY`] which ranks it still waits for.
+//!   rank has posted its process record ([`super::process_key`]), and says
+//!   so in the store; the other ranks, their records posted, wait for that.
+//!   Each says at WARN every [`WARN_EVERY`] which ranks it still waits for.
 //! - The other ranks, when started by `tensorcomm run`, first wait until
 //!   rank 0's store answers, in short tries, before connecting for good.
 //! - The ranks of a file rendezvous wait at a barrier in the file.
 //!
-//! Each wait fails at once with [`Error::PeerClosed`] naming a rank the
-//! launcher lists as exited ([`super::launch_exits`]) that had not posted
-//! its record: it exited before joining, and would otherwise be waited for
-//! until the timeout. A rank that joined and has left since is not waited
-//! for, and does not fail anything here.
+//! Under the launcher, each wait fails at once with [`Error::PeerClosed`]
+//! naming a rank the launcher lists as exited ([`super::launch_exits`])
+//! that had not posted its record: it exited before joining, and would
+//! otherwise be waited for until the timeout. A rank that joined and has
+//! left since is not blamed here.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -29,26 +30,39 @@ const WARN_EVERY: Duration = Duration::from_secs(5);
 /// The most missing ranks a message lists.
 const LISTED: usize = 16;
 
-/// Rank 0 of a TCP rendezvous: waits up to `timeout` until ranks
-/// `1..world_size` have posted their process records in `store`.
+/// The key rank 0 of a TCP rendezvous sets once every rank has joined.
+const ALL_JOINED: &str = "tensorcomm/rendezvous/all-joined";
+
+/// A rank of a TCP rendezvous, its process record posted: waits up to
+/// `timeout` until every rank has joined. Rank 0 waits for the records of
+/// ranks `1..world_size`, then says so under [`ALL_JOINED`]; the others
+/// wait for that. `exits` is the launcher's file, if any (see
+/// [`launch_exits::path_for`]).
 pub(super) fn wait_for_ranks(
     store: &dyn Store,
-    world_size: usize,
+    (rank, world_size): (usize, usize),
     timeout: Duration,
+    exits: Option<&Path>,
 ) -> Result<()> {
-    let keys: Vec<String> = (1..world_size).map(process_key).collect();
+    let keys: Vec<String> = if rank == 0 {
+        (1..world_size).map(process_key).collect()
+    } else {
+        vec![ALL_JOINED.to_string()]
+    };
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let exits = launch_exits::path_from_env();
     let started = Instant::now();
     let last_warn = Mutex::new(started);
     let during = || {
-        format!(
-            "meeting the other ranks at rendezvous (rank 0 of {world_size}, hosting the TCP store)"
-        )
+        let hosting = if rank == 0 {
+            ", hosting the TCP store"
+        } else {
+            ""
+        };
+        format!("meeting the other ranks at rendezvous (rank {rank} of {world_size}{hosting})")
     };
     let watched = WatchedStore::new(store, |_: &[&str]| {
-        if let Some(path) = &exits {
-            fail_if_gone_before_joining(store, path, 0..world_size, 0, during)?;
+        if let Some(path) = exits {
+            fail_if_gone_before_joining(store, path, 0..world_size, rank, during)?;
         }
         let mut last = last_warn.lock().unwrap_or_else(|p| p.into_inner());
         if last.elapsed() >= WARN_EVERY {
@@ -57,7 +71,7 @@ pub(super) fn wait_for_ranks(
             tracing::warn!(
                 waited = ?started.elapsed(),
                 ?timeout,
-                "rendezvous: rank 0 still waiting for {} of {world_size} ranks to join: {}",
+                "rendezvous: rank {rank} still waiting for {} of {world_size} ranks to join: {}",
                 missing.len(),
                 list(&missing)
             );
@@ -68,7 +82,7 @@ pub(super) fn wait_for_ranks(
         Err(Error::StoreTimeout { .. }) => {
             let missing = missing(store, world_size);
             tracing::error!(
-                "rendezvous: rank 0 timed out after {timeout:?} waiting for {}",
+                "rendezvous: rank {rank} timed out after {timeout:?} waiting for {}",
                 list(&missing)
             );
             Err(Error::ClientsTimeout {
@@ -77,7 +91,18 @@ pub(super) fn wait_for_ranks(
                 timeout,
             })
         }
-        other => other,
+        Ok(()) if rank == 0 => store.set(ALL_JOINED, b"1"),
+        Err(e) => {
+            // Rank 0 leaves, taking its store, when it finds a rank gone
+            // before joining: where this node's launcher lists that rank,
+            // it is the cause to name (with the store gone, a listed rank
+            // counts as never joined).
+            if let Some(path) = exits {
+                fail_if_gone_before_joining(store, path, 0..world_size, rank, during)?;
+            }
+            Err(e)
+        }
+        Ok(()) => Ok(()),
     }
 }
 
@@ -88,32 +113,34 @@ pub(super) fn file_barrier(
     path: &Path,
     (rank, world_size): (usize, usize),
     timeout: Duration,
+    exits: Option<&Path>,
 ) -> Result<()> {
-    let exits = launch_exits::path_from_env();
     let during = || {
         format!(
             "meeting the other ranks at rendezvous (rank {rank} of {world_size}, at the barrier of the file store {})",
             path.display()
         )
     };
-    let watched = WatchedStore::new(store, |_: &[&str]| match &exits {
+    let watched = WatchedStore::new(store, |_: &[&str]| match exits {
         Some(exits) => fail_if_gone_before_joining(store, exits, 0..world_size, rank, during),
         None => Ok(()),
     });
     watched.barrier("tensorcomm/rendezvous", world_size, Some(timeout))
 }
 
-/// A rank other than 0 of a TCP rendezvous started by `tensorcomm run`:
-/// waits until the store at `addr` answers, failing at once if the
-/// launcher lists rank 0 as exited; without a launcher, returns at once.
+/// A rank other than 0 of a TCP rendezvous the launcher planned (`exits`
+/// its file): waits until the store at `addr` answers, failing at once if
+/// the launcher lists rank 0 as exited; without a launcher, returns at
+/// once.
 /// Each try is a connection of its own (dropped), so the store the rank
 /// keeps is then connected with `options`' whole patience for redials.
 pub(super) fn reach_store_host(
     addr: &str,
     options: &TcpStoreOptions,
     (rank, world_size): (usize, usize),
+    exits: Option<&Path>,
 ) -> Result<()> {
-    let Some(exits) = launch_exits::path_from_env() else {
+    let Some(exits) = exits else {
         return Ok(());
     };
     let started = Instant::now();
@@ -138,7 +165,7 @@ pub(super) fn reach_store_host(
             Err(Error::StoreConnect { reason, .. }) => reason,
             Err(other) => return Err(other),
         };
-        if let Some(ended) = launch_exits::read(&exits).get(&0) {
+        if let Some(ended) = launch_exits::read(exits).get(&0) {
             return Err(gone_before_joining(0, ended, || {
                 format!(
                     "meeting the other ranks at rendezvous (rank {rank} of {world_size}), connecting to the TCP store rank 0 hosts at {addr}"
@@ -178,7 +205,7 @@ fn fail_if_gone_before_joining(
 }
 
 fn gone_before_joining(rank: usize, ended: &Ended, during: impl FnOnce() -> String) -> Error {
-    let reason = launch_exits::reason("it", ended, Some(false));
+    let reason = launch_exits::before_joining(ended);
     let during = during();
     tracing::error!("rendezvous failed: peer rank {rank} is gone while {during}: {reason}");
     Error::PeerClosed {

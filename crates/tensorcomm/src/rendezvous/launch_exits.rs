@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use super::InitMethod;
 use crate::env_vars::LAUNCH_EXITS;
 
 /// How a rank's process ended, as its launcher saw it.
@@ -96,12 +97,24 @@ fn parse_line(line: &str) -> Option<(usize, Ended)> {
     Some((rank, Ended::Signal { number, name }))
 }
 
-/// The file this process's launcher writes, if it was started by one.
-pub(crate) fn path_from_env() -> Option<PathBuf> {
-    LAUNCH_EXITS
-        .get()
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
+/// The file this process's launcher writes, if it was started by one and
+/// `method` meets the launcher's ranks: its rank and world size are the
+/// `RANK` and `WORLD_SIZE` the launcher set (the store may be any: `env://`,
+/// or a `file://` or `tcp://` URL built from them). The file lists the
+/// launcher's job ranks, so it tells nothing about a rendezvous of other
+/// ranks that a rank's program makes. A listed rank that has not joined
+/// such a rendezvous never will.
+pub(crate) fn path_for(method: &InitMethod) -> Option<PathBuf> {
+    path_for_with(method, |name| std::env::var(name).ok())
+}
+
+/// [`path_for`], reading the environment through `env`.
+fn path_for_with(method: &InitMethod, env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let path = env(LAUNCH_EXITS.name).filter(|p| !p.is_empty())?;
+    let number = |name: &str| env(name)?.trim().parse::<usize>().ok();
+    let same =
+        number("RANK") == Some(method.rank) && number("WORLD_SIZE") == Some(method.world_size);
+    same.then(|| PathBuf::from(path))
 }
 
 /// The ranks listed in the file at `path` now; empty when it is missing or
@@ -116,20 +129,10 @@ pub(crate) fn read(path: &std::path::Path) -> BTreeMap<usize, Ended> {
     }
 }
 
-/// The reason of the error a set-up wait fails with when a rank it waits
-/// for, `who` (`it`, or `it (job rank 5)` in a sub-group), is listed as
-/// `ended`: `joined` whether it had posted its process record at
-/// rendezvous (`None`: not known).
-pub(crate) fn reason(who: &str, ended: &Ended, joined: Option<bool>) -> String {
-    match joined {
-        Some(false) => format!(
-            "{who} {ended} before joining the job (it never reached rendezvous; reported by tensorcomm run)"
-        ),
-        Some(true) => {
-            format!("{who} {ended} after joining, during set-up (reported by tensorcomm run)")
-        }
-        None => format!("{who} {ended} (reported by tensorcomm run)"),
-    }
+/// The reason of the error a rendezvous wait fails with when a rank it
+/// waits for is listed as `ended` and never joined.
+pub(crate) fn before_joining(ended: &Ended) -> String {
+    format!("it {ended} before joining the job (it never reached rendezvous; reported by tensorcomm run)")
 }
 
 #[cfg(test)]
@@ -183,19 +186,58 @@ mod tests {
     }
 
     #[test]
-    fn reasons_say_how_the_rank_ended_and_whether_it_had_joined() {
-        let before = reason("it", &Ended::Status(0), Some(false));
+    fn the_reason_says_how_the_rank_ended() {
         assert_eq!(
-            before,
+            before_joining(&Ended::Status(0)),
             "it exited with status 0 before joining the job (it never reached rendezvous; reported by tensorcomm run)"
         );
         let killed = Ended::Signal {
             number: 15,
             name: Some("SIGTERM".into()),
         };
-        assert!(reason("it (job rank 5)", &killed, Some(true)).starts_with(
-            "it (job rank 5) was killed by signal 15 (SIGTERM) after joining, during set-up"
-        ));
-        assert!(reason("it", &Ended::Status(1), None).starts_with("it exited with status 1 ("));
+        assert!(before_joining(&killed).starts_with("it was killed by signal 15 (SIGTERM) before"));
+    }
+
+    #[test]
+    fn only_a_rendezvous_of_the_launchers_ranks_reads_the_file() {
+        let launched = |name: &str| {
+            match name {
+                "TENSORCOMM_LAUNCH_EXITS" => Some("/tmp/exits"),
+                "RANK" => Some("1"),
+                "WORLD_SIZE" => Some("4"),
+                "MASTER_ADDR" => Some("127.0.0.1"),
+                "MASTER_PORT" => Some("29500"),
+                _ => None,
+            }
+            .map(String::from)
+        };
+        let planned = InitMethod::parse("env://", launched).unwrap();
+        assert_eq!(path_for_with(&planned, launched), Some("/tmp/exits".into()));
+        // The launcher's ranks, at any store.
+        for url in [
+            "tcp://127.0.0.1:29501?rank=1&world_size=4",
+            "file:///tmp/store?rank=1&world_size=4",
+        ] {
+            let same = InitMethod::parse(url, |_| None).unwrap();
+            let got = path_for_with(&same, launched);
+            assert_eq!(got, Some("/tmp/exits".into()), "{url}");
+        }
+        // Other ranks: not the launcher's.
+        for url in [
+            "tcp://127.0.0.1:29500?rank=0&world_size=2",
+            "tcp://127.0.0.1:29500?rank=0&world_size=4",
+            "file:///tmp/store?rank=1&world_size=3",
+        ] {
+            let other = InitMethod::parse(url, |_| None).unwrap();
+            assert_eq!(path_for_with(&other, launched), None, "{url}");
+        }
+        // Not launched: no file.
+        let unset = |name: &str| launched(name).filter(|_| name != "TENSORCOMM_LAUNCH_EXITS");
+        assert_eq!(path_for_with(&planned, unset), None);
+        let empty = |name: &str| match name {
+            "TENSORCOMM_LAUNCH_EXITS" => Some(String::new()),
+            _ => launched(name),
+        };
+        assert_eq!(path_for_with(&planned, empty), None);
     }
 }

@@ -10,10 +10,10 @@
 //!   system).
 //!
 //! For TCP, rank 0 hosts the [`TcpStore`] server and waits until every rank
-//! has connected and posted its process record; for a file, every rank
-//! waits at a barrier in the file. Under `tensorcomm run`, these waits fail
-//! at once naming a rank the launcher saw exit before it joined (see
-//! [`launch_exits`]), and so do a CPU group's set-up waits.
+//! has posted its process record, and the others wait until it has seen
+//! them all; for a file, every rank waits at a barrier in the file. Under
+//! `tensorcomm run`, these waits fail at once naming a rank the launcher
+//! saw exit before it joined (see [`launch_exits`]).
 //! Rank 0's server listens on the address `MASTER_ADDR` (the URL's host)
 //! resolves to, not on every interface, unless `TENSORCOMM_BIND_ALL=1`
 //! (see [`crate::listen_address`]): rank 0 must run on the host that
@@ -77,6 +77,8 @@ pub fn rendezvous(init_method: &str, timeout: Duration) -> Result<Rendezvous> {
 
 /// Meets the other ranks of an already parsed init method.
 pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
+    let exits = launch_exits::path_for(method);
+    let exits = exits.as_deref();
     let store: Arc<dyn Store> = match &method.address {
         StoreAddress::Tcp { host, port } => {
             let options = TcpStoreOptions {
@@ -101,14 +103,19 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
                 )
             } else {
                 tracing::debug!(%addr, rank = method.rank, "connecting to the TCP store");
-                arrival::reach_store_host(&addr, &options, (method.rank, method.world_size))?;
+                arrival::reach_store_host(
+                    &addr,
+                    &options,
+                    (method.rank, method.world_size),
+                    exits,
+                )?;
                 Arc::new(TcpStore::connect(&addr, &options)?)
             }
         }
         StoreAddress::File { path } => {
             let store = FileStore::open(path)?;
             let ranks = (method.rank, method.world_size);
-            arrival::file_barrier(&store, path, ranks, timeout)?;
+            arrival::file_barrier(&store, path, ranks, timeout, exits)?;
             Arc::new(store)
         }
     };
@@ -116,8 +123,9 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
     // Lets the others' set-up waits tell when this process is gone, and
     // tells rank 0 this rank has arrived.
     store.set(&process_key(method.rank), this_process().as_bytes())?;
-    if method.rank == 0 && matches!(method.address, StoreAddress::Tcp { .. }) {
-        arrival::wait_for_ranks(&*store, method.world_size, timeout)?;
+    if matches!(method.address, StoreAddress::Tcp { .. }) {
+        let ranks = (method.rank, method.world_size);
+        arrival::wait_for_ranks(&*store, ranks, timeout, exits)?;
     }
     Ok(Rendezvous {
         rank: method.rank,

@@ -54,7 +54,7 @@ fn run_group(
                         ..CpuOptions::default()
                     };
                     let pg = ProcessGroupCpu::connect(
-                        store,
+                        (store.clone(), store),
                         prefix,
                         (rank, world),
                         &options,
@@ -187,7 +187,14 @@ fn a_bad_shm_wait_fails_group_creation_naming_the_variable() {
         ..CpuOptions::default()
     };
     let store: Arc<dyn Store> = Arc::new(HashStore::new());
-    match ProcessGroupCpu::connect(store, "bad-wait", (0, 1), &options, vec![0], &env) {
+    match ProcessGroupCpu::connect(
+        (store.clone(), store),
+        "bad-wait",
+        (0, 1),
+        &options,
+        vec![0],
+        &env,
+    ) {
         Err(Error::BadValue {
             name,
             expected,
