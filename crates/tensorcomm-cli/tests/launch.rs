@@ -333,6 +333,36 @@ fn given_master_addr_and_port_reach_the_ranks() {
 }
 
 #[test]
+fn a_master_addr_that_does_not_resolve_on_node_0_is_refused_before_any_rank_starts() {
+    // Before, the ranks started: rank 0 hosted the store on every
+    // interface, and the others retried a name that never resolved until
+    // their timeout (here 600 s; the guard fails the test at 30 s).
+    let out = run(&[
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "no-such-node.invalid",
+        "--",
+        BIN,
+        "demo",
+        "--timeout-secs",
+        "600",
+        "--bytes",
+        "1000",
+        "--adds",
+        "10",
+    ]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr.contains(
+            "tensorcomm run: error: --master-addr \"no-such-node.invalid\" does not resolve on this host ("
+        ),
+        "{out:?}"
+    );
+    assert!(out.stdout.is_empty(), "a rank started: {out:?}");
+}
+
+#[test]
 fn two_launchers_split_one_multi_node_job() {
     let node = |node_rank: &str| {
         Launcher::start(&[

@@ -3,6 +3,7 @@
 //! - [`args`]: the command line and its validation into a [`plan::JobPlan`];
 //! - [`plan`]: the job and the torchrun environment of each rank;
 //! - [`limits`]: refusing a job the process limits have no room for;
+//! - [`master_addr`]: refusing on node 0 a `--master-addr` that does not resolve;
 //! - [`spawn`]: starting one rank (process group, pipes, death signal);
 //! - [`output`]: `[rankN]: ` line prefixing, whole lines under one lock;
 //! - [`pump`]: the one thread copying every rank's pipes;
@@ -21,6 +22,7 @@ mod early_exit;
 mod exits_file;
 mod guard;
 mod limits;
+mod master_addr;
 mod outcome;
 mod output;
 mod plan;
@@ -124,6 +126,21 @@ fn launch(plan: &JobPlan) -> ExitCode {
             }
         }
         Err(e) => tracing::warn!("cannot read the process limits, not checking them: {e}"),
+    }
+    let resolve = master_addr::check(
+        &plan.master_addr,
+        plan.master_port,
+        plan.node_rank,
+        master_addr::GRACE,
+        &master_addr::system_resolve,
+    );
+    match resolve {
+        Ok(None) => {}
+        Ok(Some(warning)) => output::launcher_line(&format!("warning: {warning}")),
+        Err(message) => {
+            output::launcher_line(&format!("error: {message}"));
+            return ExitCode::from(2);
+        }
     }
     let outcome = supervise::run_job(plan);
     if let Some(report) = outcome.report() {
