@@ -23,7 +23,9 @@
 //! `TENSORCOMM_FAULT_KINDS` (comma-separated: kill, close-sockets,
 //! stop, exit-early, mismatch, store-kill; default all six on the CPU
 //! backend, see below for NCCL),
-//! `TENSORCOMM_FAULT_VICTIM_0=1` (rank 0 may be the victim),
+//! `TENSORCOMM_FAULT_VICTIM_0` (1: rank 0 may be the victim of every
+//! kind; 0: never, but `store-kill`'s; default: on the CPU backend, of
+//! every kind but `stop`, see below; on NCCL, never),
 //! `TENSORCOMM_FAULT_TIMEOUT_MS` (group timeout, default 2000 on the CPU
 //! backend, 5000 on NCCL, whose communicator set-up it also bounds),
 //! `TENSORCOMM_FAULT_LINGER_MS` (how long a rank that got its error waits
@@ -70,6 +72,10 @@
 //! - linger 0: a survivor rank 0 that exits at once after its error takes
 //!   the store with it, and the others, finding the store gone, name rank
 //!   0 instead of the victim (18 of 30 passed from seed 0xa000).
+//!
+//! Rank 0, which hosts the store, may be the victim of kill,
+//! close-sockets, exit-early and mismatch in the default CPU set: 184 of
+//! 184 passed with it (seeds 0x5eed0000, 24 scenarios, and 0x7a000, 160).
 //!
 //! `store-kill` (rank 0 and its store killed, also during set-up) joined
 //! the default set once a set-up wait failed at once on losing the store
@@ -216,13 +222,19 @@ fn run_suite(suite: &Suite) {
         hard_limit: timeout * 5 + Duration::from_secs(10),
         linger: Duration::from_millis(env_parse("TENSORCOMM_FAULT_LINGER_MS").unwrap_or(300)),
     };
-    let victim_0 = std::env::var("TENSORCOMM_FAULT_VICTIM_0").as_deref() == Ok("1");
+    // Whether rank 0 may be the victim: as TENSORCOMM_FAULT_VICTIM_0 says
+    // (1 or 0), else on the CPU backend for every kind but `stop`.
+    let victim_0_var = std::env::var("TENSORCOMM_FAULT_VICTIM_0").ok();
+    let victim_0 = |kind: FaultKind| match victim_0_var.as_deref() {
+        Some(v) => v == "1",
+        None => suite.backend == FaultBackend::Cpu && kind != FaultKind::Stop,
+    };
     let started = Instant::now();
     let (mut survived, mut hung, mut leaked, mut not_started) = (0, 0, 0, 0);
     let mut failures = Vec::new();
     for i in 0..count {
         let (seed, kind) = (base.wrapping_add(i as u64), kinds[i % kinds.len()]);
-        let sc = Scenario::on(seed, kind, victim_0, suite.backend, suite.world);
+        let sc = Scenario::on(seed, kind, victim_0(kind), suite.backend, suite.world);
         let verdict = job::run(&sc, timing);
         eprintln!(
             "fault scenario {i}: {sc}: {:?}{}",
