@@ -229,7 +229,7 @@ fn cuda_half(
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = store;
+        let _ = (store, key_prefix);
         unreachable!("every rank agreed it can run NCCL")
     }
 }

@@ -625,6 +625,10 @@ impl Collective {
     }
 
     /// Every dense tensor the collective reads or writes.
+    #[cfg_attr(
+        not(feature = "cuda"),
+        allow(dead_code, reason = "used by the CUDA paths")
+    )]
     pub(crate) fn tensors(&self) -> Box<dyn Iterator<Item = &Tensor<'static>> + '_> {
         use std::iter::once;
         match self {
