@@ -25,6 +25,9 @@ const CHILD_TIMEOUT_MS: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_TIMEOUT_MS";
 const CHILD_GO: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_GO";
 /// Set in a child: the sub-group's members, `0,2`.
 const CHILD_MEMBERS: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_MEMBERS";
+/// Set in a child: the rank that leaves after the first all_reduce
+/// (default 2).
+const CHILD_LEAVER: &str = "TENSORCOMM_LAUNCH_EXITS_TEST_LEAVER";
 const JOINED: &str = "LAUNCH-EXITS: joined";
 const SUBGROUP_DONE: &str = "LAUNCH-EXITS: sub-group all_reduce";
 const FAILED: &str = "LAUNCH-EXITS: failed: ";
@@ -56,7 +59,8 @@ fn exits_rank_entry() {
         let Ok(go) = std::env::var(CHILD_GO) else {
             return Ok(());
         };
-        if pg.rank() == 2 {
+        let leaver = std::env::var(CHILD_LEAVER).map_or(2, |r| r.parse().unwrap());
+        if pg.rank() == leaver {
             return Ok(());
         }
         while !Path::new(&go).exists() {
@@ -103,7 +107,7 @@ struct Rank {
 }
 
 fn spawn_rank(rank: usize, world: usize, port: u16, exits: &Path, go: Option<&Path>) -> Rank {
-    spawn_rank_with(rank, world, port, exits, go, None)
+    spawn_rank_with(rank, world, port, exits, go, None, None)
 }
 
 fn spawn_rank_with(
@@ -113,6 +117,7 @@ fn spawn_rank_with(
     exits: &Path,
     go: Option<&Path>,
     members: Option<&str>,
+    leaver: Option<usize>,
 ) -> Rank {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
@@ -131,6 +136,7 @@ fn spawn_rank_with(
     .env(CHILD_TIMEOUT_MS, TIMEOUT.as_millis().to_string())
     .env_remove(CHILD_GO)
     .env_remove(CHILD_MEMBERS)
+    .env_remove(CHILD_LEAVER)
     .stdout(Stdio::null())
     .stderr(Stdio::piped());
     if let Some(go) = go {
@@ -138,6 +144,9 @@ fn spawn_rank_with(
     }
     if let Some(members) = members {
         cmd.env(CHILD_MEMBERS, members);
+    }
+    if let Some(leaver) = leaver {
+        cmd.env(CHILD_LEAVER, leaver.to_string());
     }
     let mut child = cmd.spawn().expect("spawn a rank");
     let (tx, rx) = mpsc::channel();
@@ -190,56 +199,65 @@ impl Rank {
 
 #[test]
 fn a_rank_listed_before_it_joined_fails_rendezvous_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let exits = dir.path().join("exits");
-    // Rank 2 of 3 never starts; its launcher saw it killed.
-    std::fs::write(&exits, "rank 2 was killed by signal 9 (SIGKILL)\n").unwrap();
-    let port = free_port();
-    let started = Instant::now();
-    let mut ranks: Vec<Rank> = (0..2)
-        .map(|r| spawn_rank(r, 3, port, &exits, None))
-        .collect();
-    for (rank, r) in ranks.iter_mut().enumerate() {
-        let (code, text) = r.finish();
-        assert_eq!(code, Some(3), "rank {rank} did not fail:\n{text}");
-        let failed = text
-            .lines()
-            .find(|l| l.starts_with(FAILED))
-            .unwrap_or_else(|| panic!("rank {rank}:\n{text}"));
-        assert!(
-            failed.contains("peer rank 2 is gone while")
-                && failed.contains(
-                    "it was killed by signal 9 (SIGKILL) before joining the job (it never reached rendezvous; reported by tensorcomm run)"
-                ),
-            "rank {rank}: {failed}"
-        );
+    // Rank 1 starts with rank 0, or after rank 0 has already failed and
+    // taken its store away (it then finds rank 2 listed while connecting).
+    for late in [Duration::ZERO, Duration::from_millis(1500)] {
+        let dir = tempfile::tempdir().unwrap();
+        let exits = dir.path().join("exits");
+        // Rank 2 of 3 never starts; its launcher saw it killed.
+        std::fs::write(&exits, "rank 2 was killed by signal 9 (SIGKILL)\n").unwrap();
+        let port = free_port();
+        let started = Instant::now();
+        let mut ranks = vec![spawn_rank(0, 3, port, &exits, None)];
+        std::thread::sleep(late);
+        ranks.push(spawn_rank(1, 3, port, &exits, None));
+        for (rank, r) in ranks.iter_mut().enumerate() {
+            let (code, text) = r.finish();
+            assert_eq!(
+                code,
+                Some(3),
+                "rank {rank} ({late:?}) did not fail:\n{text}"
+            );
+            let failed = text
+                .lines()
+                .find(|l| l.starts_with(FAILED))
+                .unwrap_or_else(|| panic!("rank {rank} ({late:?}):\n{text}"));
+            assert!(
+                failed.contains("peer rank 2 is gone while")
+                    && failed.contains("it was killed by signal 9 (SIGKILL) before"),
+                "rank {rank} ({late:?}): {failed}"
+            );
+        }
+        assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
     }
-    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
 }
 
 #[test]
 fn a_rank_listed_after_it_joined_fails_nothing_that_no_longer_waits_for_it() {
+    // Job rank 1 leaves; ranks 0 and 2 then make a group of the two, in
+    // which group rank 1 is job rank 2: a set-up that mistook the group
+    // ranks for the job ranks the launcher lists would fail it.
     let dir = tempfile::tempdir().unwrap();
     let exits = dir.path().join("exits");
     let go = dir.path().join("go");
     std::fs::write(&exits, "").unwrap();
     let port = free_port();
     let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| spawn_rank(r, 3, port, &exits, Some(&go)))
+        .map(|r| spawn_rank_with(r, 3, port, &exits, Some(&go), Some("0,2"), Some(1)))
         .collect();
-    // Rank 2 joins, all-reduces once and leaves; as a launcher would, the
-    // test lists it, then lets ranks 0 and 1 set up a group of the two.
-    let (code, text) = ranks[2].finish();
-    assert_eq!(code, Some(0), "rank 2:\n{text}");
+    // Rank 1 joins, all-reduces once and leaves; as a launcher would, the
+    // test lists it, then lets ranks 0 and 2 set up their group.
+    let (code, text) = ranks[1].finish();
+    assert_eq!(code, Some(0), "rank 1:\n{text}");
     assert!(text.contains(JOINED), "{text}");
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .open(&exits)
         .unwrap();
-    file.write_all(b"rank 2 exited with status 0\n").unwrap();
+    file.write_all(b"rank 1 exited with status 0\n").unwrap();
     std::fs::write(&go, b"").unwrap();
-    for (rank, r) in ranks[..2].iter_mut().enumerate() {
-        let (code, text) = r.finish();
+    for rank in [0, 2] {
+        let (code, text) = ranks[rank].finish();
         assert_eq!(code, Some(0), "rank {rank}:\n{text}");
         assert!(text.contains(SUBGROUP_DONE), "rank {rank}:\n{text}");
     }
@@ -255,7 +273,7 @@ fn a_sub_group_names_a_member_whose_process_is_gone_during_set_up() {
     std::fs::write(&exits, "").unwrap();
     let port = free_port();
     let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| spawn_rank_with(r, 3, port, &exits, Some(&go), Some("0,2")))
+        .map(|r| spawn_rank_with(r, 3, port, &exits, Some(&go), Some("0,2"), None))
         .collect();
     let (code, text) = ranks[2].finish();
     assert_eq!(code, Some(0), "rank 2:\n{text}");

@@ -3,8 +3,9 @@
 //!
 //! - Rank 0 of a TCP rendezvous hosts the store, then waits until every
 //!   rank has posted its process record ([`super::process_key`]), and says
-//!   so in the store; the other ranks, their records posted, wait for that.
-//!   Each says at WARN every [`WARN_EVERY`] which ranks it still waits for.
+//!   in the store how that ended; the other ranks, their records posted,
+//!   wait for that. Each says at WARN every [`WARN_EVERY`] that it waits
+//!   (rank 0 naming the ranks still missing).
 //! - The other ranks, when started by `tensorcomm run`, first wait until
 //!   rank 0's store answers, in short tries, before connecting for good.
 //! - The ranks of a file rendezvous wait at a barrier in the file.
@@ -12,8 +13,9 @@
 //! Under the launcher, each wait fails at once with [`Error::PeerClosed`]
 //! naming a rank the launcher lists as exited ([`super::launch_exits`])
 //! that had not posted its record: it exited before joining, and would
-//! otherwise be waited for until the timeout. A rank that joined and has
-//! left since is not blamed here.
+//! otherwise be waited for until the timeout. Rank 0 passes the news on to
+//! the others (whose launchers, on other nodes, do not know it). A rank
+//! that joined and has left since is not blamed here.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -30,13 +32,16 @@ const WARN_EVERY: Duration = Duration::from_secs(5);
 /// The most missing ranks a message lists.
 const LISTED: usize = 16;
 
-/// The key rank 0 of a TCP rendezvous sets once every rank has joined.
-const ALL_JOINED: &str = "tensorcomm/rendezvous/all-joined";
+/// The key under which rank 0 of a TCP rendezvous says how it ended:
+/// `joined` once every rank has, or `gone RANK\nREASON` when it found rank
+/// RANK gone before joining (its store then lingers while clients are
+/// connected, so the others read it).
+const OUTCOME: &str = "tensorcomm/rendezvous/outcome";
 
 /// A rank of a TCP rendezvous, its process record posted: waits up to
 /// `timeout` until every rank has joined. Rank 0 waits for the records of
-/// ranks `1..world_size`, then says so under [`ALL_JOINED`]; the others
-/// wait for that. `exits` is the launcher's file, if any (see
+/// ranks `1..world_size`, then posts the [`OUTCOME`]; the others wait for
+/// that. `exits` is the launcher's file, if any (see
 /// [`launch_exits::path_for`]).
 pub(super) fn wait_for_ranks(
     store: &dyn Store,
@@ -44,12 +49,6 @@ pub(super) fn wait_for_ranks(
     timeout: Duration,
     exits: Option<&Path>,
 ) -> Result<()> {
-    let keys: Vec<String> = if rank == 0 {
-        (1..world_size).map(process_key).collect()
-    } else {
-        vec![ALL_JOINED.to_string()]
-    };
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     let started = Instant::now();
     let last_warn = Mutex::new(started);
     let during = || {
@@ -67,18 +66,49 @@ pub(super) fn wait_for_ranks(
         let mut last = last_warn.lock().unwrap_or_else(|p| p.into_inner());
         if last.elapsed() >= WARN_EVERY {
             *last = Instant::now();
-            let missing = missing(store, world_size);
-            tracing::warn!(
-                waited = ?started.elapsed(),
-                ?timeout,
-                "rendezvous: rank {rank} still waiting for {} of {world_size} ranks to join: {}",
-                missing.len(),
-                list(&missing)
-            );
+            if rank == 0 {
+                let missing = missing(store, world_size);
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    ?timeout,
+                    "rendezvous: rank 0 still waiting for {} of {world_size} ranks to join: {}",
+                    missing.len(),
+                    list(&missing)
+                );
+            } else {
+                // Rank 0 alone lists who is missing: every rank asking the
+                // store would be world_size squared requests.
+                tracing::warn!(
+                    waited = ?started.elapsed(),
+                    ?timeout,
+                    "rendezvous: rank {rank} of {world_size} still waiting for rank 0 to see every rank join"
+                );
+            }
         }
         Ok(())
     });
-    match watched.wait_timeout(&keys, timeout) {
+    let outcome = if rank == 0 {
+        let keys: Vec<String> = (1..world_size).map(process_key).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match watched.wait_timeout(&keys, timeout) {
+            Ok(()) => return store.set(OUTCOME, b"joined"),
+            Err(e) => {
+                if let Error::PeerClosed { peer, reason, .. } = &e {
+                    // Tells the others, before this rank leaves with its
+                    // store, who will never come.
+                    let _ = store.set(OUTCOME, format!("gone {peer}\n{reason}").as_bytes());
+                }
+                Err(e)
+            }
+        }
+    } else {
+        match watched.get_timeout(OUTCOME, timeout) {
+            Ok(outcome) if outcome == b"joined" => return Ok(()),
+            Ok(outcome) => Err(gone_by_rank_0(&outcome, during)),
+            Err(e) => Err(e),
+        }
+    };
+    match outcome {
         Err(Error::StoreTimeout { .. }) => {
             let missing = missing(store, world_size);
             tracing::error!(
@@ -91,18 +121,34 @@ pub(super) fn wait_for_ranks(
                 timeout,
             })
         }
-        Ok(()) if rank == 0 => store.set(ALL_JOINED, b"1"),
-        Err(e) => {
-            // Rank 0 leaves, taking its store, when it finds a rank gone
-            // before joining: where this node's launcher lists that rank,
-            // it is the cause to name (with the store gone, a listed rank
-            // counts as never joined).
-            if let Some(path) = exits {
-                fail_if_gone_before_joining(store, path, 0..world_size, rank, during)?;
+        other => other,
+    }
+}
+
+/// The error of a rank other than 0 told by rank 0's [`OUTCOME`] that a
+/// rank is gone (`gone RANK\nREASON`).
+fn gone_by_rank_0(outcome: &[u8], during: impl FnOnce() -> String) -> Error {
+    let text = String::from_utf8_lossy(outcome);
+    let parsed = text
+        .strip_prefix("gone ")
+        .and_then(|rest| rest.split_once('\n'))
+        .and_then(|(peer, reason)| Some((peer.parse::<usize>().ok()?, reason)));
+    match parsed {
+        Some((peer, reason)) => {
+            let during = during();
+            let reason = format!("{reason}; rank 0 found it");
+            tracing::error!("rendezvous failed: peer rank {peer} is gone while {during}: {reason}");
+            Error::PeerClosed {
+                peer,
+                during,
+                reason,
             }
-            Err(e)
         }
-        Ok(()) => Ok(()),
+        None => Error::PeerProtocol {
+            peer: 0,
+            expected: format!("\"joined\" or \"gone RANK\\nREASON\" under {OUTCOME}"),
+            found: format!("{text:?}"),
+        },
     }
 }
 
@@ -128,10 +174,10 @@ pub(super) fn file_barrier(
     watched.barrier("tensorcomm/rendezvous", world_size, Some(timeout))
 }
 
-/// A rank other than 0 of a TCP rendezvous the launcher planned (`exits`
-/// its file): waits until the store at `addr` answers, failing at once if
-/// the launcher lists rank 0 as exited; without a launcher, returns at
-/// once.
+/// A rank other than 0 of a TCP rendezvous of the launcher's ranks
+/// (`exits` its file): waits until the store at `addr` answers, failing at
+/// once if the launcher lists any other rank as exited; without a
+/// launcher, returns at once.
 /// Each try is a connection of its own (dropped), so the store the rank
 /// keeps is then connected with `options`' whole patience for redials.
 pub(super) fn reach_store_host(
@@ -165,12 +211,19 @@ pub(super) fn reach_store_host(
             Err(Error::StoreConnect { reason, .. }) => reason,
             Err(other) => return Err(other),
         };
-        if let Some(ended) = launch_exits::read(exits).get(&0) {
-            return Err(gone_before_joining(0, ended, || {
-                format!(
-                    "meeting the other ranks at rendezvous (rank {rank} of {world_size}), connecting to the TCP store rank 0 hosts at {addr}"
-                )
-            }));
+        // No rank can end rendezvous before this one joins, so any rank
+        // listed (first reaped first) is one the job will not get back.
+        if let Some((gone, ended)) = launch_exits::first_listed(exits, rank) {
+            let reason = launch_exits::before_rendezvous_ended(&ended);
+            let during = format!(
+                "meeting the other ranks at rendezvous (rank {rank} of {world_size}), connecting to the TCP store rank 0 hosts at {addr}"
+            );
+            tracing::error!("rendezvous failed: peer rank {gone} is gone while {during}: {reason}");
+            return Err(Error::PeerClosed {
+                peer: gone,
+                during,
+                reason,
+            });
         }
         if said.elapsed() >= WARN_EVERY {
             said = Instant::now();
@@ -186,7 +239,8 @@ pub(super) fn reach_store_host(
 
 /// Fails naming the first rank of `ranks` but `me` that the launcher's
 /// file at `exits` lists and that has not posted its process record in
-/// `store` (a record that cannot be read counts as not posted).
+/// `store`. A record that cannot be read is the store's error, not a rank
+/// to blame: a rank that did join may have left on losing the store.
 fn fail_if_gone_before_joining(
     store: &dyn Store,
     exits: &Path,
@@ -195,13 +249,12 @@ fn fail_if_gone_before_joining(
     during: impl FnOnce() -> String,
 ) -> Result<()> {
     let listed = launch_exits::read(exits);
-    let gone = listed
-        .range(ranks)
-        .find(|&(&r, _)| r != me && !store.check(&[process_key(r).as_str()]).unwrap_or(false));
-    match gone {
-        Some((&r, ended)) => Err(gone_before_joining(r, ended, during)),
-        None => Ok(()),
+    for (&r, ended) in listed.range(ranks) {
+        if r != me && !store.check(&[process_key(r).as_str()])? {
+            return Err(gone_before_joining(r, ended, during));
+        }
     }
+    Ok(())
 }
 
 fn gone_before_joining(rank: usize, ended: &Ended, during: impl FnOnce() -> String) -> Error {
@@ -267,6 +320,22 @@ mod tests {
         // Outside the ranks asked about, or this rank itself: not blamed.
         assert!(fail_if_gone_before_joining(&store, &exits, 0..3, 0, during).is_ok());
         assert!(fail_if_gone_before_joining(&store, &exits, 0..4, 3, during).is_ok());
+    }
+
+    #[test]
+    fn rank_0s_outcome_names_the_rank_it_found_gone() {
+        let during = || "waiting".to_string();
+        let err = gone_by_rank_0(b"gone 7\nit exited with status 0 before joining", during);
+        assert!(matches!(err, Error::PeerClosed { peer: 7, .. }), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("it exited with status 0 before joining; rank 0 found it"),
+            "{err}"
+        );
+        for bad in [&b"gone x\nwhy"[..], b"gone 7", b"maybe"] {
+            let err = gone_by_rank_0(bad, during);
+            assert!(matches!(err, Error::PeerProtocol { peer: 0, .. }), "{err}");
+        }
     }
 
     #[test]

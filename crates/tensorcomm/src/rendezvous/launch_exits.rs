@@ -4,11 +4,13 @@
 //! temporary folder, removed when the job ends), names it to every rank in
 //! `TENSORCOMM_LAUNCH_EXITS`, and appends one line per rank as it reaps
 //! it: `rank 2 exited with status 0`, `rank 3 was killed by signal 9
-//! (SIGKILL)`. A rank's set-up waits (rendezvous, a CPU group's set-up)
-//! read it on their periodic check and fail at once, naming the rank, when
-//! a rank they wait for is listed: one that exits before it ever reaches
-//! rendezvous would otherwise leave the others waiting until their timeout,
-//! since it posted no process record to tell its death by. Nothing else
+//! (SIGKILL)`. A rendezvous of the launcher's ranks (see [`path_for`])
+//! reads it while it waits for the ranks to arrive, and fails at once,
+//! naming the rank, when one it waits for is listed: a rank that exits
+//! before it ever reaches rendezvous would otherwise leave the others
+//! waiting until their timeout, since it posted no process record to tell
+//! its death by. (After rendezvous, a CPU group's set-up tells a gone peer
+//! on this host by its process record, not by this file.) Nothing else
 //! reads it, so a rank that leaves once its work is done breaks nothing
 //! that no longer waits for it.
 //!
@@ -68,12 +70,16 @@ pub fn line(rank: usize, ended: &Ended) -> String {
 /// in a newline) count, so a line the launcher is still writing is read
 /// next time; lines that do not parse are skipped.
 pub fn parse(text: &str) -> BTreeMap<usize, Ended> {
-    let mut exits = BTreeMap::new();
+    in_order(text).into_iter().collect()
+}
+
+/// The lines of a launcher's file in the order it wrote them (the order it
+/// reaped the ranks), whole lines only, as [`parse`] reads them.
+fn in_order(text: &str) -> Vec<(usize, Ended)> {
+    let mut exits = Vec::new();
     let mut lines = text.split_inclusive('\n');
     while let Some(whole) = lines.next().and_then(|l| l.strip_suffix('\n')) {
-        if let Some((rank, ended)) = parse_line(whole) {
-            exits.insert(rank, ended);
-        }
+        exits.extend(parse_line(whole));
     }
     exits
 }
@@ -129,10 +135,25 @@ pub(crate) fn read(path: &std::path::Path) -> BTreeMap<usize, Ended> {
     }
 }
 
+/// The first rank but `me` the file at `path` lists, in the order the
+/// launcher reaped them (the first to go is the likeliest cause); `None`
+/// when none is, or the file is missing or cannot be read.
+pub(crate) fn first_listed(path: &std::path::Path, me: usize) -> Option<(usize, Ended)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    in_order(&text).into_iter().find(|&(r, _)| r != me)
+}
+
 /// The reason of the error a rendezvous wait fails with when a rank it
 /// waits for is listed as `ended` and never joined.
 pub(crate) fn before_joining(ended: &Ended) -> String {
     format!("it {ended} before joining the job (it never reached rendezvous; reported by tensorcomm run)")
+}
+
+/// The reason when a rank is listed as `ended` while this rank had not
+/// joined yet (so rendezvous could not have ended), whether or not that
+/// rank had.
+pub(crate) fn before_rendezvous_ended(ended: &Ended) -> String {
+    format!("it {ended} before rendezvous was complete (reported by tensorcomm run)")
 }
 
 #[cfg(test)]
@@ -173,6 +194,19 @@ mod tests {
         assert_eq!(exits.keys().copied().collect::<Vec<_>>(), [1]);
         assert!(parse("").is_empty());
         assert!(parse("rank 5 exited with st").is_empty());
+    }
+
+    #[test]
+    fn the_first_listed_rank_is_the_first_the_launcher_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("exits");
+        assert_eq!(first_listed(&file, 0), None, "no file");
+        let text = line(5, &Ended::Status(0)) + &line(1, &Ended::Status(3)) + "rank 0 exi";
+        std::fs::write(&file, text).unwrap();
+        assert_eq!(first_listed(&file, 0), Some((5, Ended::Status(0))));
+        assert_eq!(first_listed(&file, 5), Some((1, Ended::Status(3))));
+        std::fs::write(&file, line(5, &Ended::Status(0))).unwrap();
+        assert_eq!(first_listed(&file, 5), None, "only this rank");
     }
 
     #[test]
