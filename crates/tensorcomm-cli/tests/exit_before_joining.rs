@@ -1,7 +1,8 @@
 //! A rank that exits 0 before it ever reaches rendezvous, under
 //! `tensorcomm run`: the ranks waiting for it at rendezvous (rank 0 for
-//! every rank to join, the others for rank 0 to see them all, or for rank
-//! 0's store when rank 0 is the one that left) fail at once, naming it and
+//! every rank to join, the others for rank 0 to see them all, or still
+//! connecting to rank 0's store, as when rank 0 is the one that left)
+//! fail at once, naming it and
 //! how it ended, instead of waiting until their 30-minute timeout; the
 //! launcher's line names it too.
 

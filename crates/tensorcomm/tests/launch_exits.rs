@@ -233,6 +233,37 @@ fn a_rank_listed_before_it_joined_fails_rendezvous_at_once() {
 }
 
 #[test]
+fn rank_0_tells_ranks_whose_launcher_does_not_know() {
+    // Rank 1 runs as if on another node: its launcher's file lists
+    // nothing. Rank 0 finds rank 2 gone, and rank 1 learns it from rank 0.
+    let dir = tempfile::tempdir().unwrap();
+    let exits = dir.path().join("exits");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&exits, "rank 2 exited with status 0\n").unwrap();
+    std::fs::write(&elsewhere, "").unwrap();
+    let port = free_port();
+    let mut rank_1 = spawn_rank(1, 3, port, &elsewhere, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rank_0 = spawn_rank(0, 3, port, &exits, None);
+    for (rank, r) in [(0, &mut rank_0), (1, &mut rank_1)] {
+        let (code, text) = r.finish();
+        assert_eq!(code, Some(3), "rank {rank} did not fail:\n{text}");
+        let failed = text
+            .lines()
+            .find(|l| l.starts_with(FAILED))
+            .unwrap_or_else(|| panic!("rank {rank}:\n{text}"));
+        assert!(
+            failed.contains("peer rank 2 is gone while")
+                && failed.contains("it exited with status 0 before joining the job"),
+            "rank {rank}: {failed}"
+        );
+        if rank == 1 {
+            assert!(failed.ends_with("; rank 0 found it"), "{failed}");
+        }
+    }
+}
+
+#[test]
 fn a_rank_listed_after_it_joined_fails_nothing_that_no_longer_waits_for_it() {
     // Job rank 1 leaves; ranks 0 and 2 then make a group of the two, in
     // which group rank 1 is job rank 2: a set-up that mistook the group

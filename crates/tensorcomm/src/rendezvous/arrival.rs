@@ -15,7 +15,10 @@
 //! that had not posted its record: it exited before joining, and would
 //! otherwise be waited for until the timeout. Rank 0 passes the news on to
 //! the others (whose launchers, on other nodes, do not know it). A rank
-//! that joined and has left since is not blamed here.
+//! still connecting to rank 0's store fails on any listed rank (no rank
+//! can end rendezvous before it joins). A rank gone on a node other than
+//! rank 0's is named by its node-mates only; the others wait until their
+//! timeout.
 
 use std::path::Path;
 use std::sync::Mutex;
