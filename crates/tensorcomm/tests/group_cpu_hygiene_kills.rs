@@ -17,13 +17,15 @@
 
 #![cfg(target_os = "linux")]
 
+mod ports;
+
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ports::free_port;
 use tensorcomm::cpu::transport::TransportChoice;
 use tensorcomm::group::{Backend, ProcessGroup, ReduceOp, Work};
 use tensorcomm::tensor::{DType, Tensor};
@@ -166,19 +168,6 @@ fn child_rank_entry() {
     // Only reached when the parent failed first.
     eprintln!("child rank {rank}: {outcome:?}");
     std::process::exit(3);
-}
-
-/// A port for rank 0's store that is free now and that this process has
-/// not handed out before.
-fn free_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + ((std::process::id().wrapping_mul(131) + n) % 30_000) as u16;
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 /// This process and every child it started: the pids whose names in

@@ -6,13 +6,15 @@
 //! nothing that no longer waits for it; a sub-group's set-up names a
 //! member whose process is gone by its process record.
 
+mod ports;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ports::free_port;
 use tensorcomm::group::{Backend, ReduceOp};
 use tensorcomm::tensor::Tensor;
 use tensorcomm::{init_process_group_with, InitOptions};
@@ -87,17 +89,12 @@ fn exits_rank_entry() {
     }
 }
 
-/// A port for rank 0's store that no other test of this process picks,
-/// and that is free now.
-fn free_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + ((std::process::id().wrapping_mul(89) + n * 7) % 30_000) as u16;
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
-            return port;
-        }
-    }
+/// The line in which a rank said why it failed; `who` names the rank in
+/// the panic when it said none.
+fn failed_line(text: &str, who: impl FnOnce() -> String) -> &str {
+    text.lines()
+        .find(|l| l.starts_with(FAILED))
+        .unwrap_or_else(|| panic!("{}", who()))
 }
 
 struct Rank {
@@ -218,10 +215,7 @@ fn a_rank_listed_before_it_joined_fails_rendezvous_at_once() {
                 Some(3),
                 "rank {rank} ({late:?}) did not fail:\n{text}"
             );
-            let failed = text
-                .lines()
-                .find(|l| l.starts_with(FAILED))
-                .unwrap_or_else(|| panic!("rank {rank} ({late:?}):\n{text}"));
+            let failed = failed_line(&text, || format!("rank {rank} ({late:?}):\n{text}"));
             assert!(
                 failed.contains("peer rank 2 is gone while")
                     && failed.contains("it was killed by signal 9 (SIGKILL) before"),
@@ -248,10 +242,7 @@ fn rank_0_tells_ranks_whose_launcher_does_not_know() {
     for (rank, r) in [(0, &mut rank_0), (1, &mut rank_1)] {
         let (code, text) = r.finish();
         assert_eq!(code, Some(3), "rank {rank} did not fail:\n{text}");
-        let failed = text
-            .lines()
-            .find(|l| l.starts_with(FAILED))
-            .unwrap_or_else(|| panic!("rank {rank}:\n{text}"));
+        let failed = failed_line(&text, || format!("rank {rank}:\n{text}"));
         assert!(
             failed.contains("peer rank 2 is gone while")
                 && failed.contains("it exited with status 0 before joining the job"),
@@ -316,10 +307,7 @@ fn a_sub_group_names_a_member_whose_process_is_gone_during_set_up() {
     assert_eq!(code, Some(0), "rank 1, not a member:\n{text}");
     let (code, text) = ranks[0].finish();
     assert_eq!(code, Some(3), "rank 0 did not fail:\n{text}");
-    let failed = text
-        .lines()
-        .find(|l| l.starts_with(FAILED))
-        .unwrap_or_else(|| panic!("rank 0:\n{text}"));
+    let failed = failed_line(&text, || format!("rank 0:\n{text}"));
     assert!(
         failed.contains("peer rank 1 is gone while setting up group")
             && failed.contains("its process (job rank 2, pid ")

@@ -4,12 +4,14 @@
 //! gone), name the rank, and say what it waits for while it waits. The test
 //! binary re-runs itself as each rank (`setup_rank_entry`).
 
+mod ports;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ports::free_port;
 use tensorcomm::group::{Backend, ReduceOp};
 use tensorcomm::rendezvous::{self, InitMethod};
 use tensorcomm::tensor::Tensor;
@@ -72,20 +74,6 @@ fn setup_rank_entry() {
         Err(e) => {
             eprintln!("SETUP-KILL: failed: {e}");
             std::process::exit(3);
-        }
-    }
-}
-
-/// A port for rank 0's store that no other test of this process picks
-/// (an ephemeral port freed again could be handed to two tests running at
-/// once), and that is free now.
-fn free_port() -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + ((std::process::id().wrapping_mul(97) + n) % 30_000) as u16;
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
-            return port;
         }
     }
 }

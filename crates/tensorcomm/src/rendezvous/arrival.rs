@@ -24,7 +24,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::launch_exits::{self, Ended};
+use super::launch_exits;
 use super::process_key;
 use crate::store::watched::{WatchedStore, SLICE};
 use crate::store::{Store, TcpStore, TcpStoreOptions};
@@ -137,16 +137,7 @@ fn gone_by_rank_0(outcome: &[u8], during: impl FnOnce() -> String) -> Error {
         .and_then(|rest| rest.split_once('\n'))
         .and_then(|(peer, reason)| Some((peer.parse::<usize>().ok()?, reason)));
     match parsed {
-        Some((peer, reason)) => {
-            let during = during();
-            let reason = format!("{reason}; rank 0 found it");
-            tracing::error!("rendezvous failed: peer rank {peer} is gone while {during}: {reason}");
-            Error::PeerClosed {
-                peer,
-                during,
-                reason,
-            }
-        }
+        Some((peer, reason)) => peer_gone(peer, during(), format!("{reason}; rank 0 found it")),
         None => Error::PeerProtocol {
             peer: 0,
             expected: format!("\"joined\" or \"gone RANK\\nREASON\" under {OUTCOME}"),
@@ -217,16 +208,11 @@ pub(super) fn reach_store_host(
         // No rank can end rendezvous before this one joins, so any rank
         // listed (first reaped first) is one the job will not get back.
         if let Some((gone, ended)) = launch_exits::first_listed(exits, rank) {
-            let reason = launch_exits::before_rendezvous_ended(&ended);
             let during = format!(
                 "meeting the other ranks at rendezvous (rank {rank} of {world_size}), connecting to the TCP store rank 0 hosts at {addr}"
             );
-            tracing::error!("rendezvous failed: peer rank {gone} is gone while {during}: {reason}");
-            return Err(Error::PeerClosed {
-                peer: gone,
-                during,
-                reason,
-            });
+            let reason = launch_exits::before_rendezvous_ended(&ended);
+            return Err(peer_gone(gone, during, reason));
         }
         if said.elapsed() >= WARN_EVERY {
             said = Instant::now();
@@ -254,18 +240,17 @@ fn fail_if_gone_before_joining(
     let listed = launch_exits::read(exits);
     for (&r, ended) in listed.range(ranks) {
         if r != me && !store.check(&[process_key(r).as_str()])? {
-            return Err(gone_before_joining(r, ended, during));
+            return Err(peer_gone(r, during(), launch_exits::before_joining(ended)));
         }
     }
     Ok(())
 }
 
-fn gone_before_joining(rank: usize, ended: &Ended, during: impl FnOnce() -> String) -> Error {
-    let reason = launch_exits::before_joining(ended);
-    let during = during();
-    tracing::error!("rendezvous failed: peer rank {rank} is gone while {during}: {reason}");
+/// The error of a rendezvous wait that found rank `peer` gone, logged.
+fn peer_gone(peer: usize, during: String, reason: String) -> Error {
+    tracing::error!("rendezvous failed: peer rank {peer} is gone while {during}: {reason}");
     Error::PeerClosed {
-        peer: rank,
+        peer,
         during,
         reason,
     }
@@ -289,6 +274,7 @@ fn list(ranks: &[usize]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::launch_exits::Ended;
     use super::*;
     use crate::store::HashStore;
 
