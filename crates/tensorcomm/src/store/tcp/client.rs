@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::at_exit::ExitWait;
+use super::own_connections::OwnConnection;
 use super::protocol::{
     encode_hello, Request, Response, ACCEPTED, BUSY_REASON_PREFIX, FLAG_JOIN, FRAME_HEADER, MAGIC,
     MAX_REASON_LEN, REFUSED,
@@ -70,7 +72,11 @@ pub struct TcpStore {
     /// The server hosted by [`TcpStore::host`]; declared last so the
     /// client's connections close before it stops.
     server: Option<TcpStoreServer>,
-    /// How long dropping a hosting store waits for the other clients.
+    /// Keeps the hosted server serving other processes' clients while the
+    /// process exits without dropping this store (`at_exit.rs`).
+    exit_wait: Option<ExitWait>,
+    /// How long a hosting store waits for the other clients, when dropped
+    /// or when its process exits.
     linger: Duration,
 }
 
@@ -93,6 +99,9 @@ impl Drop for TcpStore {
                 "stopping the store server with clients still connected"
             );
         }
+        drop(server);
+        // Stopped: an exit from now on has nothing to wait for.
+        self.exit_wait.take();
     }
 }
 
@@ -135,6 +144,7 @@ impl TcpStore {
             timeout: DefaultTimeout::new(options.timeout),
             idle: Mutex::new(vec![connection]),
             server: None,
+            exit_wait: None,
             linger: options.linger,
         })
     }
@@ -143,6 +153,15 @@ impl TcpStore {
     /// `world_size` clients (this one included) have joined, or fails with
     /// [`Error::ClientsTimeout`] after `options.timeout`. The server lives
     /// as long as the returned store. This is what rank 0 does.
+    ///
+    /// Dropping the store waits up to `options.linger` for the other
+    /// clients to disconnect before the server stops. So does the process
+    /// exiting while the store is still alive (`std::process::exit`, or a
+    /// return from `main` with the store held elsewhere): the server keeps
+    /// serving other processes' clients until they have disconnected, at
+    /// most the linger, so that ranks still reading what this one posted
+    /// (a failure report) get it. A process that is killed, or that a
+    /// `fork()` without `exec` made, does not wait.
     ///
     /// ```
     /// use std::time::Duration;
@@ -174,6 +193,7 @@ impl TcpStore {
         };
         let mut store = TcpStore::connect(&reach.to_string(), options)?;
         server.wait_for_clients(world_size, options.timeout)?;
+        store.exit_wait = Some(ExitWait::register(&server, options.linger));
         store.server = Some(server);
         Ok(store)
     }
@@ -536,6 +556,9 @@ impl Dial {
         join: bool,
     ) -> Result<Connection, Attempt> {
         let retry = |what: &str, e: io::Error| Attempt::Retry(format!("{peer}: {what}: {e}"));
+        // Counted as this process's from before the server can see it
+        // complete its handshake.
+        let own = OwnConnection::new(&stream);
         let setup = stream
             .set_nodelay(true)
             .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_PATIENCE)))
@@ -577,6 +600,7 @@ impl Dial {
                 peer,
                 buf: Vec::new(),
                 patience: None,
+                _own: own,
             }),
             REFUSED => {
                 let reason = String::from_utf8_lossy(&reason).into_owned();
@@ -621,6 +645,9 @@ struct Connection {
     buf: Vec<u8>,
     /// The socket timeouts currently set.
     patience: Option<Duration>,
+    /// Registered as this process's while open (after `stream`, so it is
+    /// dropped after the socket closes).
+    _own: OwnConnection,
 }
 
 impl Connection {

@@ -23,6 +23,10 @@
 //!   file descriptor limit.
 //! - `server_state.rs`: the keys and the per-key waiters.
 //! - `client.rs`: [`TcpStore`], the client.
+//! - `own_connections.rs`: the client connections this process has open,
+//!   told apart from other processes' by their addresses.
+//! - `at_exit.rs`: a hosting store keeps serving other processes' clients
+//!   while its process exits, up to its linger.
 //! - `options.rs`: [`TcpStoreOptions`].
 //!
 //! ```
@@ -39,11 +43,13 @@
 //! # Ok::<(), tensorcomm::Error>(())
 //! ```
 
+mod at_exit;
 mod client;
 mod connection;
 mod connection_limit;
 mod handshakes;
 mod options;
+mod own_connections;
 mod protocol;
 mod server;
 mod server_state;

@@ -43,7 +43,10 @@ pub struct TcpStoreOptions {
     /// How long a store that hosts its server ([`super::TcpStore::host`],
     /// rank 0) waits, when dropped, for the other clients to disconnect
     /// before stopping the server (10 s by default). Ranks that finish a
-    /// moment after rank 0 then still get their last replies.
+    /// moment after rank 0 then still get their last replies. A process
+    /// that exits with the store still alive (`std::process::exit`, or a
+    /// return from `main`) waits as long for the clients of other
+    /// processes.
     pub linger: Duration,
     /// How long a server waits for the rest of a request once its first
     /// byte came (30 s by default): a client silent in the middle of a

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use super::connection::{self, ServerConfig};
 use super::connection_limit::ConnectionLimit;
 use super::handshakes::Handshakes;
+use super::own_connections::Ends;
 use super::protocol::BUSY_REASON_PREFIX;
 use super::server_state::{OpenConnection, ServerState};
 use super::TcpStoreOptions;
@@ -193,6 +194,12 @@ impl TcpStoreServer {
         self.state.wait_until_idle(timeout) == 0
     }
 
+    /// The state its connections share (for the exit-time wait,
+    /// `at_exit.rs`).
+    pub(crate) fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
     /// Requests (get, wait, multi_get, queue_pop) blocked on the server
     /// right now, waiting for keys or queue elements.
     ///
@@ -279,7 +286,8 @@ async fn accept_loop(listener: TcpListener, state: Arc<ServerState>, config: Arc
                     continue;
                 }
                 debug!(%peer, "store connection accepted");
-                let open = OpenConnection::new(&state);
+                let ends = stream.local_addr().ok().map(|local| Ends::new(peer, local));
+                let open = OpenConnection::new(&state, ends);
                 let ticket = handshakes.enter();
                 let serve = connection::serve(stream, peer, state.clone(), config.clone(), ticket);
                 tokio::spawn(async move {

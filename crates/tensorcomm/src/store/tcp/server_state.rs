@@ -9,7 +9,7 @@
 //! still missing. Nothing polls, and a write wakes only the requests waiting
 //! for the key it wrote.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::own_connections::Ends;
 use super::protocol::{Request, Response};
 use crate::store::state::KvState;
 use crate::Error;
@@ -64,6 +65,9 @@ pub(crate) struct ServerState {
     waiting: AtomicUsize,
     joined: Gauge,
     connections: Gauge,
+    /// The open connections by their ends (`None`: not known), so that an
+    /// exit can tell other processes' clients from its own.
+    ends: Mutex<BTreeMap<Option<Ends>, usize>>,
 }
 
 /// A count that threads can wait on.
@@ -99,18 +103,26 @@ impl Gauge {
 
 /// Counts a connection as open for as long as it lives (tasks that are
 /// cancelled still drop it).
-pub(crate) struct OpenConnection(Arc<ServerState>);
+pub(crate) struct OpenConnection(Arc<ServerState>, Option<Ends>);
 
 impl OpenConnection {
-    pub(crate) fn new(state: &Arc<ServerState>) -> Self {
+    pub(crate) fn new(state: &Arc<ServerState>, ends: Option<Ends>) -> Self {
+        *state.ends().entry(ends).or_insert(0) += 1;
         state.connections.adjust(|n| n + 1);
-        OpenConnection(state.clone())
+        OpenConnection(state.clone(), ends)
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.connections.adjust(|n| n.saturating_sub(1));
+        let mut ends = self.0.ends();
+        if let Some(n) = ends.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                ends.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -119,6 +131,17 @@ impl ServerState {
         // Every operation on Inner is a single map update, so a panic while
         // holding the lock cannot leave it inconsistent: take it over.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ends(&self) -> MutexGuard<'_, BTreeMap<Option<Ends>, usize>> {
+        // One insert or removal at a time: a panic cannot leave it half done.
+        self.ends.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The open connections by their ends, taking the lock for at most
+    /// `patience` (`None` if it could not be had; see `at_exit.rs`).
+    pub(crate) fn open_ends(&self, patience: Duration) -> Option<BTreeMap<Option<Ends>, usize>> {
+        super::own_connections::lock_within(&self.ends, patience).map(|ends| ends.clone())
     }
 
     /// Counts one more client that completed the handshake.
