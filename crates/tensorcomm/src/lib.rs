@@ -60,6 +60,7 @@ pub mod group;
 pub mod init;
 pub mod job_token;
 pub mod listen_address;
+mod process_exit;
 pub mod rendezvous;
 pub mod store;
 pub mod tensor;

@@ -323,6 +323,7 @@ impl ProcessGroupCpu {
             #[cfg(feature = "cuda")]
             chunked: Default::default(),
         });
+        super::close_at_exit::register(&backend);
         let engine = Engine::start(
             backend.clone(),
             store.clone(),

@@ -140,6 +140,14 @@ enum AllReducePath<'a> {
 }
 
 impl CpuBackend {
+    /// Closes this rank's host connections, collective and point-to-point,
+    /// as a failed collective does (`close_at_exit.rs`): peers waiting on
+    /// this rank fail at once naming it.
+    pub(crate) fn close_connections(&self) {
+        self.transport.abort();
+        self.p2p.abort();
+    }
+
     /// How this all_reduce of `tensor` runs. In groups with peer memory
     /// every all_reduce starts with a vote; in groups created with
     /// `CpuOptions::peer_memory` (where ranks pass CUDA tensors) so do

@@ -15,6 +15,7 @@
 
 pub mod algorithms;
 pub mod backend;
+mod close_at_exit;
 mod collectives;
 mod fingerprinted;
 #[cfg(target_os = "linux")]

@@ -345,11 +345,19 @@ fn copy_into(tensor: &Tensor<'static>, m: Message, rank: usize, tag: u64) -> Res
     })?
 }
 
+impl P2p {
+    /// Closes the connections to every peer: the reader threads end, and
+    /// the peers' waits on this rank fail at once.
+    pub(crate) fn abort(&self) {
+        self.link.transport.abort();
+    }
+}
+
 impl Drop for P2p {
     fn drop(&mut self) {
         // Closing the connections ends the reader threads (and tells the
         // peers); the sender thread ends with its queue.
-        self.link.transport.abort();
+        self.abort();
         self.mailbox.shutdown();
     }
 }

@@ -9,8 +9,9 @@
 //! it gone, named rank 0 as the failed rank instead of the real one.
 //!
 //! So [`super::TcpStore::host`] registers its server here, and the first
-//! registration of a process installs an `atexit` handler (which runs at
-//! `exit` and at a return from `main` alike). The handler waits, up to each
+//! registration of a process installs the exit hook (`process_exit.rs`,
+//! which runs at `exit` and at a return from `main` alike, after the
+//! process's groups closed their connections). The hook waits, up to each
 //! server's linger, until no connection from another process is left on
 //! any hosted server still running. Connections of this process
 //! (`own_connections.rs`: the hosting store's own pool, a thread still
@@ -40,12 +41,13 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::own_connections::{count_others, lock_within};
+use super::own_connections::count_others;
 use super::server_state::ServerState;
 use super::TcpStoreServer;
+use crate::process_exit::{lock_within, on_exit, ExitStage};
 
 /// The longest the handler tries for one lock.
 const PATIENCE: Duration = Duration::from_secs(1);
@@ -78,7 +80,6 @@ static HOSTED: Mutex<Vec<Weak<Hosted>>> = Mutex::new(Vec::new());
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 /// The process that last registered a server (0: none yet).
 static HOSTING_PID: AtomicU32 = AtomicU32::new(0);
-static INSTALL: Once = Once::new();
 
 /// Keeps a hosted server waited for at exit, until dropped (which marks
 /// it stopped): held by the hosting store next to its server.
@@ -103,18 +104,7 @@ impl ExitWait {
         }
         RUNNING.fetch_add(1, Ordering::AcqRel);
         HOSTING_PID.store(pid, Ordering::Release);
-        INSTALL.call_once(|| {
-            // SAFETY: `wait_at_exit` is a plain `extern "C" fn()` with no
-            // captured state, compiled into this program for its whole
-            // life, and it never unwinds into libc (it catches panics).
-            let rc = unsafe { libc::atexit(wait_at_exit) };
-            if rc != 0 {
-                tracing::warn!(
-                    "could not register the store's exit-time wait (atexit returned {rc}): \
-                     a process that exits without dropping its hosting store stops it at once"
-                );
-            }
-        });
+        on_exit(ExitStage::ServeStores, wait_for_other_processes);
         ExitWait(hosted)
     }
 }
@@ -128,11 +118,6 @@ impl Drop for ExitWait {
         let this = Arc::as_ptr(&self.0);
         registry.retain(|h| h.strong_count() > 0 && !std::ptr::eq(h.as_ptr(), this));
     }
-}
-
-extern "C" fn wait_at_exit() {
-    // Unwinding out of an `extern "C"` function aborts: catch it first.
-    let _ = std::panic::catch_unwind(wait_for_other_processes);
 }
 
 /// Waits until no other process is connected to a hosted server of this

@@ -12,8 +12,10 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::process_exit::lock_within;
 
 /// The two ends of a TCP connection: the client's address and the
 /// server's. An IPv4 address mapped into IPv6 is written as IPv4 (and a
@@ -94,21 +96,6 @@ pub(crate) fn count_others(
     )
 }
 
-/// Takes `lock`, trying for at most `patience`.
-pub(crate) fn lock_within<T>(lock: &Mutex<T>, patience: Duration) -> Option<MutexGuard<'_, T>> {
-    let deadline = Instant::now() + patience;
-    loop {
-        match lock.try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(TryLockError::WouldBlock) => return None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,15 +123,5 @@ mod tests {
         let v4: SocketAddr = "127.0.0.1:5".parse().unwrap();
         let mapped: SocketAddr = "[::ffff:127.0.0.1]:5".parse().unwrap();
         assert_eq!(Ends::new(v4, v4), Ends::new(mapped, mapped));
-    }
-
-    #[test]
-    fn a_lock_held_elsewhere_is_given_up_on() {
-        let lock = Mutex::new(());
-        let _held = lock.lock().unwrap();
-        std::thread::scope(|s| {
-            let waited = s.spawn(|| lock_within(&lock, Duration::from_millis(20)).is_none());
-            assert!(waited.join().unwrap());
-        });
     }
 }

@@ -141,7 +141,7 @@ impl ServerState {
     /// The open connections by their ends, taking the lock for at most
     /// `patience` (`None` if it could not be had; see `at_exit.rs`).
     pub(crate) fn open_ends(&self, patience: Duration) -> Option<BTreeMap<Option<Ends>, usize>> {
-        super::own_connections::lock_within(&self.ends, patience).map(|ends| ends.clone())
+        crate::process_exit::lock_within(&self.ends, patience).map(|ends| ends.clone())
     }
 
     /// Counts one more client that completed the handshake.
