@@ -255,6 +255,39 @@ fn rank_0_tells_ranks_whose_launcher_does_not_know() {
 }
 
 #[test]
+fn a_rank_whose_launcher_knows_tells_rank_0_and_the_others() {
+    // Rank 3 of 4 ran on rank 1's node, and only rank 1's launcher lists
+    // it (ranks 0 and 2 are as if on other nodes). Rank 1 posts the news;
+    // rank 0 (watching the outcome key) and rank 2 learn it from the
+    // store. Before, ranks 0 and 2 waited until their timeout.
+    let dir = tempfile::tempdir().unwrap();
+    let knows = dir.path().join("knows");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&knows, "rank 3 exited with status 0\n").unwrap();
+    std::fs::write(&elsewhere, "").unwrap();
+    let port = free_port();
+    let started = Instant::now();
+    let mut ranks: Vec<Rank> = [(0, &elsewhere), (1, &knows), (2, &elsewhere)]
+        .into_iter()
+        .map(|(rank, exits)| spawn_rank(rank, 4, port, exits, None))
+        .collect();
+    for (rank, r) in ranks.iter_mut().enumerate() {
+        let (code, text) = r.finish();
+        assert_eq!(code, Some(3), "rank {rank} did not fail:\n{text}");
+        let failed = failed_line(&text, || format!("rank {rank}:\n{text}"));
+        assert!(
+            failed.contains("peer rank 3 is gone while")
+                && failed.contains("it exited with status 0 before joining the job"),
+            "rank {rank}: {failed}"
+        );
+        if rank != 1 {
+            assert!(failed.ends_with("; rank 1 found it"), "{failed}");
+        }
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+}
+
+#[test]
 fn a_rank_listed_after_it_joined_fails_nothing_that_no_longer_waits_for_it() {
     // Job rank 1 leaves; ranks 0 and 2 then make a group of the two, in
     // which group rank 1 is job rank 2: a set-up that mistook the group

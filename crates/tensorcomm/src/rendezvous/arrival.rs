@@ -13,12 +13,13 @@
 //! Under the launcher, each wait fails at once with [`Error::PeerClosed`]
 //! naming a rank the launcher lists as exited ([`super::launch_exits`])
 //! that had not posted its record: it exited before joining, and would
-//! otherwise be waited for until the timeout. Rank 0 passes the news on to
-//! the others (whose launchers, on other nodes, do not know it). A rank
-//! still connecting to rank 0's store fails on any listed rank (no rank
-//! can end rendezvous before it joins). A rank gone on a node other than
-//! rank 0's is named by its node-mates only; the others wait until their
-//! timeout.
+//! otherwise be waited for until the timeout. The rank that finds it
+//! passes the news on through the outcome key, which rank 0 also watches,
+//! so every rank names it, also on nodes whose launchers do not know it.
+//! A rank still connecting to rank 0's store fails on any listed rank (no
+//! rank can end rendezvous before it joins). A file rendezvous's barrier
+//! has no outcome key: there, a rank gone on another node is named by its
+//! node-mates only, and the others wait until their timeout.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -35,10 +36,10 @@ const WARN_EVERY: Duration = Duration::from_secs(5);
 /// The most missing ranks a message lists.
 const LISTED: usize = 16;
 
-/// The key under which rank 0 of a TCP rendezvous says how it ended:
-/// `joined` once every rank has, or `gone RANK\nREASON` when it found rank
-/// RANK gone before joining (its store then lingers while clients are
-/// connected, so the others read it).
+/// The key that says how a TCP rendezvous ended, set once: `joined` by
+/// rank 0 once every rank has, or `gone RANK\nREASON` by the first rank
+/// that found rank RANK gone before joining (rank 0's store lingers while
+/// clients are connected, so the others read it).
 const OUTCOME: &str = "tensorcomm/rendezvous/outcome";
 
 /// A rank of a TCP rendezvous, its process record posted: waits up to
@@ -64,7 +65,12 @@ pub(super) fn wait_for_ranks(
     };
     let watched = WatchedStore::new(store, |_: &[&str]| {
         if let Some(path) = exits {
-            fail_if_gone_before_joining(store, path, 0..world_size, rank, during)?;
+            fail_if_gone_before_joining(store, path, 0..world_size, rank, during)
+                .map_err(|e| pass_on(store, rank, e))?;
+        }
+        if rank == 0 && store.check(&[OUTCOME])? {
+            // Another rank's launcher listed a rank gone before joining.
+            return Err(from_outcome(&store.get(OUTCOME)?, during));
         }
         let mut last = last_warn.lock().unwrap_or_else(|p| p.into_inner());
         if last.elapsed() >= WARN_EVERY {
@@ -94,20 +100,17 @@ pub(super) fn wait_for_ranks(
         let keys: Vec<String> = (1..world_size).map(process_key).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         match watched.wait_timeout(&keys, timeout) {
-            Ok(()) => return store.set(OUTCOME, b"joined"),
-            Err(e) => {
-                if let Error::PeerClosed { peer, reason, .. } = &e {
-                    // Tells the others, before this rank leaves with its
-                    // store, who will never come.
-                    let _ = store.set(OUTCOME, format!("gone {peer}\n{reason}").as_bytes());
-                }
-                Err(e)
-            }
+            Ok(()) => match store.compare_set(OUTCOME, b"", b"joined")? {
+                outcome if outcome == b"joined" => return Ok(()),
+                // A rank found one gone as the last record came.
+                outcome => Err(from_outcome(&outcome, during)),
+            },
+            Err(e) => Err(e),
         }
     } else {
         match watched.get_timeout(OUTCOME, timeout) {
             Ok(outcome) if outcome == b"joined" => return Ok(()),
-            Ok(outcome) => Err(gone_by_rank_0(&outcome, during)),
+            Ok(outcome) => Err(from_outcome(&outcome, during)),
             Err(e) => Err(e),
         }
     };
@@ -128,16 +131,29 @@ pub(super) fn wait_for_ranks(
     }
 }
 
-/// The error of a rank other than 0 told by rank 0's [`OUTCOME`] that a
-/// rank is gone (`gone RANK\nREASON`).
-fn gone_by_rank_0(outcome: &[u8], during: impl FnOnce() -> String) -> Error {
+/// Posts a rank found gone (`found`, from [`fail_if_gone_before_joining`])
+/// as the [`OUTCOME`], unless one is posted already, so that every rank
+/// names it (those on other nodes, whose launchers do not know it,
+/// included); returns `found`. A store error here changes nothing: the
+/// rank fails on `found` either way.
+fn pass_on(store: &dyn Store, rank: usize, found: Error) -> Error {
+    if let Error::PeerClosed { peer, reason, .. } = &found {
+        let outcome = format!("gone {peer}\n{reason}; rank {rank} found it");
+        let _ = store.compare_set(OUTCOME, b"", outcome.as_bytes());
+    }
+    found
+}
+
+/// The error of a rank told by the [`OUTCOME`] that a rank is gone
+/// (`gone RANK\nREASON`); anything else there is a protocol error.
+fn from_outcome(outcome: &[u8], during: impl FnOnce() -> String) -> Error {
     let text = String::from_utf8_lossy(outcome);
     let parsed = text
         .strip_prefix("gone ")
         .and_then(|rest| rest.split_once('\n'))
         .and_then(|(peer, reason)| Some((peer.parse::<usize>().ok()?, reason)));
     match parsed {
-        Some((peer, reason)) => peer_gone(peer, during(), format!("{reason}; rank 0 found it")),
+        Some((peer, reason)) => peer_gone(peer, during(), reason.to_string()),
         None => Error::PeerProtocol {
             peer: 0,
             expected: format!("\"joined\" or \"gone RANK\\nREASON\" under {OUTCOME}"),
@@ -312,17 +328,23 @@ mod tests {
     }
 
     #[test]
-    fn rank_0s_outcome_names_the_rank_it_found_gone() {
+    fn the_first_rank_to_find_one_gone_posts_it_for_every_rank() {
+        let store = HashStore::new();
         let during = || "waiting".to_string();
-        let err = gone_by_rank_0(b"gone 7\nit exited with status 0 before joining", during);
+        let found = |peer| peer_gone(peer, "waiting".into(), "it exited before joining".into());
+        let err = pass_on(&store, 3, found(7));
+        assert!(matches!(err, Error::PeerClosed { peer: 7, .. }), "{err}");
+        // A later finder does not overwrite the first.
+        pass_on(&store, 1, found(5));
+        let err = from_outcome(&store.get(OUTCOME).unwrap(), during);
         assert!(matches!(err, Error::PeerClosed { peer: 7, .. }), "{err}");
         assert!(
             err.to_string()
-                .ends_with("it exited with status 0 before joining; rank 0 found it"),
+                .ends_with("it exited before joining; rank 3 found it"),
             "{err}"
         );
         for bad in [&b"gone x\nwhy"[..], b"gone 7", b"maybe"] {
-            let err = gone_by_rank_0(bad, during);
+            let err = from_outcome(bad, during);
             assert!(matches!(err, Error::PeerProtocol { peer: 0, .. }), "{err}");
         }
     }
