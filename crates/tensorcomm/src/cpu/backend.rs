@@ -248,6 +248,9 @@ impl ProcessGroupCpu {
         // Set-up waits say what they wait for and fail at once when a
         // peer's process is gone (see `setup_watch`).
         let _watch = setup_watch::enter(records.clone(), key_prefix, rank, &global_ranks);
+        // A store host that stops answering fails the set-up within the
+        // group's timeout, naming the host (see `store/tcp/reply_grace.rs`).
+        let _grace = crate::store::tcp::reply_grace::shorter_on_this_thread(options.timeout);
         let setup_store = setup_watch::setup_store(&*store);
         // Names a crashed set-up left in /dev/shm (older than a set-up takes).
         #[cfg(target_os = "linux")]

@@ -15,13 +15,10 @@ use super::protocol::{
     encode_hello, Request, Response, ACCEPTED, BUSY_REASON_PREFIX, FLAG_JOIN, FRAME_HEADER, MAGIC,
     MAX_REASON_LEN, REFUSED,
 };
-use super::{TcpStoreOptions, TcpStoreServer};
+use super::{reply_grace, TcpStoreOptions, TcpStoreServer};
 use crate::store::{check_multi_set, DefaultTimeout, Store};
 use crate::{Error, Result};
 
-/// Extra time a client waits for a reply beyond the request's own timeout,
-/// before it declares the server hung.
-const REPLY_GRACE: Duration = Duration::from_secs(5);
 /// Longest socket timeout set (the OS cannot represent `Duration::MAX`).
 const MAX_SOCKET_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// First pause between connection attempts; doubles up to `MAX_BACKOFF`.
@@ -29,7 +26,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How often a client still trying to reach the store says so (at WARN).
 const STILL_TRYING_EVERY: Duration = Duration::from_secs(5);
-/// Longest a client waits for the server's handshake reply in one attempt.
+/// Longest a client waits for the server's handshake reply in one attempt
+/// (less when less is left of its timeout, but at least the shortest reply
+/// grace).
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A client of a [`TcpStoreServer`], implementing [`Store`].
@@ -37,9 +36,11 @@ const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(30);
 /// Every call is one round trip: the request carries its timeout to the
 /// server, which answers "timed out" when it runs out, so a timed-out client
 /// stays usable. If the server dies or hangs, the call fails with
-/// [`Error::StoreConnectionLost`] (after the timeout plus a few seconds at
-/// most) and the next call connects again; a failed call is never retried
-/// behind the caller's back.
+/// [`Error::StoreConnectionLost`] and the next call connects again; a
+/// failed call is never retried behind the caller's back. A hung server
+/// is declared after a grace of half the store's timeout (1 to 5 s; see
+/// `reply_grace.rs`): past the request's own timeout for a blocking call
+/// (`get`, `wait`), from the request for any other.
 ///
 /// A `TcpStore` can be shared between threads: each concurrent call uses
 /// its own connection (opened on demand, kept for reuse), so one thread
@@ -210,7 +211,8 @@ impl TcpStore {
     }
 
     /// One request, one reply. `wait` is the request's own timeout for
-    /// blocking requests; others wait for the store's default timeout.
+    /// blocking requests, `None` for those the server answers at once;
+    /// the reply's grace comes on top.
     fn call(&self, request: &Request<'_>, wait: Option<Duration>) -> Result<Response> {
         let pooled = self.idle().pop();
         let mut connection = match pooled {
@@ -227,8 +229,8 @@ impl TcpStore {
             });
         }
         let patience = wait
-            .unwrap_or_else(|| self.timeout())
-            .saturating_add(REPLY_GRACE)
+            .unwrap_or(Duration::ZERO)
+            .saturating_add(reply_grace::current(self.timeout()))
             .min(MAX_SOCKET_TIMEOUT);
         match connection.exchange(patience, self.max_message_size) {
             Ok(response) => {
@@ -531,7 +533,11 @@ impl Dial {
                 .max(Duration::from_millis(1))
                 .min(MAX_SOCKET_TIMEOUT);
             match TcpStream::connect_timeout(&candidate, left) {
-                Ok(stream) => return self.handshake(stream, candidate, join),
+                Ok(stream) => {
+                    let patience = HANDSHAKE_PATIENCE
+                        .min(time_left(deadline).max(reply_grace::MIN_REPLY_GRACE));
+                    return self.handshake(stream, candidate, join, patience);
+                }
                 Err(e)
                     if e.kind() == io::ErrorKind::ConnectionRefused
                         && self.reached.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -554,6 +560,7 @@ impl Dial {
         mut stream: TcpStream,
         peer: SocketAddr,
         join: bool,
+        patience: Duration,
     ) -> Result<Connection, Attempt> {
         let retry = |what: &str, e: io::Error| Attempt::Retry(format!("{peer}: {what}: {e}"));
         // Counted as this process's from before the server can see it
@@ -561,8 +568,8 @@ impl Dial {
         let own = OwnConnection::new(&stream);
         let setup = stream
             .set_nodelay(true)
-            .and_then(|()| stream.set_read_timeout(Some(HANDSHAKE_PATIENCE)))
-            .and_then(|()| stream.set_write_timeout(Some(HANDSHAKE_PATIENCE)));
+            .and_then(|()| stream.set_read_timeout(Some(patience)))
+            .and_then(|()| stream.set_write_timeout(Some(patience)));
         setup.map_err(|e| retry("configuring the socket", e))?;
         let flags = if join { FLAG_JOIN } else { 0 };
         stream

@@ -51,6 +51,7 @@ mod handshakes;
 mod options;
 mod own_connections;
 mod protocol;
+pub(crate) mod reply_grace;
 mod server;
 mod server_state;
 mod warn_limit;
