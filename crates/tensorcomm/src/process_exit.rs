@@ -11,6 +11,17 @@
 //! would run them in the reverse order of their registration, which
 //! depends on what the program created first).
 //!
+//! While the hooks run, [`exiting`] is true: a collective that fails
+//! because its own process closed its connections posts no failure report
+//! (it would blame a peer through the store the process keeps serving) and
+//! dumps no flight record.
+//!
+//! Libraries that register exit handlers of their own after this one (NCCL
+//! and its CUDA clean-up) would run theirs first, and this process's
+//! threads would then use them torn down while a store lingers: such a
+//! library's loader calls [`run_before_handlers_registered_so_far`], which
+//! registers the handler again (it runs once, at its latest registration).
+//!
 //! Hooks run on the exiting thread while the other threads still run:
 //! each takes locks only with [`lock_within`], logs nothing through
 //! `tracing` (the exiting thread's thread-locals are gone), and returns at
@@ -18,6 +29,7 @@
 //! handler and copies of the registries, not the threads or the objects
 //! they stand for); a panic in one is caught.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, Once, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -34,27 +46,50 @@ const STAGES: usize = 2;
 
 static HOOKS: [OnceLock<fn()>; STAGES] = [OnceLock::new(), OnceLock::new()];
 static INSTALL: Once = Once::new();
+/// Set when the handler first runs: it runs once, however often it was
+/// registered.
+static EXITING: AtomicBool = AtomicBool::new(false);
 
 /// Runs `hook` in `stage` when the process exits. One hook per stage: a
 /// later registration for a stage that has one is ignored (each stage's
 /// owner registers the same function every time).
 pub(crate) fn on_exit(stage: ExitStage, hook: fn()) {
     let _ = HOOKS[stage as usize].set(hook);
-    INSTALL.call_once(|| {
-        // SAFETY: `run_hooks` is a plain `extern "C" fn()` with no captured
-        // state, compiled into this program for its whole life, and it
-        // never unwinds into libc (it catches panics).
-        let rc = unsafe { libc::atexit(run_hooks) };
-        if rc != 0 {
-            tracing::warn!(
-                "could not register the exit-time hooks (atexit returned {rc}): a process \
-                 that exits without dropping its groups and hosting stores stops them at once"
-            );
-        }
-    });
+    INSTALL.call_once(register_handler);
+}
+
+/// Registers the exit handler (again): it then runs before every exit
+/// handler registered so far, e.g. a library's clean-up. Call it once that
+/// library is set up; only the first call registers anything more.
+pub(crate) fn run_before_handlers_registered_so_far() {
+    static AGAIN: Once = Once::new();
+    if INSTALL.is_completed() {
+        AGAIN.call_once(register_handler);
+    }
+}
+
+fn register_handler() {
+    // SAFETY: `run_hooks` is a plain `extern "C" fn()` with no captured
+    // state, compiled into this program for its whole life, and it never
+    // unwinds into libc (it catches panics).
+    let rc = unsafe { libc::atexit(run_hooks) };
+    if rc != 0 {
+        tracing::warn!(
+            "could not register the exit-time hooks (atexit returned {rc}): a process \
+             that exits without dropping its groups and hosting stores stops them at once"
+        );
+    }
+}
+
+/// True once the process has begun to exit and the hooks run.
+pub(crate) fn exiting() -> bool {
+    EXITING.load(Ordering::Acquire)
 }
 
 extern "C" fn run_hooks() {
+    if EXITING.swap(true, Ordering::AcqRel) {
+        return;
+    }
     for hook in HOOKS.iter().filter_map(OnceLock::get) {
         // Unwinding out of an `extern "C"` function aborts: catch it first.
         let _ = std::panic::catch_unwind(hook);

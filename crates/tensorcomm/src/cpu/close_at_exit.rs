@@ -13,6 +13,7 @@
 //! it. Only host connections: device resources are left to the process's
 //! end.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,6 +27,9 @@ const PATIENCE: Duration = Duration::from_secs(1);
 /// of the process that created it (a forked child holds a copy of its
 /// parent's registry, whose groups are not its own).
 static GROUPS: Mutex<Vec<(u32, Weak<CpuBackend>)>> = Mutex::new(Vec::new());
+/// The process that last registered a group (0: none): a forked child
+/// that registered none takes no lock at exit.
+static REGISTERING_PID: AtomicU32 = AtomicU32::new(0);
 
 /// Closes `backend`'s connections if the process exits while it lives.
 pub(crate) fn register(backend: &Arc<CpuBackend>) {
@@ -34,12 +38,16 @@ pub(crate) fn register(backend: &Arc<CpuBackend>) {
         groups.retain(|(_, g)| g.strong_count() > 0);
         groups.push((std::process::id(), Arc::downgrade(backend)));
     }
+    REGISTERING_PID.store(std::process::id(), Ordering::Release);
     on_exit(ExitStage::CloseConnections, close_all);
 }
 
 /// Aborts every registered backend of this process that is still alive.
 fn close_all() {
     let pid = std::process::id();
+    if REGISTERING_PID.load(Ordering::Acquire) != pid {
+        return;
+    }
     let Some(groups) = lock_within(&GROUPS, PATIENCE) else {
         return;
     };

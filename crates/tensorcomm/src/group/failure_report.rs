@@ -529,6 +529,12 @@ impl FailureBoard {
         err: Error,
         mismatched: Option<(usize, [u8; FINGERPRINT_LEN])>,
     ) -> Error {
+        if crate::process_exit::exiting() {
+            // This process closed its own connections on its way out: the
+            // peer this call lost is not the cause, and the store this
+            // process keeps serving must not say it is.
+            return err;
+        }
         let Some(report) = FailureReport::from_error(fp, rank, &err, mismatched) else {
             // A device backend aborted by this group's own failure handling
             // (its stall monitor found a mismatch while the call was stuck

@@ -156,7 +156,9 @@ impl FlightRecorder {
                 }
             }
         });
-        if ran && outcome.is_err() {
+        // A call failed by its own process's exit (`process_exit.rs`) is
+        // not a failure worth a dump.
+        if ran && outcome.is_err() && !crate::process_exit::exiting() {
             let dir = std::env::var_os(FLIGHT_RECORDER_DIR_ENV).map(PathBuf::from);
             if let Err(e) = self.dump(dir.as_deref()) {
                 tracing::warn!(error = %e, "could not write the flight recorder dump");

@@ -216,6 +216,9 @@ impl Communicator {
         let remaining = timeout.saturating_sub(started.elapsed());
         match comm.wait_ready("ncclCommInitRankConfig", remaining) {
             Ok(()) if blocking => {
+                // The library's exit hooks (a store lingering for its
+                // clients) run before NCCL's clean-up.
+                crate::process_exit::run_before_handlers_registered_so_far();
                 // Every rank is in, so the split does not wait for a rank
                 // that never came.
                 comm.into_blocking(timeout.saturating_sub(started.elapsed()))
@@ -224,6 +227,9 @@ impl Communicator {
                 // Once NCCL has set itself up (handlers registered later
                 // run earlier at exit).
                 wait_for_aborts_at_exit_once();
+                // And before that wait, the library's exit hooks (a store
+                // lingering for its clients, while NCCL still works).
+                crate::process_exit::run_before_handlers_registered_so_far();
                 Ok(comm)
             }
             Err(None) => {
