@@ -25,16 +25,18 @@
 //! backend, see below for NCCL),
 //! `TENSORCOMM_FAULT_VICTIM_0` (1: rank 0 may be the victim of every
 //! kind; 0: never, but `store-kill`'s; default: on the CPU backend, of
-//! every kind but `stop`, see below; on NCCL, never),
+//! every kind; on NCCL, never),
 //! `TENSORCOMM_FAULT_TIMEOUT_MS` (group timeout, default 2000 on the CPU
 //! backend, 5000 on NCCL, whose communicator set-up it also bounds),
 //! `TENSORCOMM_FAULT_LINGER_MS` (how long a rank that got its error waits
-//! before exiting, default 300), `TENSORCOMM_BIN` (the `tensorcomm`
+//! before exiting, default 0: at once), `TENSORCOMM_BIN` (the `tensorcomm`
 //! binary to launch with, where this test binary was copied away from its
 //! build; default the one cargo built), `TENSORCOMM_FAULT_KEEP_OUTPUT`
 //! (a folder: each failed scenario's whole output goes there, including
 //! the `FAULT-STEP` line every rank prints, with the wall-clock time, as
-//! each of its steps succeeds).
+//! each of its steps succeeds), `TENSORCOMM_FAULT_LOG` (a `tracing`
+//! filter such as `tensorcomm=debug`: each rank logs on its stderr, which
+//! a kept output holds).
 //!
 //! NCCL (`fault_injection_on_nccl`): each rank creates the NCCL group on
 //! the GPU of its local rank and runs the scenario on CUDA tensors, built
@@ -55,27 +57,28 @@
 //! rank's sockets carry no NCCL data inside a host, so there is nothing to
 //! expect), and `store-kill` is out: it has not been tried on NCCL.
 //!
-//! Not in the default set, because they fail today (library issues, not
-//! the suite's):
-//! - rank 0 SIGSTOPped (`stop` with `TENSORCOMM_FAULT_VICTIM_0=1`): with
-//!   the store's host stopped, survivors cannot read each other's
-//!   progress; a survivor whose store stays silent names its host
-//!   (`group/failure_report.rs`), but one still setting up may take up to
-//!   3x the timeout (from seed 0x9000, 30 `stop` jobs: 26 and 27 passed
-//!   before the silent store named its host, 28 after, and 30 once a
-//!   timeout on a peer stalled in an earlier collective waited for that
-//!   peer's report, `group/absent_ranks.rs`; one run is not enough to put
-//!   it in the default set).
-//!   (Another rank stopped is named: a timeout blames the ranks furthest
-//!   behind, read from the rings of recent calls stalled ranks post to the
-//!   store; see `group/absent_ranks.rs`.)
-//! - linger 0: a survivor rank 0 that exits at once after its error takes
-//!   the store with it, and the others, finding the store gone, name rank
-//!   0 instead of the victim (18 of 30 passed from seed 0xa000).
-//!
-//! Rank 0, which hosts the store, may be the victim of kill,
-//! close-sockets, exit-early and mismatch in the default CPU set: 184 of
-//! 184 passed with it (seeds 0x5eed0000, 24 scenarios, and 0x7a000, 160).
+//! Rank 0, which hosts the store, may be the victim of every kind in the
+//! default CPU set, `stop` included, and ranks exit the moment they have
+//! their error (linger 0). Both used to fail:
+//! - rank 0 SIGSTOPped: a survivor still setting up waited for its
+//!   store's reply for the store's default grace (5 s), past its 2 s
+//!   timeout (29 of 30 from seed 0x9000). A store call in rendezvous or a
+//!   group's set-up now declares a silent store after half the group's
+//!   timeout (`store/tcp/reply_grace.rs`), naming its host: 30 of 30 from
+//!   0x9000, 60 of 60 from 0x9100. (Another rank stopped is named: a
+//!   timeout blames the ranks furthest behind, read from the rings of
+//!   recent calls stalled ranks post to the store; see
+//!   `group/absent_ranks.rs`.)
+//! - linger 0: a survivor rank 0 that exited at once after its error took
+//!   the store with it, and the others, finding the store gone, named
+//!   rank 0 instead of the victim (18 of 30 from seed 0xa000). A process
+//!   that exits now closes its groups' connections, then keeps serving
+//!   the store it hosts until the other processes disconnect (at most its
+//!   linger; `process_exit.rs`): 30 of 30 from 0xa000, 120 of 120 from
+//!   0xb000, 80 of 80 from 0x7a000 with rank 0 as victim of kill,
+//!   close-sockets, exit-early and mismatch, 40 of 40 exit-early from
+//!   0xc000 with rank 0 as victim (11 of 14 there when the store served
+//!   through exit without closing the connections first).
 //!
 //! `store-kill` (rank 0 and its store killed, also during set-up) joined
 //! the default set once a set-up wait failed at once on losing the store
@@ -220,21 +223,20 @@ fn run_suite(suite: &Suite) {
         // SIGKILL.
         grace: timeout * 2 + Duration::from_secs(2),
         hard_limit: timeout * 5 + Duration::from_secs(10),
-        linger: Duration::from_millis(env_parse("TENSORCOMM_FAULT_LINGER_MS").unwrap_or(300)),
+        linger: Duration::from_millis(env_parse("TENSORCOMM_FAULT_LINGER_MS").unwrap_or(0)),
     };
     // Whether rank 0 may be the victim: as TENSORCOMM_FAULT_VICTIM_0 says
-    // (1 or 0), else on the CPU backend for every kind but `stop`.
-    let victim_0_var = std::env::var("TENSORCOMM_FAULT_VICTIM_0").ok();
-    let victim_0 = |kind: FaultKind| match victim_0_var.as_deref() {
+    // (1 or 0), else on the CPU backend.
+    let victim_0 = match std::env::var("TENSORCOMM_FAULT_VICTIM_0").ok().as_deref() {
         Some(v) => v == "1",
-        None => suite.backend == FaultBackend::Cpu && kind != FaultKind::Stop,
+        None => suite.backend == FaultBackend::Cpu,
     };
     let started = Instant::now();
     let (mut survived, mut hung, mut leaked, mut not_started) = (0, 0, 0, 0);
     let mut failures = Vec::new();
     for i in 0..count {
         let (seed, kind) = (base.wrapping_add(i as u64), kinds[i % kinds.len()]);
-        let sc = Scenario::on(seed, kind, victim_0(kind), suite.backend, suite.world);
+        let sc = Scenario::on(seed, kind, victim_0, suite.backend, suite.world);
         let verdict = job::run(&sc, timing);
         eprintln!(
             "fault scenario {i}: {sc}: {:?}{}",

@@ -43,6 +43,9 @@ pub const BACKEND_VAR: &str = "TENSORCOMM_FAULT_RANK_BACKEND";
 /// others, which look there for the root cause, blame rank 0 instead, late
 /// (see the `linger` note in `fault_injection.rs`).
 pub const LINGER_VAR: &str = "TENSORCOMM_FAULT_RANK_LINGER_MS";
+/// A `tracing` filter (`tensorcomm=debug`): each rank logs what it
+/// matches on its stderr (inherited from the harness's environment).
+pub const LOG_VAR: &str = "TENSORCOMM_FAULT_LOG";
 
 fn env_or_exit(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -326,6 +329,12 @@ pub fn main() -> ! {
         ignore_sigterm();
     }
     say(&format!("FAULT-PID rank={rank} pid={}", std::process::id()));
+    if let Ok(filter) = std::env::var(LOG_VAR) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if kind == FaultKind::StoreKill {
         if victim {
             let delay = Duration::from_micros(sc.delay_us.unwrap_or(0));
