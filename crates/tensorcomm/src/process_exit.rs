@@ -61,6 +61,7 @@ pub(crate) fn on_exit(stage: ExitStage, hook: fn()) {
 /// Registers the exit handler (again): it then runs before every exit
 /// handler registered so far, e.g. a library's clean-up. Call it once that
 /// library is set up; only the first call registers anything more.
+#[cfg(feature = "cuda")]
 pub(crate) fn run_before_handlers_registered_so_far() {
     static AGAIN: Once = Once::new();
     if INSTALL.is_completed() {
