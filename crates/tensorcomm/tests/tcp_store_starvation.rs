@@ -204,3 +204,46 @@ fn connections_silent_in_their_handshake_cannot_crowd_out_a_client_with_the_toke
     // The client that authenticated before the flood was never evicted.
     assert_eq!(early.get("late").unwrap(), b"2");
 }
+
+/// A client whose handshake was answered is never evicted to make room for
+/// a newcomer: the server takes a connection off its handshake list before
+/// welcoming it. (It used to welcome first; a newcomer arriving in between
+/// evicted the client just welcomed, so `connect` past the cap succeeded
+/// and a good connection closed, as a CI run showed.)
+#[test]
+fn a_client_just_welcomed_is_never_evicted_for_a_newcomer() {
+    let server = TcpStoreServer::bind(
+        "127.0.0.1:0",
+        &TcpStoreOptions {
+            max_connections: 2,
+            ..options()
+        },
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    for round in 0..300 {
+        let first = accepted(addr);
+        let second = accepted(addr);
+        let mut third = TcpStream::connect(addr).unwrap();
+        third
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&1u32.to_le_bytes());
+        hello.extend_from_slice(&0u32.to_le_bytes());
+        hello.extend_from_slice(&0u32.to_le_bytes());
+        third.write_all(&hello).unwrap();
+        let mut welcome = [0u8; 17];
+        third.read_exact(&mut welcome).unwrap();
+        assert_ne!(
+            welcome[12], 0,
+            "round {round}: a third connection was welcomed past a cap of 2"
+        );
+        drop((first, second, third));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.open_connections() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(server.open_connections(), 0, "round {round}");
+    }
+}

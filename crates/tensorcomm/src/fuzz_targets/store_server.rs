@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::input::Input;
 use crate::store::tcp::fuzzing::{
-    encode_hello, handshake, serve_requests, Response, ServerConfig, ServerState, FRAME_HEADER,
-    MAGIC,
+    encode_hello, handshake, serve_requests, Handshakes, Response, ServerConfig, ServerState,
+    FRAME_HEADER, MAGIC,
 };
 use crate::store::tcp::DEFAULT_MAX_MESSAGE_SIZE;
 
@@ -55,8 +55,9 @@ pub fn store_server(data: &[u8]) {
             let (mut client_rd, mut client_wr) = tokio::io::split(client);
             let (server_rd, mut server_wr) = tokio::io::split(server);
             let mut server_rd = BufReader::new(server_rd);
+            let ticket = Arc::new(Handshakes::default()).enter();
             let serve = async {
-                if handshake(&mut server_rd, &mut server_wr, &state, &config)
+                if handshake(&mut server_rd, &mut server_wr, &state, &config, &ticket)
                     .await
                     .is_ok()
                 {

@@ -88,10 +88,11 @@ pub(crate) async fn serve(
     }
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
-    let handshake = handshake(&mut rd, &mut wr, &state, &config);
+    let eviction = ticket.eviction();
+    let handshake = handshake(&mut rd, &mut wr, &state, &config, &ticket);
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => outcome,
-        () = ticket.evicted() => {
+        () = eviction => {
             let text = format_args!(
                 "store connection closed during the handshake: the server is at its \
                  connection limit ({}) and this connection had waited longest without \
@@ -158,17 +159,28 @@ pub(crate) async fn refuse(
 /// Reads the hello and answers it. When accepted, returns the number of
 /// joined clients if this one asked to be counted (it is counted before the
 /// welcome goes out, so a client whose `connect` returned is counted).
+/// The connection leaves the server's handshake list (its `ticket`) before
+/// it is welcomed, so that a client whose `connect` returned is never
+/// evicted to make room; one evicted first is closed unanswered.
 pub(crate) async fn handshake<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     rd: &mut R,
     wr: &mut W,
     state: &ServerState,
     config: &ServerConfig,
+    ticket: &HandshakeTicket,
 ) -> Result<Option<usize>, String> {
     let verdict = read_hello(rd).await?;
     let verdict = verdict.and_then(|(flags, token)| {
         check_token(config.token.as_deref(), &token)?;
         Ok(flags)
     });
+    if verdict.is_ok() && !ticket.leave() {
+        return Err(format!(
+            "the server is at its connection limit ({}) and evicted this connection, \
+             the longest in its handshake, before its hello was checked",
+            config.max_connections
+        ));
+    }
     let joined = match &verdict {
         Ok(flags) if flags & FLAG_JOIN != 0 => Some(state.client_joined()),
         _ => None,

@@ -62,8 +62,14 @@ impl Handshakes {
     /// Tells the connection longest in its handshake to close; returns
     /// whether there was one.
     pub(crate) fn evict_oldest(&self) -> bool {
-        // Dropping the sender wakes the ticket's `evicted`.
-        self.lock().pending.pop_first().is_some()
+        match self.lock().pending.pop_first() {
+            Some((_, evict)) => {
+                // The connection may be gone already: nothing to tell then.
+                let _ = evict.send(());
+                true
+            }
+            None => false,
+        }
     }
 
     /// Connections in their handshake right now.
@@ -74,16 +80,30 @@ impl Handshakes {
 }
 
 impl HandshakeTicket {
-    /// Resolves when the server evicts this connection; never if it is not.
+    /// A future that resolves when the server evicts this connection, and
+    /// never if it is not (or once it has [left](Self::leave) the list).
     /// Call it at most once.
-    pub(crate) async fn evicted(&mut self) {
-        match self.evicted.take() {
-            // Nothing is ever sent: the sender is only dropped, on eviction.
-            Some(rx) => {
-                let _ = rx.await;
+    pub(crate) fn eviction(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        let evicted = self.evicted.take();
+        async move {
+            match evicted {
+                Some(rx) => {
+                    if rx.await.is_err() {
+                        // Left the list without being evicted.
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending().await,
             }
-            None => std::future::pending().await,
         }
+    }
+
+    /// Takes this connection off the list before it is welcomed, so that
+    /// an accepted client is never evicted; `false` when it was evicted
+    /// first (it must then be closed, the server took a newcomer in its
+    /// place).
+    pub(crate) fn leave(&self) -> bool {
+        self.handshakes.lock().pending.remove(&self.id).is_some()
     }
 }
 
@@ -110,11 +130,12 @@ mod tests {
         drop(done); // finished its handshake: off the list
         assert_eq!(handshakes.len(), 2);
         assert!(handshakes.evict_oldest());
-        rt.block_on(first.evicted()); // resolves: it was the oldest
+        rt.block_on(first.eviction()); // resolves: it was the oldest
+        let third_evicted = third.eviction();
         let still_there = rt.block_on(async {
             tokio::select! {
                 biased;
-                _ = third.evicted() => false,
+                _ = third_evicted => false,
                 _ = std::future::ready(()) => true,
             }
         });
@@ -122,5 +143,31 @@ mod tests {
         assert!(handshakes.evict_oldest());
         assert!(!handshakes.evict_oldest(), "nothing left to evict");
         assert_eq!(handshakes.len(), 0);
+    }
+
+    #[test]
+    fn a_handshake_that_left_is_never_evicted_and_an_evicted_one_cannot_leave() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handshakes = Arc::new(Handshakes::default());
+        let mut welcomed = handshakes.enter();
+        let welcomed_evicted = welcomed.eviction();
+        assert!(welcomed.leave());
+        assert!(
+            !handshakes.evict_oldest(),
+            "a welcomed connection was evictable"
+        );
+        let never = rt.block_on(async {
+            tokio::select! {
+                biased;
+                _ = welcomed_evicted => false,
+                _ = std::future::ready(()) => true,
+            }
+        });
+        assert!(never, "leaving the list read as an eviction");
+        let late = handshakes.enter();
+        assert!(handshakes.evict_oldest());
+        assert!(!late.leave(), "an evicted connection left as if welcomed");
     }
 }

@@ -66,6 +66,7 @@ pub use server::TcpStoreServer;
 /// What the fuzz targets drive (see `crate::fuzz_targets`).
 pub(crate) mod fuzzing {
     pub(crate) use super::connection::{handshake, serve_requests, ServerConfig};
+    pub(crate) use super::handshakes::Handshakes;
     pub(crate) use super::protocol::{encode_hello, Request, Response, FRAME_HEADER, MAGIC};
     pub(crate) use super::server_state::ServerState;
 }
