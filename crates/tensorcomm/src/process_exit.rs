@@ -20,7 +20,8 @@
 //! and its CUDA clean-up) would run theirs first, and this process's
 //! threads would then use them torn down while a store lingers: such a
 //! library's loader calls [`run_before_handlers_registered_so_far`], which
-//! registers the handler again (it runs once, at its latest registration).
+//! registers the handler again (it runs once, at its latest registration,
+//! that is first).
 //!
 //! Hooks run on the exiting thread while the other threads still run:
 //! each takes locks only with [`lock_within`], logs nothing through
@@ -59,13 +60,15 @@ pub(crate) fn on_exit(stage: ExitStage, hook: fn()) {
 }
 
 /// Registers the exit handler (again): it then runs before every exit
-/// handler registered so far, e.g. a library's clean-up. Call it once that
-/// library is set up; only the first call registers anything more.
+/// handler registered so far, e.g. a library's clean-up. Call it where
+/// that library has set itself up, with a `site` of that call's own: each
+/// site registers once (the first time it is reached with the handler
+/// installed), so a site reached after another that registered more
+/// handlers still puts these hooks before them.
 #[cfg(feature = "cuda")]
-pub(crate) fn run_before_handlers_registered_so_far() {
-    static AGAIN: Once = Once::new();
+pub(crate) fn run_before_handlers_registered_so_far(site: &'static Once) {
     if INSTALL.is_completed() {
-        AGAIN.call_once(register_handler);
+        site.call_once(register_handler);
     }
 }
 

@@ -218,7 +218,8 @@ impl Communicator {
             Ok(()) if blocking => {
                 // The library's exit hooks (a store lingering for its
                 // clients) run before NCCL's clean-up.
-                crate::process_exit::run_before_handlers_registered_so_far();
+                static SITE: std::sync::Once = std::sync::Once::new();
+                crate::process_exit::run_before_handlers_registered_so_far(&SITE);
                 // Every rank is in, so the split does not wait for a rank
                 // that never came.
                 comm.into_blocking(timeout.saturating_sub(started.elapsed()))
@@ -228,8 +229,10 @@ impl Communicator {
                 // run earlier at exit).
                 wait_for_aborts_at_exit_once();
                 // And before that wait, the library's exit hooks (a store
-                // lingering for its clients, while NCCL still works).
-                crate::process_exit::run_before_handlers_registered_so_far();
+                // lingering for its clients, while NCCL still works), also
+                // when a blocking communicator registered them earlier.
+                static SITE: std::sync::Once = std::sync::Once::new();
+                crate::process_exit::run_before_handlers_registered_so_far(&SITE);
                 Ok(comm)
             }
             Err(None) => {
