@@ -63,8 +63,8 @@
 //! - rank 0 SIGSTOPped: a survivor still setting up waited for its
 //!   store's reply for the store's default grace (5 s), past its 2 s
 //!   timeout (29 of 30 from seed 0x9000). A store call in rendezvous or a
-//!   group's set-up now declares a silent store after half the group's
-//!   timeout (`store/tcp/reply_grace.rs`), naming its host: 30 of 30 from
+//!   group's set-up now declares a silent store by the set-up's deadline
+//!   (`store/tcp/reply_grace.rs`), naming its host: 30 of 30 from
 //!   0x9000, 60 of 60 from 0x9100. (Another rank stopped is named: a
 //!   timeout blames the ranks furthest behind, read from the rings of
 //!   recent calls stalled ranks post to the store; see

@@ -144,18 +144,7 @@ fn set_up(
     };
     // With env:// and tcp:// rank 0 hosts the store.
     let store_host = matches!(method.address, StoreAddress::Tcp { .. }).then_some(0);
-    build(backend, rdzv, &key_prefix, &cpu, options, store_host).map_err(|e| match e {
-        // The store answered at rendezvous: a new connection to it whose
-        // handshake now goes unanswered (its host stopped or hung) is the
-        // store lost.
-        crate::Error::StoreConnect { addr, reason, .. } if store_host.is_some() => {
-            crate::Error::StoreConnectionLost {
-                addr,
-                reason: format!("a new connection got no answer: {reason}"),
-            }
-        }
-        other => other,
-    })
+    build(backend, rdzv, &key_prefix, &cpu, options, store_host)
 }
 
 /// The default group of `backend` over `rdzv`; `store_host`: the rank that

@@ -250,7 +250,7 @@ impl ProcessGroupCpu {
         let _watch = setup_watch::enter(records.clone(), key_prefix, rank, &global_ranks);
         // A store host that stops answering fails the set-up within the
         // group's timeout, naming the host (see `store/tcp/reply_grace.rs`).
-        let _grace = crate::store::tcp::reply_grace::shorter_on_this_thread(options.timeout);
+        let _grace = crate::store::tcp::reply_grace::set_up_on_this_thread(options.timeout);
         let setup_store = setup_watch::setup_store(&*store);
         // Names a crashed set-up left in /dev/shm (older than a set-up takes).
         #[cfg(target_os = "linux")]

@@ -715,13 +715,7 @@ impl FailureBoard {
             Unanswered::Failed(Error::StoreConnectionLost { addr, reason }) => {
                 let _ = self.lost.set(format!("{addr}: {reason}"));
             }
-            // A new connection to a store that served this rank before,
-            // whose handshake went unanswered within the store's timeout
-            // (a host that accepts but does not serve: stopped or hung),
-            // is a silent store too.
-            Unanswered::Silent | Unanswered::Failed(Error::StoreConnect { .. }) => {
-                self.silent.store(true, Ordering::Relaxed)
-            }
+            Unanswered::Silent => self.silent.store(true, Ordering::Relaxed),
             Unanswered::Failed(_) | Unanswered::NoThread => {}
         }
     }
@@ -1148,12 +1142,9 @@ mod tests {
     /// A store whose host died: the call on the connection it had fails at
     /// once (reset), every later call dials it again, which takes `redial`
     /// (until the store's timeout) before it fails too.
-    /// With `unanswered_dial`, a redial fails as a handshake that got no
-    /// answer within the store's timeout does.
     struct GoneStore {
         calls: std::sync::atomic::AtomicUsize,
         redial: Duration,
-        unanswered_dial: bool,
     }
 
     impl GoneStore {
@@ -1161,14 +1152,6 @@ mod tests {
             let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
             if !first {
                 std::thread::sleep(self.redial);
-                if self.unanswered_dial {
-                    return Err(Error::StoreConnect {
-                        addr: "127.0.0.1:1".into(),
-                        timeout: self.redial,
-                        reason: "reading the handshake reply: Resource temporarily unavailable"
-                            .into(),
-                    });
-                }
             }
             Err(Error::StoreConnectionLost {
                 addr: "127.0.0.1:1".into(),
@@ -1237,7 +1220,6 @@ mod tests {
         let gone = Arc::new(GoneStore {
             calls: Default::default(),
             redial: Duration::from_millis(1),
-            unanswered_dial: false,
         });
         let board = FailureBoard::new(gone.clone(), "g");
         board.set_store_host(0);
@@ -1272,32 +1254,22 @@ mod tests {
         let silent = Arc::new(GoneStore {
             calls: 1.into(), // every call waits `redial`, then fails
             redial: STORE_PATIENCE + Duration::from_secs(1),
-            unanswered_dial: false,
         });
+        let board = FailureBoard::new(silent.clone(), "g");
+        board.set_store_host(0);
         let timed_out = Error::PeerTimeout {
             peer: 2,
             during: "receiving 4 bytes from it".into(),
             timeout: Duration::from_secs(2),
         };
-        // Silent past the patience, or a new connection's handshake not
-        // answered within the store's timeout (which may end first).
-        let unanswered = Arc::new(GoneStore {
-            calls: 1.into(),
-            redial: STORE_PATIENCE / 2,
-            unanswered_dial: true,
-        });
-        for store in [silent.clone(), unanswered] {
-            let board = FailureBoard::new(store, "g");
-            board.set_store_host(0);
-            match board.settle(&fp(8, 5), 3, timed_out.clone(), None) {
-                Error::PeerTimeout {
-                    peer: 0, during, ..
-                } => {
-                    assert!(during.contains("did not answer"), "{during}");
-                    assert!(during.contains("lost rank 2"), "{during}");
-                }
-                other => panic!("{other:?}"),
+        match board.settle(&fp(8, 5), 3, timed_out.clone(), None) {
+            Error::PeerTimeout {
+                peer: 0, during, ..
+            } => {
+                assert!(during.contains("did not answer"), "{during}");
+                assert!(during.contains("lost rank 2"), "{during}");
             }
+            other => panic!("{other:?}"),
         }
         // Without a rank hosting the store, rank 2 stays the one named.
         let unhosted = FailureBoard::new(silent, "g");
@@ -1326,7 +1298,6 @@ mod tests {
             let gone = Arc::new(GoneStore {
                 calls: Default::default(),
                 redial: Duration::from_secs(3),
-                unanswered_dial: false,
             });
             let board = FailureBoard::new(gone.clone(), "g");
             let started = std::time::Instant::now();

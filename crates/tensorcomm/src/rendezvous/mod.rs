@@ -122,7 +122,7 @@ pub fn connect(method: &InitMethod, timeout: Duration) -> Result<Rendezvous> {
     store.set_timeout(crate::store::DEFAULT_TIMEOUT);
     // A store host that stops answering fails rendezvous within its
     // timeout (see `store/tcp/reply_grace.rs`).
-    let _grace = crate::store::tcp::reply_grace::shorter_on_this_thread(timeout);
+    let _grace = crate::store::tcp::reply_grace::set_up_on_this_thread(timeout);
     // Lets the others' set-up waits tell when this process is gone, and
     // tells rank 0 this rank has arrived.
     store.set(&process_key(method.rank), this_process().as_bytes())?;

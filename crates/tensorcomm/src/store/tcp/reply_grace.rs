@@ -1,58 +1,112 @@
-//! How long a TCP store client waits for a reply beyond the request's own
-//! timeout (none for a request the server answers at once) before it
-//! declares the server hung ([`crate::Error::StoreConnectionLost`]): half
-//! a timeout, within [`MIN_REPLY_GRACE`] and [`MAX_REPLY_GRACE`].
+//! How long a TCP store client waits for a reply (and a new connection for
+//! its handshake reply) before it declares the server hung
+//! ([`crate::Error::StoreConnectionLost`]).
 //!
-//! The timeout is the store's default one, unless the calling thread is
-//! inside [`shorter_on_this_thread`]: a group's set-up waits with the
-//! group's timeout (seconds, say) on a store whose default timeout is
-//! minutes, and a store host stopped mid-set-up must fail it within the
-//! group's timeout, naming the host, not after the store's grace. The
-//! scope is per thread so that it reaches the store calls of the set-up's
-//! every stage without changing the store others share.
+//! A stopped server's kernel still accepts connections and takes requests,
+//! so a hung server and a busy one look alike: only time tells them apart.
+//! Ordinary calls are patient, since a server serving thousands of clients
+//! may be slow: a blocking call waits its own timeout and
+//! [`REPLY_GRACE`] more, any other the store's default timeout and the
+//! grace. Inside a set-up ([`set_up_on_this_thread`]: rendezvous, a group's
+//! set-up) the set-up's own timeout bounds every wait, since a store host
+//! stopped mid-set-up must fail it within that timeout, naming the host,
+//! not minutes later: a call answered at once waits until the set-up's
+//! deadline, a blocking one its own timeout and half the set-up's timeout
+//! (1 to 5 s), and never less than that half. A busy store is then only
+//! called hung when the set-up would have timed out anyway. The scope is
+//! per thread so that it reaches the store calls of the set-up's every
+//! stage without changing the store others share.
 
 use std::cell::Cell;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The shortest grace: a busy server's reply may be late by this much.
-pub(crate) const MIN_REPLY_GRACE: Duration = Duration::from_secs(1);
-/// The longest grace.
-pub(crate) const MAX_REPLY_GRACE: Duration = Duration::from_secs(5);
+/// What an ordinary call waits beyond its timeout.
+pub(crate) const REPLY_GRACE: Duration = Duration::from_secs(5);
+/// The shortest grace inside a set-up.
+pub(crate) const MIN_SET_UP_GRACE: Duration = Duration::from_secs(1);
+/// The longest grace inside a set-up.
+pub(crate) const MAX_SET_UP_GRACE: Duration = Duration::from_secs(5);
+/// The longest a new connection waits for its handshake reply.
+const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The set-up the calling thread is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SetUp {
+    deadline: Instant,
+    grace: Duration,
+}
 
 thread_local! {
-    static ON_THIS_THREAD: Cell<Option<Duration>> = const { Cell::new(None) };
+    static ON_THIS_THREAD: Cell<Option<SetUp>> = const { Cell::new(None) };
 }
 
-/// The grace for waits bounded by `timeout`.
+/// Half of `timeout`, within [`MIN_SET_UP_GRACE`] and [`MAX_SET_UP_GRACE`].
 pub(crate) fn for_timeout(timeout: Duration) -> Duration {
-    (timeout / 2).clamp(MIN_REPLY_GRACE, MAX_REPLY_GRACE)
+    (timeout / 2).clamp(MIN_SET_UP_GRACE, MAX_SET_UP_GRACE)
 }
 
-/// The grace of a call on this thread to a store whose default timeout is
-/// `store_timeout`.
-pub(super) fn current(store_timeout: Duration) -> Duration {
-    let store = for_timeout(store_timeout);
-    ON_THIS_THREAD
-        .with(|g| g.get())
-        .map_or(store, |g| g.min(store))
+fn time_left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
 }
 
-/// Until the guard drops, TCP store calls on this thread take the grace of
-/// `timeout` where it is shorter than their store's.
-pub(crate) fn shorter_on_this_thread(timeout: Duration) -> ShorterGrace {
-    let grace = for_timeout(timeout);
-    let previous = ON_THIS_THREAD.with(|g| g.replace(Some(grace)));
-    ShorterGrace { previous }
+/// How long a call on this thread waits for its reply: `wait` is the
+/// request's own timeout for a blocking request, `None` for one the server
+/// answers at once, `store_timeout` the store's default timeout.
+pub(super) fn reply_patience(wait: Option<Duration>, store_timeout: Duration) -> Duration {
+    let ordinary = wait.unwrap_or(store_timeout).saturating_add(REPLY_GRACE);
+    let Some(set_up) = ON_THIS_THREAD.with(|s| s.get()) else {
+        return ordinary;
+    };
+    let bounded = match wait {
+        Some(wait) => wait.saturating_add(set_up.grace),
+        None => time_left(set_up.deadline).max(set_up.grace),
+    };
+    bounded.min(ordinary)
 }
 
-/// Ends a [`shorter_on_this_thread`] scope when dropped.
-pub(crate) struct ShorterGrace {
-    previous: Option<Duration>,
+/// How long a new connection made on this thread waits for the server's
+/// handshake reply when `dial_left` is left of its dial's `dial_timeout`:
+/// what is left and half the dial's timeout (1 to 5 s) more, at most 30 s,
+/// and within a set-up at most what is left of it (at least its grace).
+pub(super) fn handshake_patience(dial_left: Duration, dial_timeout: Duration) -> Duration {
+    let ordinary = dial_left
+        .saturating_add(for_timeout(dial_timeout))
+        .min(HANDSHAKE_PATIENCE);
+    match ON_THIS_THREAD.with(|s| s.get()) {
+        Some(set_up) => ordinary.min(time_left(set_up.deadline).max(set_up.grace)),
+        None => ordinary,
+    }
 }
 
-impl Drop for ShorterGrace {
+/// Until the guard drops, TCP store calls on this thread are bounded by a
+/// set-up of `timeout` starting now (within an enclosing one, by the
+/// sooner deadline and the shorter grace).
+pub(crate) fn set_up_on_this_thread(timeout: Duration) -> SetUpScope {
+    let now = Instant::now();
+    let ours = SetUp {
+        deadline: now.checked_add(timeout).unwrap_or(now + MAX_SET_UP_GRACE),
+        grace: for_timeout(timeout),
+    };
+    let previous = ON_THIS_THREAD.with(|s| s.get());
+    let scope = match previous {
+        Some(outer) => SetUp {
+            deadline: ours.deadline.min(outer.deadline),
+            grace: ours.grace.min(outer.grace),
+        },
+        None => ours,
+    };
+    ON_THIS_THREAD.with(|s| s.set(Some(scope)));
+    SetUpScope { previous }
+}
+
+/// Ends a [`set_up_on_this_thread`] scope when dropped.
+pub(crate) struct SetUpScope {
+    previous: Option<SetUp>,
+}
+
+impl Drop for SetUpScope {
     fn drop(&mut self) {
-        ON_THIS_THREAD.with(|g| g.set(self.previous));
+        ON_THIS_THREAD.with(|s| s.set(self.previous));
     }
 }
 
@@ -60,27 +114,62 @@ impl Drop for ShorterGrace {
 mod tests {
     use super::*;
 
+    const MINUTES: Duration = Duration::from_secs(300);
+
+    fn close(found: Duration, expected: Duration) -> bool {
+        found <= expected && expected - found < Duration::from_millis(200)
+    }
+
     #[test]
-    fn the_grace_is_half_a_timeout_within_bounds_and_scoped_to_the_thread() {
-        let minutes = Duration::from_secs(300);
-        assert_eq!(for_timeout(Duration::from_millis(50)), MIN_REPLY_GRACE);
-        assert_eq!(for_timeout(Duration::from_secs(4)), Duration::from_secs(2));
-        assert_eq!(for_timeout(minutes), MAX_REPLY_GRACE);
-        assert_eq!(current(minutes), MAX_REPLY_GRACE);
+    fn ordinary_calls_wait_their_timeout_and_the_grace() {
+        let get = Some(Duration::from_millis(500));
+        assert_eq!(reply_patience(get, MINUTES), Duration::from_millis(5500));
+        assert_eq!(reply_patience(None, MINUTES), MINUTES + REPLY_GRACE);
+        let secs = |s| Duration::from_secs(s);
+        assert_eq!(handshake_patience(secs(2), secs(2)), secs(3));
+        assert_eq!(handshake_patience(Duration::ZERO, secs(60)), secs(5));
+        assert_eq!(handshake_patience(MINUTES, MINUTES), HANDSHAKE_PATIENCE);
+    }
+
+    #[test]
+    fn a_set_up_bounds_the_calls_on_its_thread_by_its_deadline() {
+        let _set_up = set_up_on_this_thread(Duration::from_secs(4));
+        // Answered at once: until the deadline.
+        assert!(close(reply_patience(None, MINUTES), Duration::from_secs(4)));
+        // Blocking: its own timeout and half the set-up's.
+        let get = Some(Duration::from_millis(500));
+        assert_eq!(reply_patience(get, MINUTES), Duration::from_millis(2500));
+        assert!(close(
+            handshake_patience(MINUTES, MINUTES),
+            Duration::from_secs(4)
+        ));
+        // Other threads are not in it.
+        std::thread::spawn(|| assert_eq!(reply_patience(None, MINUTES), MINUTES + REPLY_GRACE))
+            .join()
+            .unwrap();
         {
-            let _short = shorter_on_this_thread(Duration::from_secs(3));
-            assert_eq!(current(minutes), Duration::from_millis(1500));
-            // Never longer than the store's own.
-            assert_eq!(current(Duration::from_secs(2)), MIN_REPLY_GRACE);
-            std::thread::spawn(move || assert_eq!(current(minutes), MAX_REPLY_GRACE))
-                .join()
-                .unwrap();
-            {
-                let _shorter = shorter_on_this_thread(Duration::ZERO);
-                assert_eq!(current(minutes), MIN_REPLY_GRACE);
-            }
-            assert_eq!(current(minutes), Duration::from_millis(1500));
+            // Nested: the sooner deadline, the shorter grace, either way.
+            let _inner = set_up_on_this_thread(MINUTES);
+            assert!(close(reply_patience(None, MINUTES), Duration::from_secs(4)));
+            let _innermost = set_up_on_this_thread(Duration::ZERO);
+            assert_eq!(reply_patience(None, MINUTES), MIN_SET_UP_GRACE);
+            assert_eq!(reply_patience(get, MINUTES), Duration::from_millis(1500));
         }
-        assert_eq!(current(minutes), MAX_REPLY_GRACE);
+        assert!(close(reply_patience(None, MINUTES), Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn a_set_up_never_waits_longer_than_an_ordinary_call() {
+        let _set_up = set_up_on_this_thread(MINUTES);
+        let ten = Duration::from_secs(10);
+        assert_eq!(reply_patience(None, ten), ten + REPLY_GRACE);
+    }
+
+    #[test]
+    fn past_its_deadline_a_set_up_still_waits_its_grace() {
+        let _set_up = set_up_on_this_thread(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(reply_patience(None, MINUTES), MIN_SET_UP_GRACE);
+        assert_eq!(handshake_patience(MINUTES, MINUTES), MIN_SET_UP_GRACE);
     }
 }
