@@ -109,7 +109,10 @@ pub enum Error {
         timeout: Duration,
         reason: String,
     },
-    /// The connection to the store broke while a request was in flight.
+    /// The store server is gone or hung: a connection broke while a
+    /// request was in flight, a reply did not come within the request's
+    /// timeout and its grace, or a server that had answered this client
+    /// before refused or left unanswered a new connection.
     #[error("connection lost to the store at {addr}: {reason}")]
     StoreConnectionLost { addr: String, reason: String },
     /// The server refused this client (wrong token, wrong protocol version).

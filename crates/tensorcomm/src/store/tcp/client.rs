@@ -471,7 +471,8 @@ impl Dial {
     /// the timeout. `join` asks the server to count this client as joined.
     fn open(&self, join: bool) -> Result<Connection> {
         let started = Instant::now();
-        let deadline = started.checked_add(self.timeout);
+        // Within a set-up or a background thread, that bounds it too.
+        let deadline = reply_grace::dial_deadline(started.checked_add(self.timeout));
         let mut backoff = FIRST_BACKOFF;
         let mut said = started;
         loop {
@@ -488,7 +489,7 @@ impl Dial {
             if left.is_zero() {
                 return Err(Error::StoreConnect {
                     addr: self.addr.clone(),
-                    timeout: self.timeout,
+                    timeout: deadline.map_or(self.timeout, |d| d - started),
                     reason,
                 });
             }
@@ -500,7 +501,7 @@ impl Dial {
                     addr = %self.addr,
                     "still trying to reach the store after {:.0?} (of {:?}): {reason}",
                     started.elapsed(),
-                    self.timeout
+                    deadline.map_or(self.timeout, |d| d - started)
                 );
             } else {
                 debug!(addr = %self.addr, "store not reachable yet ({reason}), retrying");

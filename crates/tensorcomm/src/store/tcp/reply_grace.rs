@@ -13,11 +13,17 @@
 //! not minutes later: a call answered at once waits until the set-up's
 //! deadline, a blocking one its own timeout and half the set-up's timeout
 //! (1 to 5 s), and never less than that half. A busy store is then only
-//! called hung when the set-up would have timed out anyway. The scope is
-//! per thread so that it reaches the store calls of the set-up's every
-//! stage without changing the store others share.
+//! called hung when the set-up would have timed out anyway. A group's
+//! background threads (its watchdog, its stall monitor) call the store for
+//! diagnostics only, and a stopped store host must not hold them (and a
+//! group's drop, which joins them) for minutes: inside
+//! [`background_on_this_thread`] every call waits a short grace beyond its
+//! own timeout. Either scope also bounds how long a new connection is
+//! retried. The scopes are per thread so that they reach the store calls
+//! of every stage without changing the store others share.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 /// What an ordinary call waits beyond its timeout.
@@ -29,11 +35,20 @@ pub(crate) const MAX_SET_UP_GRACE: Duration = Duration::from_secs(5);
 /// The longest a new connection waits for its handshake reply.
 const HANDSHAKE_PATIENCE: Duration = Duration::from_secs(30);
 
-/// The set-up the calling thread is in.
+/// The set-up (or background work) the calling thread is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SetUp {
-    deadline: Instant,
+    /// None: no deadline (a timeout too long to represent).
+    deadline: Option<Instant>,
     grace: Duration,
+}
+
+impl SetUp {
+    /// What a call answered at once may wait: until the deadline, and at
+    /// least the grace.
+    fn immediate(&self) -> Option<Duration> {
+        self.deadline.map(|d| time_left(d).max(self.grace))
+    }
 }
 
 thread_local! {
@@ -58,10 +73,10 @@ pub(super) fn reply_patience(wait: Option<Duration>, store_timeout: Duration) ->
         return ordinary;
     };
     let bounded = match wait {
-        Some(wait) => wait.saturating_add(set_up.grace),
-        None => time_left(set_up.deadline).max(set_up.grace),
+        Some(wait) => Some(wait.saturating_add(set_up.grace)),
+        None => set_up.immediate(),
     };
-    bounded.min(ordinary)
+    bounded.map_or(ordinary, |b| b.min(ordinary))
 }
 
 /// How long a new connection made on this thread waits for the server's
@@ -72,9 +87,23 @@ pub(super) fn handshake_patience(dial_left: Duration, dial_timeout: Duration) ->
     let ordinary = dial_left
         .saturating_add(for_timeout(dial_timeout))
         .min(HANDSHAKE_PATIENCE);
-    match ON_THIS_THREAD.with(|s| s.get()) {
-        Some(set_up) => ordinary.min(time_left(set_up.deadline).max(set_up.grace)),
+    match ON_THIS_THREAD.with(|s| s.get()).and_then(|s| s.immediate()) {
+        Some(bound) => ordinary.min(bound),
         None => ordinary,
+    }
+}
+
+/// Until when a new connection made on this thread is retried, given its
+/// dial's own deadline `own` (None: none): within a scope, no later than
+/// the scope's deadline or its grace from now, whichever is later.
+pub(super) fn dial_deadline(own: Option<Instant>) -> Option<Instant> {
+    let Some(bound) = ON_THIS_THREAD.with(|s| s.get()).and_then(|s| s.immediate()) else {
+        return own;
+    };
+    let ours = Instant::now().checked_add(bound);
+    match (own, ours) {
+        (Some(own), Some(ours)) => Some(own.min(ours)),
+        (own, ours) => own.or(ours),
     }
 }
 
@@ -82,26 +111,50 @@ pub(super) fn handshake_patience(dial_left: Duration, dial_timeout: Duration) ->
 /// set-up of `timeout` starting now (within an enclosing one, by the
 /// sooner deadline and the shorter grace).
 pub(crate) fn set_up_on_this_thread(timeout: Duration) -> SetUpScope {
-    let now = Instant::now();
-    let ours = SetUp {
-        deadline: now.checked_add(timeout).unwrap_or(now + MAX_SET_UP_GRACE),
+    enter(SetUp {
+        deadline: Instant::now().checked_add(timeout),
         grace: for_timeout(timeout),
-    };
+    })
+}
+
+/// Until the guard drops, TCP store calls on this thread wait at most
+/// `grace` beyond their own timeout (a call answered at once: `grace`),
+/// and a new connection is retried for at most `grace`: for a thread that
+/// calls the store for diagnostics only and must not be held by a stopped
+/// store host.
+pub(crate) fn background_on_this_thread(grace: Duration) -> SetUpScope {
+    // A deadline already reached: every call gets the grace alone.
+    enter(SetUp {
+        deadline: Some(Instant::now()),
+        grace,
+    })
+}
+
+fn enter(ours: SetUp) -> SetUpScope {
     let previous = ON_THIS_THREAD.with(|s| s.get());
     let scope = match previous {
         Some(outer) => SetUp {
-            deadline: ours.deadline.min(outer.deadline),
+            deadline: match (ours.deadline, outer.deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
             grace: ours.grace.min(outer.grace),
         },
         None => ours,
     };
     ON_THIS_THREAD.with(|s| s.set(Some(scope)));
-    SetUpScope { previous }
+    SetUpScope {
+        previous,
+        _this_thread: PhantomData,
+    }
 }
 
-/// Ends a [`set_up_on_this_thread`] scope when dropped.
+/// Ends a [`set_up_on_this_thread`] or [`background_on_this_thread`]
+/// scope when dropped, on the thread that entered it.
 pub(crate) struct SetUpScope {
     previous: Option<SetUp>,
+    /// Not `Send`: the scope is this thread's.
+    _this_thread: PhantomData<*const ()>,
 }
 
 impl Drop for SetUpScope {
@@ -163,6 +216,35 @@ mod tests {
         let _set_up = set_up_on_this_thread(MINUTES);
         let ten = Duration::from_secs(10);
         assert_eq!(reply_patience(None, ten), ten + REPLY_GRACE);
+    }
+
+    #[test]
+    fn a_background_thread_waits_its_grace_beyond_each_call_and_dials_no_longer() {
+        let grace = Duration::from_secs(2);
+        let _background = background_on_this_thread(grace);
+        assert_eq!(reply_patience(None, MINUTES), grace);
+        let get = Some(Duration::from_millis(500));
+        assert_eq!(reply_patience(get, MINUTES), Duration::from_millis(2500));
+        assert_eq!(handshake_patience(MINUTES, MINUTES), grace);
+        let far = Instant::now() + MINUTES;
+        let dial = dial_deadline(Some(far)).expect("bounded");
+        assert!(close(time_left(dial), grace));
+        assert!(close(
+            time_left(dial_deadline(None).expect("bounded")),
+            grace
+        ));
+        // Later, still the grace from the call's start.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(reply_patience(None, MINUTES), grace);
+    }
+
+    #[test]
+    fn a_set_up_too_long_to_represent_bounds_nothing() {
+        let _set_up = set_up_on_this_thread(Duration::MAX);
+        assert_eq!(reply_patience(None, MINUTES), MINUTES + REPLY_GRACE);
+        assert_eq!(dial_deadline(None), None);
+        let far = Instant::now() + MINUTES;
+        assert_eq!(dial_deadline(Some(far)), Some(far));
     }
 
     #[test]
