@@ -105,8 +105,9 @@ pub(crate) fn check(what: impl FnOnce() -> String) -> Result<()> {
     let mut what_text = || what.take().map(|f| f()).unwrap_or_default();
     for &(peer, global) in &watch.peers {
         // The store's host gone or hung (the client says its connection
-        // was lost: an I/O error, a refused redial, or no reply within the
-        // store's timeout): the peers' records can no longer be read, and
+        // was lost: an I/O error, a refused or unanswered redial, or no
+        // reply by the set-up's deadline and its grace, `reply_grace.rs`):
+        // the peers' records can no longer be read, and
         // a peer that found the store gone first has left, so this wait
         // would end at its timeout blaming that peer. The lost store is the
         // cause (`init_process_group` names its host rank).

@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 
 use super::backend::is_aborted;
 use super::fingerprint::{CollectiveKind, Fingerprint, FINGERPRINT_LEN};
-use crate::store::Store;
+use crate::store::tcp::reply_grace::background_on_this_thread;
+use crate::store::{read_if_present, Store};
 use crate::Error;
 
 /// How long a failing rank waits on the store to post or read a report
@@ -438,6 +439,8 @@ fn bounded<T: Send + 'static>(
     let spawned = std::thread::Builder::new()
         .name("tensorcomm-failure-report".into())
         .spawn(move || {
+            // Given up on after STORE_PATIENCE; ends soon after, too.
+            let _quick = background_on_this_thread(STORE_PATIENCE);
             let _ = tx.send(f());
         });
     if spawned.is_err() {
@@ -607,14 +610,11 @@ impl FailureBoard {
             "read the failure posted for a collective",
             move |store, prefix| {
                 let read = |key: &str| -> crate::Result<Option<FailureReport>> {
-                    Ok(match store.check(&[key])? {
-                        true => FailureReport::decode(&store.get(key)?),
-                        false => None,
-                    })
+                    Ok(read_if_present(store, key)?.and_then(|v| FailureReport::decode(&v)))
                 };
                 let first = failed_seq_key(prefix);
-                if store.check(&[&first])? {
-                    let text = String::from_utf8_lossy(&store.get(&first)?).into_owned();
+                if let Some(text) = read_if_present(store, &first)? {
+                    let text = String::from_utf8_lossy(&text).into_owned();
                     if let Ok(failed) = text.trim().parse::<u64>() {
                         if failed <= seq {
                             if let Some(report) = read(&failure_key(prefix, failed))? {
@@ -644,10 +644,10 @@ impl FailureBoard {
             let store = self.store.clone();
             let key = failed_seq_key(&self.key_prefix);
             let found = bounded("look for an earlier failure", move || {
-                if !store.check(&[&key])? {
+                let Some(text) = read_if_present(&*store, &key)? else {
                     return Ok(false);
-                }
-                let text = String::from_utf8_lossy(&store.get(&key)?).into_owned();
+                };
+                let text = String::from_utf8_lossy(&text).into_owned();
                 Ok(text.trim().parse::<u64>().is_ok_and(|failed| failed < seq))
             });
             match found {
@@ -792,13 +792,7 @@ impl FailureBoard {
             move |store: &Arc<dyn Store>| {
                 let store = store.clone();
                 bounded("read an earlier failure", move || {
-                    let read = |key: &str| -> crate::Result<Option<Vec<u8>>> {
-                        Ok(if store.check(&[key])? {
-                            Some(store.get(key)?)
-                        } else {
-                            None
-                        })
-                    };
+                    let read = |key: &str| read_if_present(&*store, key);
                     let Some(failed) = read(&failed_seq_key(&prefix))? else {
                         return Ok(None);
                     };

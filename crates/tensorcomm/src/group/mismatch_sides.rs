@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::fingerprint::{CollectiveKind, Fingerprint};
+use crate::store::tcp::reply_grace::background_on_this_thread;
 use crate::store::Store;
 use crate::Error;
 
@@ -40,6 +41,8 @@ fn bounded<T: Send + 'static>(
     std::thread::Builder::new()
         .name("tensorcomm-mismatch-sides".into())
         .spawn(move || {
+            // Given up on after `patience`; ends soon after, too.
+            let _quick = background_on_this_thread(patience);
             let _ = tx.send(f());
         })
         .ok()?;

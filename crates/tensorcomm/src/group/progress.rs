@@ -2,7 +2,7 @@
 //! and completed, which its watchdog publishes through the store so that a
 //! timed-out rank can say where every rank was.
 
-use crate::store::Store;
+use crate::store::{read_if_present, Store};
 use crate::Result;
 
 /// This rank's last started and last completed sequence numbers.
@@ -60,10 +60,9 @@ pub(crate) fn published_start(
     rank: usize,
 ) -> Result<Option<u64>> {
     let key = format!("{}/{rank}", progress_prefix(key_prefix));
-    Ok(match store.check(&[&key])? {
-        true => Progress::decode(&store.get(&key)?).and_then(|p| p.started),
-        false => None,
-    })
+    Ok(read_if_present(store, &key)?
+        .and_then(|v| Progress::decode(&v))
+        .and_then(|p| p.started))
 }
 
 #[cfg(test)]

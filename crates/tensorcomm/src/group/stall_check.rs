@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::{failed_seq_key, failure_key, FailureReport};
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use crate::store::Store;
+use crate::store::tcp::reply_grace::background_on_this_thread;
+use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
 
 /// How long the oldest pending collective runs before the ring is
@@ -174,44 +175,59 @@ impl StallKeys {
 }
 
 /// Posts this rank's ring and compares it with every ring posted so far.
-pub(crate) fn compare(store: &dyn Store, keys: &StallKeys, mine: &RecentCalls) -> Option<Found> {
-    let _ = store.set(&keys.ring(keys.rank), &mine.encode());
-    (0..keys.size).filter(|&r| r != keys.rank).find_map(|r| {
-        let key = keys.ring(r);
-        if !store.check(&[&key]).unwrap_or(false) {
-            return None;
+/// An error: a store call failed, and the comparison stopped there.
+pub(crate) fn compare(
+    store: &dyn Store,
+    keys: &StallKeys,
+    mine: &RecentCalls,
+) -> Result<Option<Found>> {
+    store.set(&keys.ring(keys.rank), &mine.encode())?;
+    for r in (0..keys.size).filter(|&r| r != keys.rank) {
+        let Some(theirs) = read_if_present(store, &keys.ring(r))? else {
+            continue;
+        };
+        if let Some(found) = first_difference(mine, r, &decode(&theirs)) {
+            return Ok(Some(found));
         }
-        let theirs = decode(&store.get(&key).ok()?);
-        first_difference(mine, r, &theirs)
-    })
+    }
+    Ok(None)
 }
 
 /// A failure another rank posted for this group, as this rank reports it
 /// (`front` is this rank's oldest pending call, `mine` its recent calls).
+/// An error: a store call failed.
 pub(crate) fn posted_failure(
     store: &dyn Store,
     keys: &StallKeys,
     mine: &RecentCalls,
     front: &Fingerprint,
-) -> Option<(Fingerprint, Error)> {
-    let failed = keys.failed();
-    if !store.check(&[&failed]).unwrap_or(false) {
-        return None;
-    }
-    let seq: u64 = String::from_utf8(store.get(&failed).ok()?)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    // Only a key that is there is read (a get would wait for it).
-    let report_key = failure_key(&keys.prefix, seq);
-    if !store.check(&[&report_key]).unwrap_or(false) {
-        return None;
-    }
-    let report = FailureReport::decode(&store.get(&report_key).ok()?)?;
+) -> Result<Option<(Fingerprint, Error)>> {
+    let Some(failed) = read_if_present(store, &keys.failed())? else {
+        return Ok(None);
+    };
+    let Some(seq) = String::from_utf8(failed)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+    else {
+        return Ok(None);
+    };
+    let Some(report) = read_if_present(store, &failure_key(&keys.prefix, seq))? else {
+        return Ok(None);
+    };
+    let Some(report) = FailureReport::decode(&report) else {
+        return Ok(None);
+    };
     let fp = mine.get(seq).unwrap_or(*front);
-    Some((fp, report.to_error(&fp, keys.rank)))
+    Ok(Some((fp, report.to_error(&fp, keys.rank))))
 }
+
+/// How long a group's background thread (its stall monitor, its
+/// watchdog) waits on one store call beyond the call's own timeout: their
+/// store calls are diagnostics, and a stopped store host must not hold
+/// them, or a group's drop that joins them, for the store's timeout.
+pub(crate) const BACKGROUND_STORE_PATIENCE: Duration = Duration::from_secs(2);
+/// How long such a thread leaves the store alone after a call failed.
+pub(crate) const STORE_REST: Duration = Duration::from_secs(5);
 
 /// The longest wait between two checks of one stalled collective.
 const MAX_RECHECK: Duration = Duration::from_secs(8);
@@ -313,6 +329,7 @@ impl StallMonitor {
     }
 
     fn run(&self, store: &dyn Store, keys: &StallKeys, engine: &dyn OnDeviceFailure) {
+        let _quick = background_on_this_thread(BACKGROUND_STORE_PATIENCE);
         // The last check: which collective, when, and the wait before the
         // next check of the same one (doubling, so a collective that is
         // merely slow costs the store little).
@@ -355,7 +372,15 @@ impl StallMonitor {
             // Compared on a copy: the group thread records its next call
             // meanwhile, without waiting for the store.
             let recent = self.recent.snapshot();
-            let found = compare(store, keys, &recent);
+            let found = match compare(store, keys, &recent) {
+                Ok(found) => found,
+                Err(e) => {
+                    // Tried again after the rest, not sooner.
+                    tracing::debug!("stall check: the store failed: {e}");
+                    checked = Some((fp.seq, Instant::now(), next_wait.max(STORE_REST)));
+                    continue;
+                }
+            };
             if let Some(found) = found {
                 engine.begin_failing(found.mine.seq);
                 let error = found.error(keys.rank);
@@ -377,7 +402,12 @@ impl StallMonitor {
             if self.records {
                 continue;
             }
-            if let Some((failed, error)) = posted_failure(store, keys, &recent, &fp) {
+            let posted = posted_failure(store, keys, &recent, &fp).unwrap_or_else(|e| {
+                tracing::debug!("stall check: the store failed: {e}");
+                checked = Some((fp.seq, Instant::now(), next_wait.max(STORE_REST)));
+                None
+            });
+            if let Some((failed, error)) = posted {
                 engine.fail_pending(failed.seq, engine.named(&failed, error));
                 engine.abort();
                 return;
@@ -451,9 +481,11 @@ mod tests {
             rank,
             size: 3,
         };
-        assert!(compare(&store, &keys(0), &ring(&[(0, 8), (1, 8)])).is_none());
-        assert!(compare(&store, &keys(1), &ring(&[(0, 8), (1, 8)])).is_none());
-        let found = compare(&store, &keys(2), &ring(&[(0, 8), (1, 9)])).expect("differs");
+        let same = ring(&[(0, 8), (1, 8)]);
+        assert!(compare(&store, &keys(0), &same).unwrap().is_none());
+        assert!(compare(&store, &keys(1), &same).unwrap().is_none());
+        let differs = compare(&store, &keys(2), &ring(&[(0, 8), (1, 9)]));
+        let found = differs.unwrap().expect("differs");
         assert_eq!((found.peer, found.mine.seq), (0, 1));
     }
 }

@@ -23,9 +23,12 @@ use super::collective::Collective;
 use super::failure_hooks::OnDeviceFailure;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::progress::{progress_prefix, Progress, ProgressKeys};
-use super::stall_check::{self, CallRing, StallKeys, RECHECK, STALL};
+use super::stall_check::{
+    self, CallRing, StallKeys, BACKGROUND_STORE_PATIENCE, RECHECK, STALL, STORE_REST,
+};
 use super::work::DeviceEvent;
-use crate::store::Store;
+use crate::store::tcp::reply_grace::background_on_this_thread;
+use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
 
 /// How often pending device work is polled.
@@ -296,6 +299,11 @@ impl Watchdog {
         stall: &StallKeys,
         engine: &dyn OnDeviceFailure,
     ) {
+        // Store calls here are diagnostics: bounded, and none for a while
+        // after one failed, so a stopped store host neither delays a
+        // deadline much nor holds the group's drop.
+        let _quick = background_on_this_thread(BACKGROUND_STORE_PATIENCE);
+        let mut store_rests_until: Option<Instant> = None;
         let mut published = Progress::default();
         let mut last_publish = Instant::now();
         let mut busy = Instant::now();
@@ -373,11 +381,17 @@ impl Watchdog {
                         Instant::now()
                     }
                 };
-                let due = checked.is_none_or(|at| at.elapsed() >= RECHECK);
+                let due = checked.is_none_or(|at| at.elapsed() >= RECHECK)
+                    && store_rests_until.is_none_or(|t| Instant::now() >= t);
                 if since.elapsed() >= STALL && due {
                     checked = Some(Instant::now());
-                    if self.check_stall(engine, stall, store, &fp) {
-                        return;
+                    match self.check_stall(engine, stall, store, &fp) {
+                        Ok(true) => return,
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::debug!("stall check: the store failed: {e}");
+                            store_rests_until = Some(Instant::now() + STORE_REST);
+                        }
                     }
                 }
             }
@@ -394,8 +408,14 @@ impl Watchdog {
                 }
             }
             let now = *self.lock_progress();
-            if now != published && last_publish.elapsed() >= PUBLISH_EVERY {
-                let _ = store.set(&keys.key(keys.rank), now.encode().as_bytes());
+            if now != published
+                && last_publish.elapsed() >= PUBLISH_EVERY
+                && store_rests_until.is_none_or(|t| Instant::now() >= t)
+            {
+                if let Err(e) = store.set(&keys.key(keys.rank), now.encode().as_bytes()) {
+                    tracing::debug!("publishing progress: the store failed: {e}");
+                    store_rests_until = Some(Instant::now() + STORE_REST);
+                }
                 published = now;
                 last_publish = Instant::now();
             }
@@ -405,32 +425,28 @@ impl Watchdog {
 
     /// The front collective `front` has stalled: compares this rank's
     /// recent calls with the other ranks' and looks for a failure another
-    /// rank posted. True when the group failed.
+    /// rank posted. True when the group failed; an error when the store
+    /// did.
     fn check_stall(
         &self,
         engine: &dyn OnDeviceFailure,
         stall: &StallKeys,
         store: &dyn Store,
         front: &Fingerprint,
-    ) -> bool {
+    ) -> Result<bool> {
         // Compared on a copy: callers record their calls meanwhile.
         let recent = self.recent.snapshot();
-        let found = stall_check::compare(store, stall, &recent);
-        let posted = match found {
-            Some(_) => None,
-            None => stall_check::posted_failure(store, stall, &recent, front),
-        };
-        if let Some(found) = found {
+        if let Some(found) = stall_check::compare(store, stall, &recent)? {
             let error = found.error(stall.rank);
             let mismatched = Some((found.peer, found.theirs));
             self.fail_all(engine, &found.mine, error, mismatched);
-            return true;
+            return Ok(true);
         }
-        if let Some((fp, error)) = posted {
+        if let Some((fp, error)) = stall_check::posted_failure(store, stall, &recent, front)? {
             self.fail_all(engine, &fp, error, None);
-            return true;
+            return Ok(true);
         }
-        false
+        Ok(false)
     }
 
     /// The pending collective with the earliest deadline, if that has
@@ -461,18 +477,29 @@ impl Watchdog {
             (fp, describe(&fp, &t.pending.collective), t.pending.timeout)
         };
         let mine = *self.lock_progress();
-        let _ = store.set(&keys.key(keys.rank), mine.encode().as_bytes());
-        // The others publish within PUBLISH_EVERY of a change.
-        std::thread::sleep(PUBLISH_EVERY * 2);
+        // Once a store call fails, the others' progress is not read (the
+        // error says so): a stopped store host would delay it per call.
+        let mut store_up = store
+            .set(&keys.key(keys.rank), mine.encode().as_bytes())
+            .is_ok();
+        if store_up {
+            // The others publish within PUBLISH_EVERY of a change.
+            std::thread::sleep(PUBLISH_EVERY * 2);
+        }
         let all: Vec<Option<Progress>> = (0..keys.size)
             .map(|r| {
                 if r == keys.rank {
                     return Some(mine);
                 }
-                let key = keys.key(r);
-                match store.check(&[&key]) {
-                    Ok(true) => store.get(&key).ok().and_then(|v| Progress::decode(&v)),
-                    _ => None,
+                if !store_up {
+                    return None;
+                }
+                match read_if_present(store, &keys.key(r)) {
+                    Ok(read) => read.and_then(|v| Progress::decode(&v)),
+                    Err(_) => {
+                        store_up = false;
+                        None
+                    }
                 }
             })
             .collect();

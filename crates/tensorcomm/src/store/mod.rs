@@ -182,6 +182,21 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// How long [`read_if_present`] lets the server wait for a key it has
+/// just said is there (deleted in between: a timeout, not a long wait).
+const PRESENT_KEY_WAIT: Duration = Duration::from_secs(1);
+
+/// The value of `key` if the store holds it now, `None` if not: a check,
+/// then a get that does not wait (a plain get of a missing key would wait
+/// the store's timeout, and a stopped store host would hold the caller
+/// that long beyond it).
+pub(crate) fn read_if_present(store: &dyn Store, key: &str) -> Result<Option<Vec<u8>>> {
+    if !store.check(&[key])? {
+        return Ok(None);
+    }
+    store.get_timeout(key, PRESENT_KEY_WAIT).map(Some)
+}
+
 /// Checks that `keys` and `values` have the same length (for `multi_set`).
 pub(crate) fn check_multi_set(keys: &[&str], values: &[&[u8]]) -> Result<()> {
     if keys.len() != values.len() {
