@@ -158,6 +158,8 @@ impl IntraNodeComm {
         device: usize,
         options: &IntraNodeOptions,
     ) -> Result<IntraNodeComm> {
+        // A set-up: its store calls are bounded by its timeout.
+        let _set_up = crate::store::tcp::reply_grace::set_up_on_this_thread(options.timeout);
         let prefix = format!("{key_prefix}/intranode");
         let Prepared {
             policy,

@@ -237,9 +237,10 @@ impl Communicator {
             }
             Err(None) => {
                 comm.abort();
-                let joined = store
-                    .get(&joined_key)
+                // Read only if there (a get would wait the store's timeout).
+                let joined = crate::store::read_if_present(store, &joined_key)
                     .ok()
+                    .flatten()
                     .and_then(|v| String::from_utf8(v).ok())
                     .and_then(|v| v.trim().parse().ok())
                     .unwrap_or(0);

@@ -140,6 +140,10 @@ impl ProcessGroupNccl {
         size: usize,
         options: &NcclOptions,
     ) -> Result<Self> {
+        // Every store call of the set-up is bounded by its timeout, so a
+        // store host stopped meanwhile fails it in time, naming the host
+        // (see `store/tcp/reply_grace.rs`).
+        let _set_up = crate::store::tcp::reply_grace::set_up_on_this_thread(options.timeout);
         let device = match options.device {
             Some(d) => d,
             None => default_device(rank)?,
@@ -267,6 +271,7 @@ impl ProcessGroupNccl {
     /// rank of this group calls it for every sub-group, in the same order.
     pub fn new_subgroup(&self, ranks: &[usize]) -> Result<Option<ProcessGroupNccl>> {
         let members = check_group_ranks(ranks, self.size())?;
+        let _set_up = crate::store::tcp::reply_grace::set_up_on_this_thread(self.options.timeout);
         let n = self.subgroups.fetch_add(1, Ordering::Relaxed);
         let position = members.iter().position(|&r| r == self.rank());
         let color = position.map(|_| 0);
