@@ -28,6 +28,7 @@ use super::backend::is_not_queued;
 use super::failure_report::FailureBoard;
 use super::progress::published_start;
 use super::stall_check::{ring_key, ring_last};
+use crate::store::read_if_present;
 use crate::Error;
 
 /// The ranks furthest behind collective `seq`, given each rank's last
@@ -133,11 +134,8 @@ fn last_started(
                         return Ok(Some(seq));
                     }
                     // Only a key that is there is read (a get would wait).
-                    let key = ring_key(prefix, r);
-                    let posted = match store.check(&[&key])? {
-                        true => ring_last(&store.get(&key)?),
-                        false => None,
-                    };
+                    let posted = read_if_present(store, &ring_key(prefix, r))?
+                        .and_then(|ring| ring_last(&ring));
                     Ok(posted.max(published_start(store, prefix, r)?))
                 })
                 .collect::<crate::Result<Vec<Option<u64>>>>()

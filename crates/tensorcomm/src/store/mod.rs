@@ -186,7 +186,8 @@ pub trait Store: Send + Sync {
 /// just said is there (deleted in between: a timeout, not a long wait).
 const PRESENT_KEY_WAIT: Duration = Duration::from_secs(1);
 
-/// The value of `key` if the store holds it now, `None` if not: a check,
+/// The value of `key` if the store holds it now, `None` if not (or if it
+/// was deleted before it could be read): a check,
 /// then a get that does not wait (a plain get of a missing key would wait
 /// the store's timeout, and a stopped store host would hold the caller
 /// that long beyond it).
@@ -194,7 +195,12 @@ pub(crate) fn read_if_present(store: &dyn Store, key: &str) -> Result<Option<Vec
     if !store.check(&[key])? {
         return Ok(None);
     }
-    store.get_timeout(key, PRESENT_KEY_WAIT).map(Some)
+    match store.get_timeout(key, PRESENT_KEY_WAIT) {
+        Ok(value) => Ok(Some(value)),
+        // Deleted since the check.
+        Err(Error::StoreTimeout { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Checks that `keys` and `values` have the same length (for `multi_set`).
@@ -207,4 +213,20 @@ pub(crate) fn check_multi_set(keys: &[&str], values: &[&[u8]]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_if_present_reads_a_key_that_is_there_and_does_not_wait_for_one_that_is_not() {
+        let store = HashStore::new();
+        store.set_timeout(Duration::from_secs(300));
+        let started = std::time::Instant::now();
+        assert_eq!(read_if_present(&store, "k").unwrap(), None);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        store.set("k", b"v").unwrap();
+        assert_eq!(read_if_present(&store, "k").unwrap(), Some(b"v".to_vec()));
+    }
 }
