@@ -487,6 +487,10 @@ pub(crate) struct FailureBoard {
     /// Set once a call found the store silent: connected, no answer
     /// within [`STORE_PATIENCE`] (its host stopped or hung).
     silent: AtomicBool,
+    /// The first report this rank settled, kept here too: a call that this
+    /// rank's own abort failed tells it when the store cannot (slow or
+    /// gone).
+    own_first: OnceLock<FailureReport>,
 }
 
 /// NCCL failures that name no rank and often come from another rank's
@@ -510,6 +514,7 @@ impl FailureBoard {
             store_host: OnceLock::new(),
             lost: OnceLock::new(),
             silent: AtomicBool::new(false),
+            own_first: OnceLock::new(),
         }
     }
 
@@ -551,6 +556,11 @@ impl FailureBoard {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }
+                // The store did not say: the cause this rank settled itself
+                // (its stall monitor's mismatch, say), if it covers `fp`.
+                if let Some(own) = self.own_first.get().filter(|own| own.seq <= fp.seq) {
+                    return own.to_error(fp, rank);
+                }
                 return err;
             }
             if !names_no_rank_and_may_be_a_peers(&err) {
@@ -575,9 +585,19 @@ impl FailureBoard {
                 }
             }
         };
+        let own_earlier = self.own_first.get().cloned();
+        let _ = self.own_first.set(report.clone());
         let encoded = report.encode();
         let key = failure_key(&self.key_prefix, fp.seq);
         let Some(stored) = self.reachable(|store| post_first(store, key, encoded.clone())) else {
+            // A lost link after this rank settled a cause itself (its stall
+            // monitor's mismatch, whose abort closed the links): that
+            // cause, as the store would have told it.
+            if let Some(own) = own_earlier.filter(|own| own.seq == fp.seq) {
+                if may_be_secondary(&err) && !own.same_peer_as(&err) {
+                    return own.to_error(fp, rank);
+                }
+            }
             return self.store_host_gone(err);
         };
         // A report is there now: ranks that fail later because of it can
@@ -1204,6 +1224,35 @@ mod tests {
             self.redial
         }
         fn set_timeout(&self, _: Duration) {}
+    }
+
+    #[test]
+    fn with_the_store_unreachable_a_rank_tells_the_mismatch_it_settled_itself() {
+        // Rank 3's stall monitor found a mismatch with rank 2 and settled
+        // it (the store did not take it), then aborted; the collective
+        // then fails on a closed link, and the mismatch is its cause.
+        let gone = Arc::new(GoneStore {
+            calls: Default::default(),
+            redial: Duration::from_millis(1),
+        });
+        let board = FailureBoard::new(gone, "g");
+        let mismatch = Error::CollectiveMismatch {
+            rank: 3,
+            peer: 2,
+            mine: fp(9, 5).to_string(),
+            theirs: fp(8, 5).to_string(),
+        };
+        let settled = board.settle(&fp(9, 5), 3, mismatch, Some((2, fp(8, 5).encode())));
+        assert!(matches!(settled, Error::CollectiveMismatch { peer: 2, .. }));
+        assert!(matches!(
+            board.settle(&fp(9, 5), 3, closed(1), None),
+            Error::CollectiveMismatch { peer: 2, .. }
+        ));
+        // Not for another collective.
+        assert!(matches!(
+            board.settle(&fp(9, 6), 3, closed(1), None),
+            Error::PeerClosed { peer: 1, .. }
+        ));
     }
 
     #[test]
