@@ -57,6 +57,7 @@ mod progress;
 mod reduce_op;
 mod sparse_work;
 mod stall_check;
+mod store_worker;
 // Used by the staging of CUDA tensors only.
 #[cfg(feature = "cuda")]
 pub(crate) mod tensor_roles;

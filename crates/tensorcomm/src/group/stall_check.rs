@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::{failed_seq_key, failure_key, FailureReport};
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use crate::store::tcp::reply_grace::background_on_this_thread;
+use super::store_worker::{Pending, StoreWorker};
 use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
 
@@ -146,6 +146,7 @@ pub(crate) fn first_difference(
 }
 
 /// Where a group's stall checks meet in the store.
+#[derive(Clone)]
 pub(crate) struct StallKeys {
     pub(crate) prefix: String,
     pub(crate) rank: usize,
@@ -221,12 +222,40 @@ pub(crate) fn posted_failure(
     Ok(Some((fp, report.to_error(&fp, keys.rank))))
 }
 
-/// How long a group's background thread (its stall monitor, its
-/// watchdog) waits on one store call beyond the call's own timeout: their
-/// store calls are diagnostics, and a stopped store host must not hold
-/// them, or a group's drop that joins them, for the store's timeout.
-pub(crate) const BACKGROUND_STORE_PATIENCE: Duration = Duration::from_secs(2);
-/// How long such a thread leaves the store alone after a call failed.
+/// What a stall check found.
+pub(crate) enum Finding {
+    /// Nothing: the stall has no cause the store knows of yet.
+    Nothing,
+    /// A mismatch with another rank's calls.
+    Mismatch(Found),
+    /// A failure another rank posted for this group: the collective it
+    /// names (as this rank knows it) and the error to report.
+    Posted(Fingerprint, Error),
+}
+
+/// One stall check of collective `front`: compares this rank's recent
+/// calls `mine` with the other ranks' and, when `look_for_posted`, looks
+/// for a failure another rank posted. An error: a store call failed.
+pub(crate) fn check(
+    store: &dyn Store,
+    keys: &StallKeys,
+    mine: &RecentCalls,
+    front: &Fingerprint,
+    look_for_posted: bool,
+) -> Result<Finding> {
+    if let Some(found) = compare(store, keys, mine)? {
+        return Ok(Finding::Mismatch(found));
+    }
+    if look_for_posted {
+        if let Some((fp, error)) = posted_failure(store, keys, mine, front)? {
+            return Ok(Finding::Posted(fp, error));
+        }
+    }
+    Ok(Finding::Nothing)
+}
+
+/// How long a thread that watches a group's collectives leaves the store
+/// alone after a store call failed.
 pub(crate) const STORE_REST: Duration = Duration::from_secs(5);
 
 /// The longest wait between two checks of one stalled collective.
@@ -274,9 +303,10 @@ impl StallMonitor {
             thread: Mutex::default(),
         });
         let runner = monitor.clone();
+        let worker = StoreWorker::start(store, format!("tensorcomm-stall-store{}", keys.rank))?;
         let handle = std::thread::Builder::new()
             .name(format!("tensorcomm-stall{}", keys.rank))
-            .spawn(move || runner.run(&*store, &keys, &*engine))
+            .spawn(move || runner.run(&worker, &keys, &*engine))
             .map_err(|e| Error::io("starting the process group's stall monitor", e))?;
         *monitor
             .thread
@@ -328,12 +358,13 @@ impl StallMonitor {
         }
     }
 
-    fn run(&self, store: &dyn Store, keys: &StallKeys, engine: &dyn OnDeviceFailure) {
-        let _quick = background_on_this_thread(BACKGROUND_STORE_PATIENCE);
+    fn run(&self, worker: &StoreWorker, keys: &StallKeys, engine: &dyn OnDeviceFailure) {
         // The last check: which collective, when, and the wait before the
         // next check of the same one (doubling, so a collective that is
         // merely slow costs the store little).
         let mut checked: Option<(u64, Instant, Duration)> = None;
+        // After a store call failed, no check until then.
+        let mut rest_until: Option<Instant> = None;
         while !self.stop.load(Ordering::Acquire) {
             {
                 // Parked while nothing runs (most of the time).
@@ -365,52 +396,56 @@ impl StallMonitor {
                 }
                 _ => RECHECK,
             };
-            if since.elapsed() < STALL {
+            if since.elapsed() < STALL || rest_until.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
             checked = Some((fp.seq, Instant::now(), next_wait));
             // Compared on a copy: the group thread records its next call
-            // meanwhile, without waiting for the store.
-            let recent = self.recent.snapshot();
-            let found = match compare(store, keys, &recent) {
-                Ok(found) => found,
-                Err(e) => {
-                    // Tried again after the rest, not sooner.
-                    tracing::debug!("stall check: the store failed: {e}");
-                    checked = Some((fp.seq, Instant::now(), next_wait.max(STORE_REST)));
-                    continue;
+            // meanwhile, without waiting for the store. A device group's
+            // call stuck being queued also looks for another rank's
+            // failure posted for this group (a peer gone, as a rank's own
+            // links find it): it would otherwise wait for its deadline.
+            // (A host group's own links find such failures; its abort
+            // would turn its own timeout into a closed link.)
+            let (recent, keys_there, look_for_posted) =
+                (self.recent.snapshot(), keys.clone(), !self.records);
+            let answer =
+                worker.ask(move |store| check(store, &keys_there, &recent, &fp, look_for_posted));
+            // Waited for on this thread, which stops when told even while
+            // the store takes its time.
+            let finding = loop {
+                if self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                match answer.wait(MONITOR_EVERY) {
+                    Pending::Answered(finding) => break finding,
+                    Pending::Waiting => {}
+                    Pending::Gone => return,
                 }
             };
-            if let Some(found) = found {
-                engine.begin_failing(found.mine.seq);
-                let error = found.error(keys.rank);
-                let cause = engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
-                // Device work queued before the mismatch fails with it
-                // before the abort (aborted work may look finished).
-                engine.fail_pending(found.mine.seq, engine.named(&found.mine, cause));
-                // The blocked collective fails now and reports the
-                // mismatch posted above.
-                engine.abort();
-                return;
-            }
-            // A device group's call stuck being queued, with another rank's
-            // failure posted for this group (a peer gone, as a rank's own
-            // links find it): it would otherwise wait for its deadline. It
-            // fails now, through the abort, reporting that cause. (A host
-            // group's own links find such failures; its abort would turn
-            // its own timeout into a closed link.)
-            if self.records {
-                continue;
-            }
-            let posted = posted_failure(store, keys, &recent, &fp).unwrap_or_else(|e| {
-                tracing::debug!("stall check: the store failed: {e}");
-                checked = Some((fp.seq, Instant::now(), next_wait.max(STORE_REST)));
-                None
-            });
-            if let Some((failed, error)) = posted {
-                engine.fail_pending(failed.seq, engine.named(&failed, error));
-                engine.abort();
-                return;
+            match finding {
+                Ok(Finding::Nothing) => {}
+                Err(e) => {
+                    tracing::debug!("stall check: the store failed: {e}");
+                    rest_until = Some(Instant::now() + STORE_REST);
+                }
+                Ok(Finding::Mismatch(found)) => {
+                    engine.begin_failing(found.mine.seq);
+                    let error = found.error(keys.rank);
+                    let cause = engine.settle(&found.mine, Some((found.peer, found.theirs)), error);
+                    // Device work queued before the mismatch fails with it
+                    // before the abort (aborted work may look finished).
+                    engine.fail_pending(found.mine.seq, engine.named(&found.mine, cause));
+                    // The blocked collective fails now and reports the
+                    // mismatch posted above.
+                    engine.abort();
+                    return;
+                }
+                Ok(Finding::Posted(failed, error)) => {
+                    engine.fail_pending(failed.seq, engine.named(&failed, error));
+                    engine.abort();
+                    return;
+                }
             }
         }
     }

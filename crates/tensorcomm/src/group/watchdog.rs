@@ -23,11 +23,9 @@ use super::collective::Collective;
 use super::failure_hooks::OnDeviceFailure;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::progress::{progress_prefix, Progress, ProgressKeys};
-use super::stall_check::{
-    self, CallRing, StallKeys, BACKGROUND_STORE_PATIENCE, RECHECK, STALL, STORE_REST,
-};
+use super::stall_check::{self, CallRing, Finding, StallKeys, RECHECK, STALL, STORE_REST};
+use super::store_worker::{Answer, Pending as Answered, StoreWorker};
 use super::work::DeviceEvent;
-use crate::store::tcp::reply_grace::background_on_this_thread;
 use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
 
@@ -38,6 +36,9 @@ const POLL: Duration = Duration::from_micros(200);
 const IDLE_AFTER: Duration = Duration::from_millis(20);
 /// How often a rank's progress is published while it changes.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+/// How long a collective's timeout error waits for the other ranks'
+/// progress from the store before it says without it.
+const PROGRESS_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A collective whose device part is still running: its call, which the
 /// watchdog keeps (and with it the tensors) until the device is done.
@@ -215,9 +216,10 @@ impl Watchdog {
             size,
         };
         let runner = dog.clone();
+        let worker = StoreWorker::start(store, format!("tensorcomm-watchdog-store{rank}"))?;
         let handle = std::thread::Builder::new()
             .name(format!("tensorcomm-watchdog{rank}"))
-            .spawn(move || runner.run(&*store, &keys, &stall, &*engine))
+            .spawn(move || runner.run(&worker, &keys, &stall, &*engine))
             .map_err(|e| Error::io("starting the process group's watchdog", e))?;
         *dog.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(dog)
@@ -294,16 +296,18 @@ impl Watchdog {
 
     fn run(
         &self,
-        store: &dyn Store,
+        worker: &StoreWorker,
         keys: &ProgressKeys,
         stall: &StallKeys,
         engine: &dyn OnDeviceFailure,
     ) {
-        // Store calls here are diagnostics: bounded, and none for a while
-        // after one failed, so a stopped store host neither delays a
-        // deadline much nor holds the group's drop.
-        let _quick = background_on_this_thread(BACKGROUND_STORE_PATIENCE);
+        // Store calls go through the worker, so this loop keeps checking
+        // deadlines (and `stop`) while the store takes its time; after a
+        // failed one, the store is left alone for a while.
         let mut store_rests_until: Option<Instant> = None;
+        // The stall check and the progress publication in flight, if any.
+        let mut checking: Option<Answer<Result<Finding>>> = None;
+        let mut publishing: Option<(Progress, Answer<Result<()>>)> = None;
         let mut published = Progress::default();
         let mut last_publish = Instant::now();
         let mut busy = Instant::now();
@@ -364,7 +368,7 @@ impl Watchdog {
                         if let Some(late) = self.first_overdue(deadline) {
                             // `fp` is the front: the first pending one.
                             self.failure.begin(fp.seq);
-                            let error = self.timeout_error(store, keys, late);
+                            let error = self.timeout_error(worker, keys, late);
                             self.fail_all(engine, &late, error, None);
                             return;
                         }
@@ -382,15 +386,35 @@ impl Watchdog {
                     }
                 };
                 let due = checked.is_none_or(|at| at.elapsed() >= RECHECK)
-                    && store_rests_until.is_none_or(|t| Instant::now() >= t);
+                    && store_rests_until.is_none_or(|t| Instant::now() >= t)
+                    && checking.is_none();
                 if since.elapsed() >= STALL && due {
                     checked = Some(Instant::now());
-                    match self.check_stall(engine, stall, store, &fp) {
-                        Ok(true) => return,
-                        Ok(false) => {}
-                        Err(e) => {
-                            tracing::debug!("stall check: the store failed: {e}");
-                            store_rests_until = Some(Instant::now() + STORE_REST);
+                    // Compared on a copy: callers record their calls
+                    // meanwhile.
+                    let (recent, stall) = (self.recent.snapshot(), stall.clone());
+                    checking =
+                        Some(worker.ask(move |store| {
+                            stall_check::check(store, &stall, &recent, &fp, true)
+                        }));
+                }
+            }
+            if let Some(answer) = &checking {
+                match answer.poll() {
+                    Answered::Waiting => {}
+                    Answered::Gone => checking = None,
+                    Answered::Answered(finding) => {
+                        checking = None;
+                        match finding {
+                            Ok(Finding::Nothing) => {}
+                            Ok(found) => {
+                                self.act_on(engine, stall, found);
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::debug!("stall check: the store failed: {e}");
+                                store_rests_until = Some(Instant::now() + STORE_REST);
+                            }
                         }
                     }
                 }
@@ -407,46 +431,49 @@ impl Watchdog {
                     return;
                 }
             }
+            if let Some((progress, answer)) = &publishing {
+                match answer.poll() {
+                    Answered::Waiting => {}
+                    Answered::Gone => publishing = None,
+                    Answered::Answered(outcome) => {
+                        // Published only once the store has it.
+                        match outcome {
+                            Ok(()) => published = *progress,
+                            Err(e) => {
+                                tracing::debug!("publishing progress: the store failed: {e}");
+                                store_rests_until = Some(Instant::now() + STORE_REST);
+                            }
+                        }
+                        publishing = None;
+                    }
+                }
+            }
             let now = *self.lock_progress();
             if now != published
+                && publishing.is_none()
                 && last_publish.elapsed() >= PUBLISH_EVERY
                 && store_rests_until.is_none_or(|t| Instant::now() >= t)
             {
-                if let Err(e) = store.set(&keys.key(keys.rank), now.encode().as_bytes()) {
-                    tracing::debug!("publishing progress: the store failed: {e}");
-                    store_rests_until = Some(Instant::now() + STORE_REST);
-                }
-                published = now;
+                let key = keys.key(keys.rank);
+                let answer = worker.ask(move |store| store.set(&key, now.encode().as_bytes()));
+                publishing = Some((now, answer));
                 last_publish = Instant::now();
             }
             std::thread::sleep(POLL);
         }
     }
 
-    /// The front collective `front` has stalled: compares this rank's
-    /// recent calls with the other ranks' and looks for a failure another
-    /// rank posted. True when the group failed; an error when the store
-    /// did.
-    fn check_stall(
-        &self,
-        engine: &dyn OnDeviceFailure,
-        stall: &StallKeys,
-        store: &dyn Store,
-        front: &Fingerprint,
-    ) -> Result<bool> {
-        // Compared on a copy: callers record their calls meanwhile.
-        let recent = self.recent.snapshot();
-        if let Some(found) = stall_check::compare(store, stall, &recent)? {
-            let error = found.error(stall.rank);
-            let mismatched = Some((found.peer, found.theirs));
-            self.fail_all(engine, &found.mine, error, mismatched);
-            return Ok(true);
+    /// Fails the group for what a stall check found (not `Nothing`).
+    fn act_on(&self, engine: &dyn OnDeviceFailure, stall: &StallKeys, found: Finding) {
+        match found {
+            Finding::Nothing => {}
+            Finding::Mismatch(found) => {
+                let error = found.error(stall.rank);
+                let mismatched = Some((found.peer, found.theirs));
+                self.fail_all(engine, &found.mine, error, mismatched);
+            }
+            Finding::Posted(fp, error) => self.fail_all(engine, &fp, error, None),
         }
-        if let Some((fp, error)) = stall_check::posted_failure(store, stall, &recent, front)? {
-            self.fail_all(engine, &fp, error, None);
-            return Ok(true);
-        }
-        Ok(false)
     }
 
     /// The pending collective with the earliest deadline, if that has
@@ -466,7 +493,7 @@ impl Watchdog {
 
     /// The error of pending collective `late` having passed its deadline,
     /// naming every rank's progress (this rank's published first).
-    fn timeout_error(&self, store: &dyn Store, keys: &ProgressKeys, late: Fingerprint) -> Error {
+    fn timeout_error(&self, worker: &StoreWorker, keys: &ProgressKeys, late: Fingerprint) -> Error {
         let (fp, what, timeout) = {
             let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             let t = pending
@@ -477,32 +504,21 @@ impl Watchdog {
             (fp, describe(&fp, &t.pending.collective), t.pending.timeout)
         };
         let mine = *self.lock_progress();
-        // Once a store call fails, the others' progress is not read (the
-        // error says so): a stopped store host would delay it per call.
-        let mut store_up = store
-            .set(&keys.key(keys.rank), mine.encode().as_bytes())
-            .is_ok();
-        if store_up {
-            // The others publish within PUBLISH_EVERY of a change.
-            std::thread::sleep(PUBLISH_EVERY * 2);
-        }
-        let all: Vec<Option<Progress>> = (0..keys.size)
-            .map(|r| {
-                if r == keys.rank {
-                    return Some(mine);
-                }
-                if !store_up {
-                    return None;
-                }
-                match read_if_present(store, &keys.key(r)) {
-                    Ok(read) => read.and_then(|v| Progress::decode(&v)),
-                    Err(_) => {
-                        store_up = false;
-                        None
-                    }
-                }
-            })
-            .collect();
+        let (size, rank, prefix) = (keys.size, keys.rank, keys.prefix.clone());
+        let answer = worker.ask(move |store| {
+            let keys = ProgressKeys { prefix, rank, size };
+            read_all_progress(store, &keys, mine)
+        });
+        // Behind a call the store holds (its host stopped), or slow: the
+        // error says what this rank knows without the others' progress.
+        let all = match answer.wait(PROGRESS_PATIENCE) {
+            Answered::Answered(all) => all,
+            Answered::Waiting | Answered::Gone => {
+                let mut all = vec![None; size];
+                all[rank] = Some(mine);
+                all
+            }
+        };
         let (progress, lagging) = describe_progress(fp.seq, &all);
         Error::CollectiveTimeout {
             what,
@@ -559,6 +575,40 @@ impl Watchdog {
             engine.finished(t.pending.fingerprint.seq, &Err(error.clone()));
         }
     }
+}
+
+/// Publishes this rank's progress `mine`, lets the others publish theirs,
+/// and reads every rank's; once a store call fails the rest are not read
+/// (`None`: unknown).
+fn read_all_progress(
+    store: &dyn Store,
+    keys: &ProgressKeys,
+    mine: Progress,
+) -> Vec<Option<Progress>> {
+    let mut store_up = store
+        .set(&keys.key(keys.rank), mine.encode().as_bytes())
+        .is_ok();
+    if store_up {
+        // The others publish within PUBLISH_EVERY of a change.
+        std::thread::sleep(PUBLISH_EVERY * 2);
+    }
+    (0..keys.size)
+        .map(|r| {
+            if r == keys.rank {
+                return Some(mine);
+            }
+            if !store_up {
+                return None;
+            }
+            match read_if_present(store, &keys.key(r)) {
+                Ok(read) => read.and_then(|v| Progress::decode(&v)),
+                Err(_) => {
+                    store_up = false;
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 /// Says where every rank was when collective `seq` timed out, grouping
