@@ -487,9 +487,9 @@ pub(crate) struct FailureBoard {
     /// Set once a call found the store silent: connected, no answer
     /// within [`STORE_PATIENCE`] (its host stopped or hung).
     silent: AtomicBool,
-    /// The first report this rank settled, kept here too: a call that this
-    /// rank's own abort failed tells it when the store cannot (slow or
-    /// gone).
+    /// The first mismatch this rank settled itself, kept here too: a call
+    /// that this rank's own abort failed tells it when the store cannot
+    /// (slow or gone).
     own_first: OnceLock<FailureReport>,
 }
 
@@ -586,7 +586,11 @@ impl FailureBoard {
             }
         };
         let own_earlier = self.own_first.get().cloned();
-        let _ = self.own_first.set(report.clone());
+        if matches!(report.cause, Cause::Mismatch { .. }) {
+            // Only a mismatch this rank found is kept: a lost link is
+            // often another's doing, told as the store has it.
+            let _ = self.own_first.set(report.clone());
+        }
         let encoded = report.encode();
         let key = failure_key(&self.key_prefix, fp.seq);
         let Some(stored) = self.reachable(|store| post_first(store, key, encoded.clone())) else {
@@ -1252,6 +1256,18 @@ mod tests {
         assert!(matches!(
             board.settle(&fp(9, 6), 3, closed(1), None),
             Error::PeerClosed { peer: 1, .. }
+        ));
+        // A lost link it settled first is not kept as a cause: another
+        // lost link in that collective is told as it is.
+        let gone = Arc::new(GoneStore {
+            calls: Default::default(),
+            redial: Duration::from_millis(1),
+        });
+        let board = FailureBoard::new(gone, "g");
+        board.settle(&fp(9, 7), 3, closed(1), None);
+        assert!(matches!(
+            board.settle(&fp(9, 7), 3, closed(2), None),
+            Error::PeerClosed { peer: 2, .. }
         ));
     }
 
