@@ -399,7 +399,6 @@ impl StallMonitor {
             if since.elapsed() < STALL || rest_until.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
-            checked = Some((fp.seq, Instant::now(), next_wait));
             // Compared on a copy: the group thread records its next call
             // meanwhile, without waiting for the store. A device group's
             // call stuck being queued also looks for another rank's
@@ -423,6 +422,9 @@ impl StallMonitor {
                     Pending::Gone => return,
                 }
             };
+            // The next check waits from the answer, so a slow store is not
+            // asked again at once.
+            checked = Some((fp.seq, Instant::now(), next_wait));
             match finding {
                 Ok(Finding::Nothing) => {}
                 Err(e) => {

@@ -306,7 +306,7 @@ impl Watchdog {
         // failed one, the store is left alone for a while.
         let mut store_rests_until: Option<Instant> = None;
         // The stall check and the progress publication in flight, if any.
-        let mut checking: Option<Answer<Result<Finding>>> = None;
+        let mut checking: Option<(u64, Answer<Result<Finding>>)> = None;
         let mut publishing: Option<(Progress, Answer<Result<()>>)> = None;
         let mut published = Progress::default();
         let mut last_publish = Instant::now();
@@ -337,6 +337,7 @@ impl Watchdog {
                     .front()
                     .map(|t| (t.pending.fingerprint, t.pending.deadline, t.event.clone()))
             };
+            let front_seq = front.as_ref().map(|(fp, _, _)| fp.seq);
             if let Some((fp, deadline, event)) = front {
                 // While another thread settles a failure that covers this
                 // collective, it is not done (see `DeviceFailure::begin`).
@@ -393,13 +394,13 @@ impl Watchdog {
                     // Compared on a copy: callers record their calls
                     // meanwhile.
                     let (recent, stall) = (self.recent.snapshot(), stall.clone());
-                    checking =
-                        Some(worker.ask(move |store| {
-                            stall_check::check(store, &stall, &recent, &fp, true)
-                        }));
+                    let answer = worker
+                        .ask(move |store| stall_check::check(store, &stall, &recent, &fp, true));
+                    checking = Some((fp.seq, answer));
                 }
             }
-            if let Some(answer) = &checking {
+            if let Some((asked_for, answer)) = &checking {
+                let asked_for = *asked_for;
                 match answer.poll() {
                     Answered::Waiting => {}
                     Answered::Gone => checking = None,
@@ -407,6 +408,11 @@ impl Watchdog {
                         checking = None;
                         match finding {
                             Ok(Finding::Nothing) => {}
+                            // The collective checked is done meanwhile: a
+                            // finding about it would fail one that
+                            // succeeded (a real cause is found again by
+                            // the next stalled collective's check).
+                            Ok(_) if front_seq != Some(asked_for) => {}
                             Ok(found) => {
                                 self.act_on(engine, stall, found);
                                 return;
@@ -510,16 +516,19 @@ impl Watchdog {
             read_all_progress(store, &keys, mine)
         });
         // Behind a call the store holds (its host stopped), or slow: the
-        // error says what this rank knows without the others' progress.
-        let all = match answer.wait(PROGRESS_PATIENCE) {
-            Answered::Answered(all) => all,
-            Answered::Waiting | Answered::Gone => {
-                let mut all = vec![None; size];
-                all[rank] = Some(mine);
-                all
+        // error says so and blames no rank (unknown is not behind).
+        let (progress, lagging) = match answer.wait(PROGRESS_PATIENCE) {
+            Answered::Answered(Some(all)) => describe_progress(fp.seq, &all),
+            Answered::Answered(None) | Answered::Waiting | Answered::Gone => {
+                let (mine, _) = describe_progress(fp.seq, &[Some(mine)]);
+                let mine = mine.replacen("rank 0", &format!("rank {rank}"), 1);
+                let unknown = format!(
+                    "{mine}; the store did not give the other ranks' progress within \
+                     {PROGRESS_PATIENCE:?}"
+                );
+                (unknown, Vec::new())
             }
         };
-        let (progress, lagging) = describe_progress(fp.seq, &all);
         Error::CollectiveTimeout {
             what,
             timeout,
@@ -578,35 +587,24 @@ impl Watchdog {
 }
 
 /// Publishes this rank's progress `mine`, lets the others publish theirs,
-/// and reads every rank's; once a store call fails the rest are not read
-/// (`None`: unknown).
+/// and reads every rank's (`None` for a rank that published none);
+/// `None` when a store call failed.
 fn read_all_progress(
     store: &dyn Store,
     keys: &ProgressKeys,
     mine: Progress,
-) -> Vec<Option<Progress>> {
-    let mut store_up = store
+) -> Option<Vec<Option<Progress>>> {
+    store
         .set(&keys.key(keys.rank), mine.encode().as_bytes())
-        .is_ok();
-    if store_up {
-        // The others publish within PUBLISH_EVERY of a change.
-        std::thread::sleep(PUBLISH_EVERY * 2);
-    }
+        .ok()?;
+    // The others publish within PUBLISH_EVERY of a change.
+    std::thread::sleep(PUBLISH_EVERY * 2);
     (0..keys.size)
-        .map(|r| {
-            if r == keys.rank {
-                return Some(mine);
-            }
-            if !store_up {
-                return None;
-            }
-            match read_if_present(store, &keys.key(r)) {
-                Ok(read) => read.and_then(|v| Progress::decode(&v)),
-                Err(_) => {
-                    store_up = false;
-                    None
-                }
-            }
+        .map(|r| match r == keys.rank {
+            true => Some(Some(mine)),
+            false => read_if_present(store, &keys.key(r))
+                .ok()
+                .map(|read| read.and_then(|v| Progress::decode(&v))),
         })
         .collect()
 }

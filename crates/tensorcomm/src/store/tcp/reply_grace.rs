@@ -13,12 +13,11 @@
 //! not minutes later: a call answered at once waits until the set-up's
 //! deadline, a blocking one its own timeout and half the set-up's timeout
 //! (1 to 5 s), and never less than that half. A busy store is then only
-//! called hung when the set-up would have timed out anyway. A group's
-//! background threads (its watchdog, its stall monitor) call the store for
-//! diagnostics only, and a stopped store host must not hold them (and a
-//! group's drop, which joins them) for minutes: inside
-//! [`background_on_this_thread`] every call waits a short grace beyond its
-//! own timeout. Either scope also bounds how long a new connection is
+//! called hung when the set-up would have timed out anyway. The helper
+//! threads of a group's failure path, which their callers give up on after
+//! a few seconds, must not outlive that by minutes when the store host
+//! stopped: inside [`background_on_this_thread`] every call waits a short
+//! grace beyond its own timeout. Either scope also bounds how long a new connection is
 //! retried. The scopes are per thread so that they reach the store calls
 //! of every stage without changing the store others share.
 
