@@ -34,6 +34,7 @@ impl Progress {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct ProgressKeys {
     pub(crate) prefix: String,
     pub(crate) rank: usize,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::{failed_seq_key, failure_key, FailureReport};
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use super::store_worker::{Pending, StoreWorker};
+use super::store_worker::{Reply, StoreWorker};
 use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
 
@@ -177,11 +177,7 @@ impl StallKeys {
 
 /// Posts this rank's ring and compares it with every ring posted so far.
 /// An error: a store call failed, and the comparison stopped there.
-pub(crate) fn compare(
-    store: &dyn Store,
-    keys: &StallKeys,
-    mine: &RecentCalls,
-) -> Result<Option<Found>> {
+fn compare(store: &dyn Store, keys: &StallKeys, mine: &RecentCalls) -> Result<Option<Found>> {
     store.set(&keys.ring(keys.rank), &mine.encode())?;
     for r in (0..keys.size).filter(|&r| r != keys.rank) {
         let Some(theirs) = read_if_present(store, &keys.ring(r))? else {
@@ -197,7 +193,7 @@ pub(crate) fn compare(
 /// A failure another rank posted for this group, as this rank reports it
 /// (`front` is this rank's oldest pending call, `mine` its recent calls).
 /// An error: a store call failed.
-pub(crate) fn posted_failure(
+fn posted_failure(
     store: &dyn Store,
     keys: &StallKeys,
     mine: &RecentCalls,
@@ -417,9 +413,9 @@ impl StallMonitor {
                     return;
                 }
                 match answer.wait(MONITOR_EVERY) {
-                    Pending::Answered(finding) => break finding,
-                    Pending::Waiting => {}
-                    Pending::Gone => return,
+                    Reply::Answered(finding) => break finding,
+                    Reply::Waiting => {}
+                    Reply::Gone => return,
                 }
             };
             // The next check waits from the answer, so a slow store is not

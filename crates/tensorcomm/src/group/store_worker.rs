@@ -81,7 +81,7 @@ impl Drop for StoreWorker {
 pub(crate) struct Answer<T>(Receiver<T>);
 
 /// Where a [`StoreWorker`] call stands.
-pub(crate) enum Pending<T> {
+pub(crate) enum Reply<T> {
     Answered(T),
     /// Not answered yet.
     Waiting,
@@ -91,16 +91,16 @@ pub(crate) enum Pending<T> {
 
 impl<T> Answer<T> {
     /// The answer, waiting up to `patience` for it.
-    pub(crate) fn wait(&self, patience: Duration) -> Pending<T> {
+    pub(crate) fn wait(&self, patience: Duration) -> Reply<T> {
         match self.0.recv_timeout(patience) {
-            Ok(v) => Pending::Answered(v),
-            Err(RecvTimeoutError::Timeout) => Pending::Waiting,
-            Err(RecvTimeoutError::Disconnected) => Pending::Gone,
+            Ok(v) => Reply::Answered(v),
+            Err(RecvTimeoutError::Timeout) => Reply::Waiting,
+            Err(RecvTimeoutError::Disconnected) => Reply::Gone,
         }
     }
 
     /// The answer if it has come.
-    pub(crate) fn poll(&self) -> Pending<T> {
+    pub(crate) fn poll(&self) -> Reply<T> {
         self.wait(Duration::ZERO)
     }
 }
@@ -118,9 +118,9 @@ mod tests {
         let got = worker.ask(|s| s.get("k"));
         assert!(matches!(
             set.wait(Duration::from_secs(5)),
-            Pending::Answered(Ok(()))
+            Reply::Answered(Ok(()))
         ));
-        let Pending::Answered(value) = got.wait(Duration::from_secs(5)) else {
+        let Reply::Answered(value) = got.wait(Duration::from_secs(5)) else {
             panic!("the get was not answered");
         };
         assert_eq!(value.unwrap(), b"v");
@@ -137,7 +137,7 @@ mod tests {
             s.get_timeout("never", Duration::from_secs(1))
         });
         let started = Instant::now();
-        assert!(matches!(held.poll(), Pending::Waiting));
+        assert!(matches!(held.poll(), Reply::Waiting));
         assert!(started.elapsed() < Duration::from_millis(500));
         began_rx.recv_timeout(Duration::from_secs(5)).unwrap();
         let queued = worker.ask(|s| s.set("late", b"1"));
@@ -145,9 +145,9 @@ mod tests {
         // The held call still answers; the queued one is never made.
         assert!(matches!(
             held.wait(Duration::from_secs(5)),
-            Pending::Answered(Err(Error::StoreTimeout { .. }))
+            Reply::Answered(Err(Error::StoreTimeout { .. }))
         ));
-        assert!(matches!(queued.wait(Duration::from_secs(5)), Pending::Gone));
+        assert!(matches!(queued.wait(Duration::from_secs(5)), Reply::Gone));
         assert!(!store.check(&["late"]).unwrap());
     }
 }

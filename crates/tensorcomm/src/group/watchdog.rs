@@ -24,7 +24,7 @@ use super::failure_hooks::OnDeviceFailure;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
 use super::progress::{progress_prefix, Progress, ProgressKeys};
 use super::stall_check::{self, CallRing, Finding, StallKeys, RECHECK, STALL, STORE_REST};
-use super::store_worker::{Answer, Pending as Answered, StoreWorker};
+use super::store_worker::{Answer, Reply, StoreWorker};
 use super::work::DeviceEvent;
 use crate::store::{read_if_present, Store};
 use crate::{Error, Result};
@@ -402,9 +402,9 @@ impl Watchdog {
             if let Some((asked_for, answer)) = &checking {
                 let asked_for = *asked_for;
                 match answer.poll() {
-                    Answered::Waiting => {}
-                    Answered::Gone => checking = None,
-                    Answered::Answered(finding) => {
+                    Reply::Waiting => {}
+                    Reply::Gone => checking = None,
+                    Reply::Answered(finding) => {
                         checking = None;
                         match finding {
                             Ok(Finding::Nothing) => {}
@@ -413,8 +413,14 @@ impl Watchdog {
                             // succeeded (a real cause is found again by
                             // the next stalled collective's check).
                             Ok(_) if front_seq != Some(asked_for) => {}
-                            Ok(found) => {
-                                self.act_on(engine, stall, found);
+                            Ok(Finding::Mismatch(found)) => {
+                                let error = found.error(stall.rank);
+                                let mismatched = Some((found.peer, found.theirs));
+                                self.fail_all(engine, &found.mine, error, mismatched);
+                                return;
+                            }
+                            Ok(Finding::Posted(fp, error)) => {
+                                self.fail_all(engine, &fp, error, None);
                                 return;
                             }
                             Err(e) => {
@@ -439,9 +445,9 @@ impl Watchdog {
             }
             if let Some((progress, answer)) = &publishing {
                 match answer.poll() {
-                    Answered::Waiting => {}
-                    Answered::Gone => publishing = None,
-                    Answered::Answered(outcome) => {
+                    Reply::Waiting => {}
+                    Reply::Gone => publishing = None,
+                    Reply::Answered(outcome) => {
                         // Published only once the store has it.
                         match outcome {
                             Ok(()) => published = *progress,
@@ -466,19 +472,6 @@ impl Watchdog {
                 last_publish = Instant::now();
             }
             std::thread::sleep(POLL);
-        }
-    }
-
-    /// Fails the group for what a stall check found (not `Nothing`).
-    fn act_on(&self, engine: &dyn OnDeviceFailure, stall: &StallKeys, found: Finding) {
-        match found {
-            Finding::Nothing => {}
-            Finding::Mismatch(found) => {
-                let error = found.error(stall.rank);
-                let mismatched = Some((found.peer, found.theirs));
-                self.fail_all(engine, &found.mine, error, mismatched);
-            }
-            Finding::Posted(fp, error) => self.fail_all(engine, &fp, error, None),
         }
     }
 
@@ -510,21 +503,18 @@ impl Watchdog {
             (fp, describe(&fp, &t.pending.collective), t.pending.timeout)
         };
         let mine = *self.lock_progress();
-        let (size, rank, prefix) = (keys.size, keys.rank, keys.prefix.clone());
-        let answer = worker.ask(move |store| {
-            let keys = ProgressKeys { prefix, rank, size };
-            read_all_progress(store, &keys, mine)
-        });
+        let keys = keys.clone();
+        let rank = keys.rank;
+        let answer = worker.ask(move |store| read_all_progress(store, &keys, mine));
         // Behind a call the store holds (its host stopped), or slow: the
         // error says so and blames no rank (unknown is not behind).
         let (progress, lagging) = match answer.wait(PROGRESS_PATIENCE) {
-            Answered::Answered(Some(all)) => describe_progress(fp.seq, &all),
-            Answered::Answered(None) | Answered::Waiting | Answered::Gone => {
-                let (mine, _) = describe_progress(fp.seq, &[Some(mine)]);
-                let mine = mine.replacen("rank 0", &format!("rank {rank}"), 1);
+            Reply::Answered(Some(all)) => describe_progress(fp.seq, &all),
+            Reply::Answered(None) | Reply::Waiting | Reply::Gone => {
                 let unknown = format!(
-                    "{mine}; the store did not give the other ranks' progress within \
-                     {PROGRESS_PATIENCE:?}"
+                    "{}; the store did not give the other ranks' progress within \
+                     {PROGRESS_PATIENCE:?}",
+                    describe_one(&format!("rank {rank}"), Some(&mine))
                 );
                 (unknown, Vec::new())
             }
@@ -609,6 +599,20 @@ fn read_all_progress(
         .collect()
 }
 
+/// Where `who` (a rank, ranks, every rank) was: `progress` published,
+/// or none.
+fn describe_one(who: &str, progress: Option<&Progress>) -> String {
+    let seq_text = |v: Option<u64>| v.map_or("none".into(), |v| format!("seq {v}"));
+    match progress {
+        Some(p) => format!(
+            "{who} last started {}, last completed {}",
+            seq_text(p.started),
+            seq_text(p.completed)
+        ),
+        None => format!("{who} published no progress"),
+    }
+}
+
 /// Says where every rank was when collective `seq` timed out, grouping
 /// ranks at the same point, and lists the ranks that never started it and
 /// are furthest behind: a rank that stopped early leaves the ranks after
@@ -623,7 +627,6 @@ pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, 
             None => groups.push((*p, vec![rank])),
         }
     }
-    let seq_text = |v: Option<u64>| v.map_or("none".into(), |v| format!("seq {v}"));
     let parts: Vec<String> = groups
         .iter()
         .map(|(p, ranks)| {
@@ -641,14 +644,7 @@ pub(crate) fn describe_progress(seq: u64, all: &[Option<Progress>]) -> (String, 
                         .join(", ")
                 )
             };
-            match p {
-                Some(p) => format!(
-                    "{who} last started {}, last completed {}",
-                    seq_text(p.started),
-                    seq_text(p.completed)
-                ),
-                None => format!("{who} published no progress"),
-            }
+            describe_one(&who, p.as_ref())
         })
         .collect();
     // How far each rank got: `None` (nothing started, or no progress

@@ -63,6 +63,20 @@ fn time_left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
+/// The sooner of two deadlines, `None` being none.
+fn sooner(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a call answered at once may wait within this thread's scope, if
+/// it is in one that bounds it.
+fn scope_bound() -> Option<Duration> {
+    ON_THIS_THREAD.with(|s| s.get()).and_then(|s| s.immediate())
+}
+
 /// How long a call on this thread waits for its reply: `wait` is the
 /// request's own timeout for a blocking request, `None` for one the server
 /// answers at once, `store_timeout` the store's default timeout.
@@ -86,23 +100,16 @@ pub(super) fn handshake_patience(dial_left: Duration, dial_timeout: Duration) ->
     let ordinary = dial_left
         .saturating_add(for_timeout(dial_timeout))
         .min(HANDSHAKE_PATIENCE);
-    match ON_THIS_THREAD.with(|s| s.get()).and_then(|s| s.immediate()) {
-        Some(bound) => ordinary.min(bound),
-        None => ordinary,
-    }
+    scope_bound().map_or(ordinary, |bound| ordinary.min(bound))
 }
 
 /// Until when a new connection made on this thread is retried, given its
 /// dial's own deadline `own` (None: none): within a scope, no later than
 /// the scope's deadline or its grace from now, whichever is later.
 pub(super) fn dial_deadline(own: Option<Instant>) -> Option<Instant> {
-    let Some(bound) = ON_THIS_THREAD.with(|s| s.get()).and_then(|s| s.immediate()) else {
-        return own;
-    };
-    let ours = Instant::now().checked_add(bound);
-    match (own, ours) {
-        (Some(own), Some(ours)) => Some(own.min(ours)),
-        (own, ours) => own.or(ours),
+    match scope_bound() {
+        Some(bound) => sooner(own, Instant::now().checked_add(bound)),
+        None => own,
     }
 }
 
@@ -133,10 +140,7 @@ fn enter(ours: SetUp) -> SetUpScope {
     let previous = ON_THIS_THREAD.with(|s| s.get());
     let scope = match previous {
         Some(outer) => SetUp {
-            deadline: match (ours.deadline, outer.deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
+            deadline: sooner(ours.deadline, outer.deadline),
             grace: ours.grace.min(outer.grace),
         },
         None => ours,
