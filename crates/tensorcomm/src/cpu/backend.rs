@@ -85,7 +85,7 @@ pub struct CpuOptions {
     /// one-element vote of the ranks); other calls are staged through host
     /// memory. A group whose ranks cannot use peer memory is created
     /// without it ([`ProcessGroupCpu::intranode_reason`] says why).
-    /// With `Some`, also all_reduces of 2 MiB or more start with that
+    /// With `Some`, also all_reduces of 1 MiB or more start with that
     /// vote, and when some rank stages a CUDA tensor they are staged in
     /// pipelined chunks ([`ProcessGroupCpu::pipelined_all_reduces`]), on
     /// shared GPUs too. `None` (the default): every CUDA tensor is staged
@@ -381,7 +381,7 @@ impl ProcessGroupCpu {
     }
 
     /// How many all_reduces this rank ran in pipelined chunks: in a group
-    /// created with [`CpuOptions::peer_memory`], an all_reduce of 2 MiB or
+    /// created with [`CpuOptions::peer_memory`], an all_reduce of 1 MiB or
     /// more that some rank passes a CUDA tensor to, every rank's tensor
     /// contiguous, and not on peer memory, is staged chunk by chunk, its
     /// copies overlapping the host reduction (ranks with host tensors cut

@@ -1,18 +1,30 @@
 //! A large all_reduce of a contiguous CUDA tensor, staged in chunks so
 //! that the copies overlap the host reduction (PyTorch's Gloo stages the
-//! whole message each way): every chunk's copy down is queued at once,
-//! each followed by an event; then chunk by chunk the host waits for its
-//! copy, all-reduces it with the other ranks, and queues its copy back on
-//! a second stream (so copies in both directions run at once), so chunk
-//! i+1 is copied down and chunk i-1 copied up while chunk i is reduced. Every rank must cut the message into the same chunks, so the
-//! ranks agree to take this path with a vote (see `cpu/group_backend.rs`):
-//! a rank with a host tensor all-reduces the same chunks of it.
+//! whole message each way). Chunk by chunk the host waits for its copy
+//! down, all-reduces it with the other ranks, and queues its copy back on
+//! a second stream (so copies in both directions run at once); chunk i+1
+//! is copied down and chunk i-1 copied up while chunk i is reduced.
+//!
+//! - Copies down are queued [`CHUNKS_AHEAD`] chunks ahead of the one
+//!   being reduced, not all at once: ranks sharing one GPU share its link,
+//!   and short queues keep them copying the same chunk at the same time
+//!   (with every copy queued at once, one rank's first chunk could wait
+//!   1.5 ms behind the others' whole messages).
+//! - The first and last chunks are smaller ([`chunks`]): the host starts
+//!   reducing sooner, and less is left to copy back after the last
+//!   reduction.
+//!
+//! Every rank must cut the message into the same chunks, so the ranks
+//! agree to take this path with a vote (see `cpu/group_backend.rs`): a
+//! rank with a host tensor all-reduces the same chunks of it.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::staged_call::{wait_until, Ordered};
+use super::staged_event::StagedEvent;
 use crate::group::collective::Collective;
 use crate::group::{DeviceEvent, ReduceOp};
 use crate::tensor::Tensor;
@@ -20,18 +32,38 @@ use crate::Result;
 
 /// All-reduces of at least this many bytes take the chunked path (when
 /// every rank votes for it).
-pub(crate) const PIPELINE_MIN_BYTES: usize = 2 << 20;
+pub(crate) const PIPELINE_MIN_BYTES: usize = 1 << 20;
+
+/// Chunks whose copies down are queued beyond the one being reduced.
+const CHUNKS_AHEAD: usize = 1;
 
 /// The byte ranges, element-aligned, that a message of `nbytes` (elements
 /// of `elem` bytes) is cut into: a quarter of it per chunk, from 512 KiB
 /// to 4 MiB (smaller chunks pay the host collective's fixed cost more
-/// often; larger ones overlap less).
+/// often; larger ones overlap less); where the message holds two and a
+/// half such chunks, the first two are a quarter and a half of one, and
+/// so are the last two in reverse.
 pub(crate) fn chunks(nbytes: usize, elem: usize) -> Vec<Range<usize>> {
-    let target = (nbytes / 4).clamp(512 << 10, 4 << 20);
-    let step = (target / elem).max(1) * elem;
-    (0..nbytes)
-        .step_by(step)
-        .map(|a| a..(a + step).min(nbytes))
+    let whole = |n: usize| (n / elem).max(1) * elem;
+    let step = whole((nbytes / 4).clamp(512 << 10, 4 << 20));
+    let edges = [whole(step / 4), whole(step / 2)];
+    let edge_bytes = 2 * (edges[0] + edges[1]);
+    let (head, tail): (&[usize], &[usize]) = if nbytes >= edge_bytes + step {
+        (&edges, &[edges[1], edges[0]])
+    } else {
+        (&[], &[])
+    };
+    let middle = nbytes - head.iter().chain(tail).sum::<usize>();
+    let steps = (0..middle.div_ceil(step)).map(|i| step.min(middle - i * step));
+    let mut at = 0;
+    head.iter()
+        .copied()
+        .chain(steps)
+        .chain(tail.iter().copied())
+        .map(|len| {
+            at += len;
+            at - len..at
+        })
         .collect()
 }
 
@@ -76,23 +108,33 @@ impl Ordered {
         let ranges = chunks(tensor.nbytes(), tensor.dtype().size());
         let (gpu_parts, host_parts) = (pieces(&flat, &ranges)?, pieces(&host, &ranges)?);
         let keep = || vec![tensor.clone(), host.clone()];
-        let mut downs = Vec::with_capacity(ranges.len());
-        for (gpu, cpu) in gpu_parts.iter().zip(&host_parts) {
-            let queued = device.copy_down(gpu, cpu);
+        // Queues chunk `i`'s copy down, followed by its event.
+        let copy_down = |i: usize| -> Result<Arc<StagedEvent>> {
+            let queued = device.copy_down(&gpu_parts[i], &host_parts[i]);
             if queued.is_err() {
                 device.settle();
             }
             queued?;
-            downs.push(device.record(keep())?);
-        }
+            device.record(keep())
+        };
         let mut reduce_all = || -> Result<()> {
-            for ((gpu, cpu), down) in gpu_parts.iter().zip(&host_parts).zip(&downs) {
-                wait_until(down, deadline)?;
+            let mut downs = VecDeque::with_capacity(CHUNKS_AHEAD + 1);
+            for i in 0..ranges.len().min(CHUNKS_AHEAD + 1) {
+                downs.push_back(copy_down(i)?);
+            }
+            for (i, (gpu, cpu)) in gpu_parts.iter().zip(&host_parts).enumerate() {
+                let down = downs.pop_front().ok_or_else(|| {
+                    crate::Error::InvalidArgument(format!("chunk {i}'s copy down was not queued"))
+                })?;
+                wait_until(&down, deadline)?;
                 run_host(&Collective::AllReduce {
                     tensor: cpu.clone(),
                     op,
                 })?;
                 device.copy_up_beside(cpu, gpu)?;
+                if i + CHUNKS_AHEAD + 1 < ranges.len() {
+                    downs.push_back(copy_down(i + CHUNKS_AHEAD + 1)?);
+                }
             }
             Ok(())
         };
@@ -116,25 +158,50 @@ impl Ordered {
 mod tests {
     use super::*;
 
+    fn lengths_kib(nbytes: usize, elem: usize) -> Vec<usize> {
+        chunks(nbytes, elem).iter().map(|r| r.len() >> 10).collect()
+    }
+
     #[test]
-    fn chunks_cover_the_message_in_element_aligned_quarters_within_bounds() {
+    fn chunks_cover_the_message_in_element_aligned_pieces_within_bounds() {
         let mib = 1usize << 20;
-        // 2 MiB: four 512 KiB chunks; 64 MiB: 4 MiB chunks; f64 and a
-        // 3-byte element keep whole elements.
-        for (nbytes, elem) in [(2 * mib, 4), (16 * mib, 4), (64 * mib, 8), (3 * mib + 3, 3)] {
+        // f64 and a 3-byte element keep whole elements.
+        for (nbytes, elem) in [
+            (mib, 4),
+            (2 * mib, 4),
+            (16 * mib, 4),
+            (64 * mib, 8),
+            (3 * mib + 3, 3),
+            (5 * mib + 7 * 4, 4),
+        ] {
             let c = chunks(nbytes, elem);
             assert_eq!(c.first().map(|r| r.start), Some(0));
             assert_eq!(c.last().map(|r| r.end), Some(nbytes));
             assert!(c.windows(2).all(|w| w[0].end == w[1].start));
             assert!(c.iter().all(|r| r.start % elem == 0 && r.len() % elem == 0));
-            assert!(
-                c[0].len() >= 512 << 10 && c[0].len() <= 4 << 20,
-                "{nbytes}: {:?}",
-                c[0]
-            );
+            assert!(c.iter().all(|r| r.len() <= 4 << 20), "{nbytes}: {c:?}");
+            assert!(c.iter().all(|r| !r.is_empty()), "{nbytes}: {c:?}");
         }
-        assert_eq!(chunks(2 * mib, 4).len(), 4);
-        assert_eq!(chunks(16 * mib, 4).len(), 4);
-        assert_eq!(chunks(64 * mib, 8).len(), 16);
+    }
+
+    #[test]
+    fn chunks_are_quarters_of_the_message_with_smaller_ones_at_both_ends() {
+        let mib = 1usize << 20;
+        // Too short for the smaller ends: two 512 KiB chunks.
+        assert_eq!(lengths_kib(mib, 4), [512, 512]);
+        // 512 KiB steps, ends of 128 and 256 KiB.
+        assert_eq!(lengths_kib(2 * mib, 4), [128, 256, 512, 512, 256, 256, 128]);
+        // 4 MiB steps, ends of 1 and 2 MiB.
+        assert_eq!(
+            lengths_kib(16 * mib, 4),
+            [1024, 2048, 4096, 4096, 2048, 2048, 1024]
+        );
+        // 58 MiB between the ends: fourteen 4 MiB steps and 2 MiB.
+        let big = lengths_kib(64 * mib, 8);
+        assert_eq!(big.len(), 19);
+        assert!(big[2..16].iter().all(|&l| l == 4096), "{big:?}");
+        assert_eq!(big[16], 2048);
+        assert_eq!(big[..2], [1024, 2048]);
+        assert_eq!(big[big.len() - 2..], [2048, 1024]);
     }
 }
