@@ -20,8 +20,9 @@ tensorcomm's reason.
 (the CPU backend staging them through pinned memory) against PyTorch's
 Gloo on CUDA tensors (bench/gloo_cuda_torch.py: all_reduce only, each
 call timed with work.wait() then torch.cuda.synchronize(), median call).
-tensorcomm's column is its bench's mean call (also to the end of the copies
-back); the ratio is tensorcomm/gloo as before.
+tensorcomm's column is its bench's median call (--median; also to the end
+of the copies back), the statistic Gloo's column reports; the ratio is
+tensorcomm/gloo as before.
 
     python3 bench/compare_gloo.py --device cuda --tensorcomm target/release/tensorcomm \
         --ranks 2 --transports shm -b 8 -e 256M -f 4
@@ -104,7 +105,8 @@ def tensorcomm_cmd(args, op, ranks, transport):
     return [args.tensorcomm, "bench", "--op", op, "--backend", "cpu", "-n", str(ranks),
             "-b", args.begin, "-e", args.end, "-f", str(args.factor), "--dtype", args.dtype,
             "--iters", str(args.iters), "--warmup", str(args.warmup), "--json",
-            "--device", args.device] + flags + (["--peer-memory"] if args.peer_memory else [])
+            "--device", args.device] + flags + (["--peer-memory"] if args.peer_memory else []) \
+        + (["--median"] if args.device == "cuda" else [])
 
 
 def gloo_cmd(args, op, ranks):
@@ -140,7 +142,7 @@ def reduce_op(op):
 def timing(device):
     """How each column of a comparison on `device` (cpu or cuda) was timed."""
     if device == "cuda":
-        return ("time: tensorcomm = mean call, slowest rank (tensorcomm bench); "
+        return ("time: tensorcomm = median call, slowest rank (tensorcomm bench --median); "
                 "gloo = median call, wait() then torch.cuda.synchronize() (gloo_cuda_torch.py)")
     return ("time: mean call after warm-up, slowest rank, in both "
             "(tensorcomm bench, gloo_bench.py)")

@@ -40,7 +40,7 @@ class ParseAndTable(unittest.TestCase):
             "slowest rank, in both (tensorcomm bench, gloo_bench.py)")
         cuda = compare_gloo.table("broadcast", 2, ["shm"], {"shm": tc}, gloo, "bf16", "cuda")
         self.assertTrue(cuda.startswith("# broadcast, 2 ranks, bf16, no reduce op; time: "
-                                        "tensorcomm = mean call"), cuda)
+                                        "tensorcomm = median call"), cuda)
         self.assertEqual(lines[2].split(), ["8", "6.0", "150.0", "0.040", "OK"])
         self.assertEqual(lines[3].split(), ["64", "12.5", "-", "-", "OK"])
 
@@ -63,10 +63,13 @@ class ParseAndTable(unittest.TestCase):
             begin, end, factor, dtype, iters, warmup = "8", "64", 2, "f32", 5, 1
         tc = compare_gloo.tensorcomm_cmd(Args, "all_reduce", 2, "shm")
         self.assertEqual(tc[tc.index("--device") + 1], "cuda")
+        # Gloo's column is a median call: so is tensorcomm's.
+        self.assertIn("--median", tc)
         self.assertTrue(compare_gloo.gloo_cmd(Args, "all_reduce", 2)[1].endswith(
             "gloo_cuda_torch.py"))
         Args.device = "cpu"
         self.assertTrue(compare_gloo.gloo_cmd(Args, "all_reduce", 2)[1].endswith("gloo_bench.py"))
+        self.assertNotIn("--median", compare_gloo.tensorcomm_cmd(Args, "all_reduce", 2, "shm"))
 
     @unittest.skipUnless(os.environ.get("TENSORCOMM_BIN"), "set TENSORCOMM_BIN to run")
     def test_the_tensorcomm_half_runs(self):

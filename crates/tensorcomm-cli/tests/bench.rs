@@ -593,3 +593,24 @@ fn more_ranks_than_a_launcher_starts_are_refused_up_front() {
         "{stderr}"
     );
 }
+
+#[test]
+fn median_timing_is_named_in_the_header_and_passed_to_every_rank() {
+    let (ok, stdout, stderr) = bench(&[
+        "-n", "2", "--sizes", "8,4K", "--iters", "5", "--warmup", "1", "--median",
+    ]);
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let header = stdout.lines().next().unwrap_or_default();
+    assert!(header.contains("median of 5 calls"), "{stdout}");
+    // Rank 0 prints the header from its own arguments: it says median
+    // only if the launcher passed --median on. Both sizes timed and checked.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_end().ends_with("OK"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for row in rows {
+        let time: f64 = row.split_whitespace().nth(4).unwrap().parse().unwrap();
+        assert!(time > 0.0, "{row}");
+    }
+}

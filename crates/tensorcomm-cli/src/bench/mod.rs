@@ -242,6 +242,12 @@ pub struct BenchArgs {
     /// Untimed iterations per size before the timed ones.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// cpu: report each rank's median call (every call timed on its own)
+    /// instead of its mean, the slowest rank's as before: the statistic
+    /// bench/gloo_cuda_torch.py reports, and one a few slow calls on a
+    /// busy machine do not move.
+    #[arg(long)]
+    median: bool,
     /// Print one JSON object per row instead of a table.
     #[arg(long)]
     json: bool,
@@ -552,6 +558,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if args.peer_memory {
         rank_args.push("--peer-memory".into());
     }
+    if args.median {
+        rank_args.push("--median".into());
+    }
     if args.device == BenchDevice::Cuda {
         rank_args.push("--device=cuda".into());
     }
@@ -596,7 +605,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
     let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
         stdout.line(format_args!(
-            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {}; time: mean of {} calls after {} warm-up, slowest rank",
+            "# tensorcomm bench: {} {} on {} ({:?} backend, {transport} transport, tensors on {device}{}), {}; time: {} of {} calls after {} warm-up, slowest rank",
             op.name(),
             dtype,
             rank_count(ranks),
@@ -609,6 +618,7 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<bool> {
                 ""
             },
             reduce_label(op),
+            if args.median { "median" } else { "mean" },
             args.iters,
             args.warmup
         ));
@@ -746,7 +756,8 @@ fn check(
     Ok(verdict.to_vec::<i32>()?[0] == 1)
 }
 
-/// Mean time of one call of the op over `iters`, the slowest rank's, in µs.
+/// Mean time of one call of the op over `iters` (with `--median`, the
+/// median call), the slowest rank's, in µs.
 fn time(
     pg: &dyn ProcessGroup,
     op: BenchOp,
@@ -773,19 +784,49 @@ fn time(
         once()?;
     }
     pg.barrier(None)?.wait()?;
-    let started = Instant::now();
-    for _ in 0..args.iters {
-        once()?;
-    }
-    let mean: Duration = started.elapsed() / args.iters as u32;
-    let slowest = Tensor::from_vec(vec![mean.as_secs_f64() * 1e6], &[1])?;
+    let mine = if args.median {
+        let mut calls = Vec::with_capacity(args.iters);
+        for _ in 0..args.iters {
+            let started = Instant::now();
+            once()?;
+            calls.push(started.elapsed());
+        }
+        median(&mut calls)
+    } else {
+        let started = Instant::now();
+        for _ in 0..args.iters {
+            once()?;
+        }
+        started.elapsed() / args.iters as u32
+    };
+    let slowest = Tensor::from_vec(vec![mine.as_secs_f64() * 1e6], &[1])?;
     pg.all_reduce(&slowest, ReduceOp::Max, None)?.wait()?;
     Ok(slowest.to_vec::<f64>()?[0])
+}
+
+/// The median of `calls` (not empty): the middle one, or the mean of the
+/// two middle ones.
+fn median(calls: &mut [Duration]) -> Duration {
+    calls.sort_unstable();
+    let mid = calls.len() / 2;
+    if calls.len() % 2 == 1 {
+        calls[mid]
+    } else {
+        (calls[mid - 1] + calls[mid]) / 2
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_the_middle_call_or_the_mean_of_the_two_middle_ones() {
+        let us = Duration::from_micros;
+        assert_eq!(median(&mut [us(9), us(1), us(5)]), us(5));
+        assert_eq!(median(&mut [us(100), us(2), us(4), us(1)]), us(3));
+        assert_eq!(median(&mut [us(7)]), us(7));
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes() {
