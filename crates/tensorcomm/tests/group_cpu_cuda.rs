@@ -883,3 +883,45 @@ fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tens
         assert!(get(&t) == twice, "rank {me}: back to back");
     });
 }
+
+#[test]
+fn a_default_group_on_a_gpu_host_pipelines_large_staged_all_reduces() {
+    if !can_run("a_default_group_on_a_gpu_host_pipelines_large_staged_all_reduces") {
+        return;
+    }
+    // No peer memory asked for: the ranks' hosts have GPUs, so large
+    // all_reduces still vote, and CUDA tensors are staged in chunks.
+    let pgs = two_ranks("default-pipelined");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        assert!(pg.intranode().is_none(), "no peer memory asked for");
+        let n = (5 << 18) + 3; // 5 MiB and 12 bytes: ragged chunks
+                               // Rank r's element i: 10 r + i % 1000 (exact in f32).
+        let input = |r: usize| -> Vec<f32> { (0..n).map(|i| (10 * r + i % 1000) as f32).collect() };
+        let sum: Vec<f32> = (0..n).map(|i| (10 + 2 * (i % 1000)) as f32).collect();
+        let t = on(GPU, input(me), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(get(&t) == sum, "rank {me}: default group, both on the GPU");
+        assert_eq!(pg.pipelined_all_reduces(), 1);
+        // One rank on the host: both cut the message alike.
+        let device = if me == 0 { Device::Cpu } else { GPU };
+        let t = on(device, input(me), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(get(&t) == sum, "rank {me}: default group, mixed placements");
+        assert_eq!(pg.pipelined_all_reduces(), 2);
+        // Host tensors only: voted, not cut.
+        let t = on(Device::Cpu, input(me), &[n]);
+        pg.all_reduce(&t, ReduceOp::Sum, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(get(&t) == sum, "rank {me}: default group, host tensors");
+        assert_eq!(pg.pipelined_all_reduces(), 2);
+    });
+}

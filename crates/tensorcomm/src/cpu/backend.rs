@@ -85,11 +85,12 @@ pub struct CpuOptions {
     /// one-element vote of the ranks); other calls are staged through host
     /// memory. A group whose ranks cannot use peer memory is created
     /// without it ([`ProcessGroupCpu::intranode_reason`] says why).
-    /// With `Some`, also all_reduces of 1 MiB or more start with that
-    /// vote, and when some rank stages a CUDA tensor they are staged in
-    /// pipelined chunks ([`ProcessGroupCpu::pipelined_all_reduces`]), on
-    /// shared GPUs too. `None` (the default): every CUDA tensor is staged
-    /// whole, and no call votes.
+    /// `None` (the default): every CUDA tensor is staged through host
+    /// memory, and only all_reduces of 1 MiB or more vote, in groups one
+    /// of whose ranks runs on a host with NVIDIA GPUs (or asked for peer
+    /// memory): when some rank stages a contiguous CUDA tensor, they are
+    /// staged in pipelined chunks
+    /// ([`ProcessGroupCpu::pipelined_all_reduces`]), on shared GPUs too.
     #[cfg(feature = "cuda")]
     pub peer_memory: Option<PeerMemory>,
 }
@@ -307,6 +308,14 @@ impl ProcessGroupCpu {
         };
         #[cfg(feature = "cuda")]
         let (peer, peer_reason) = peer_memory(&setup_store, key_prefix, (rank, size), options)?;
+        #[cfg(feature = "cuda")]
+        let pipelines = super::pipeline_choice::any_rank_may_stage(
+            &setup_store,
+            key_prefix,
+            (rank, size),
+            options.timeout,
+            options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus(),
+        )?;
         let backend = Arc::new(CpuBackend {
             transport,
             p2p: Arc::new(p2p),
@@ -322,7 +331,7 @@ impl ProcessGroupCpu {
             #[cfg(feature = "cuda")]
             peer_reason,
             #[cfg(feature = "cuda")]
-            pipelines: options.peer_memory.is_some(),
+            pipelines,
             #[cfg(feature = "cuda")]
             chunked: Default::default(),
         });
@@ -381,11 +390,12 @@ impl ProcessGroupCpu {
     }
 
     /// How many all_reduces this rank ran in pipelined chunks: in a group
-    /// created with [`CpuOptions::peer_memory`], an all_reduce of 1 MiB or
-    /// more that some rank passes a CUDA tensor to, every rank's tensor
-    /// contiguous, and not on peer memory, is staged chunk by chunk, its
-    /// copies overlapping the host reduction (ranks with host tensors cut
-    /// theirs the same way).
+    /// one of whose ranks runs on a host with NVIDIA GPUs (or created with
+    /// [`CpuOptions::peer_memory`]), an all_reduce of 1 MiB or more that
+    /// some rank passes a CUDA tensor to, every rank's tensor contiguous,
+    /// and not on peer memory, is staged chunk by chunk, its copies
+    /// overlapping the host reduction (ranks with host tensors cut theirs
+    /// the same way).
     ///
     /// ```
     /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};

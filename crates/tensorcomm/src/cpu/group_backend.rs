@@ -46,8 +46,9 @@ pub(crate) struct CpuBackend {
     /// Why `peer` is absent (empty when present).
     #[cfg(feature = "cuda")]
     pub(crate) peer_reason: String,
-    /// Large all_reduces vote to pipeline their staging (groups created
-    /// with `CpuOptions::peer_memory`, on every rank).
+    /// Large all_reduces vote to pipeline their staging: some rank's host
+    /// has GPUs or asked for peer memory (`cpu/pipeline_choice.rs`, agreed
+    /// at set-up, so the same on every rank).
     #[cfg(feature = "cuda")]
     pub(crate) pipelines: bool,
     /// All-reduces this rank ran in chunks.
@@ -149,9 +150,9 @@ impl CpuBackend {
     }
 
     /// How this all_reduce of `tensor` runs. In groups with peer memory
-    /// every all_reduce starts with a vote; in groups created with
-    /// `CpuOptions::peer_memory` (where ranks pass CUDA tensors) so do
-    /// those of `PIPELINE_MIN_BYTES` or more. The vote is a two-element
+    /// every all_reduce starts with a vote; in groups that may stage CUDA
+    /// tensors (`pipelines`) so do those of `PIPELINE_MIN_BYTES` or more.
+    /// The vote is a two-element
     /// MIN all_reduce over the host transport, as part of `call`
     /// (`described` on failure): what every rank can take (0: neither
     /// path, 1: chunks, 2: also peer memory), and whether any rank stages
