@@ -838,17 +838,16 @@ fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tens
         expected_chunked += 1;
         assert!(get(&t) == sum, "rank {me}: mixed placements");
         assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
-        // 1 MiB, the smallest message cut (in two chunks, both queued
-        // at once).
-        let mib = on(GPU, input(me)[..1 << 18].to_vec(), &[1 << 18]);
-        pg.all_reduce(&mib, ReduceOp::Sum, None)
+        // 2 MiB, the smallest message cut.
+        let two = on(GPU, input(me)[..1 << 19].to_vec(), &[1 << 19]);
+        pg.all_reduce(&two, ReduceOp::Sum, None)
             .unwrap()
             .synchronize()
             .unwrap();
         expected_chunked += 1;
-        assert!(get(&mib) == sum[..1 << 18], "rank {me}: 1 MiB");
+        assert!(get(&two) == sum[..1 << 19], "rank {me}: 2 MiB");
         assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
-        // Both on the host, a permuted CUDA tensor, or under 1 MiB: whole.
+        // Both on the host, a permuted CUDA tensor, or under 2 MiB: whole.
         let t = on(Device::Cpu, input(me), &[n]);
         pg.all_reduce(&t, ReduceOp::Sum, None)
             .unwrap()
@@ -863,14 +862,14 @@ fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tens
             .synchronize()
             .unwrap();
         assert!(get(&square) == sum[..rows * 1024], "rank {me}: permuted");
-        let small = on(GPU, input(me)[..(1 << 18) - 1].to_vec(), &[(1 << 18) - 1]);
+        let small = on(GPU, input(me)[..(1 << 19) - 1].to_vec(), &[(1 << 19) - 1]);
         pg.all_reduce(&small, ReduceOp::Sum, None)
             .unwrap()
             .synchronize()
             .unwrap();
         assert!(
-            get(&small) == sum[..(1 << 18) - 1],
-            "rank {me}: under 1 MiB"
+            get(&small) == sum[..(1 << 19) - 1],
+            "rank {me}: under 2 MiB"
         );
         assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
         // Back to back without waiting: the second reads the first's result.

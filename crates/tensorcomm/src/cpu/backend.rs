@@ -86,7 +86,7 @@ pub struct CpuOptions {
     /// memory. A group whose ranks cannot use peer memory is created
     /// without it ([`ProcessGroupCpu::intranode_reason`] says why).
     /// `None` (the default): every CUDA tensor is staged through host
-    /// memory, and only all_reduces of 1 MiB or more vote, in groups one
+    /// memory, and only all_reduces of 2 MiB or more vote, in groups one
     /// of whose ranks runs on a host with NVIDIA GPUs (or asked for peer
     /// memory): when some rank stages a contiguous CUDA tensor, they are
     /// staged in pipelined chunks
@@ -391,7 +391,7 @@ impl ProcessGroupCpu {
 
     /// How many all_reduces this rank ran in pipelined chunks: in a group
     /// one of whose ranks runs on a host with NVIDIA GPUs (or created with
-    /// [`CpuOptions::peer_memory`]), an all_reduce of 1 MiB or more that
+    /// [`CpuOptions::peer_memory`]), an all_reduce of 2 MiB or more that
     /// some rank passes a CUDA tensor to, every rank's tensor contiguous,
     /// and not on peer memory, is staged chunk by chunk, its copies
     /// overlapping the host reduction (ranks with host tensors cut theirs
