@@ -82,7 +82,9 @@ impl GroupBackend for CpuBackend {
                         return ordered.peer_all_reduce(peer, tensor, *op).map(Some)
                     }
                     AllReducePath::Chunked => {
-                        let mut run_host = |c: &Collective| self.run_on_host(c, collective, call);
+                        let whole = Some(tensor.nbytes());
+                        let mut run_host =
+                            |c: &Collective| self.run_part_on_host(c, collective, call, whole);
                         return ordered
                             .pipelined_all_reduce(tensor, *op, call.deadline, &mut run_host)
                             .inspect_err(|_| call.describe(describe(&call.fingerprint, collective)))
@@ -109,7 +111,9 @@ impl GroupBackend for CpuBackend {
             // ranks with CUDA tensors stage theirs too, and cuts its
             // message into the same chunks when they pipeline theirs.
             if let AllReducePath::Chunked = self.all_reduce_path(tensor, *op, collective, call)? {
-                let mut run_host = |c: &Collective| self.run_on_host(c, collective, call);
+                let whole = Some(tensor.nbytes());
+                let mut run_host =
+                    |c: &Collective| self.run_part_on_host(c, collective, call, whole);
                 return crate::cuda::staged::all_reduce_host_chunks(tensor, *op, &mut run_host)
                     .map(|()| None);
             }
@@ -215,6 +219,18 @@ impl CpuBackend {
         described: &Collective,
         call: &Call,
     ) -> Result<()> {
+        self.run_part_on_host(collective, described, call, None)
+    }
+
+    /// [`run_on_host`](Self::run_on_host) for one chunk of an all_reduce
+    /// of `part_of` bytes cut into chunks (see `Ctx::part_of`), or `None`.
+    fn run_part_on_host(
+        &self,
+        collective: &Collective,
+        described: &Collective,
+        call: &Call,
+        part_of: Option<usize>,
+    ) -> Result<()> {
         if let Collective::MonitoredBarrier { wait_all, wait } = *collective {
             // Over the point-to-point links, tagged with the sequence
             // number (the same on every rank).
@@ -233,6 +249,7 @@ impl CpuBackend {
             arena: self.arena.as_deref(),
             #[cfg(not(target_os = "linux"))]
             arena: None,
+            part_of,
         };
         // Then the pairs where data flowed one way check the other way
         // too (see `fingerprinted.rs`), so a rank that only sent fails here

@@ -520,6 +520,24 @@ impl Selection {
         }
     }
 
+    /// Threads per rank for a part of `part` bytes of an all-reduce of
+    /// `whole` bytes cut into parts: as many as for the whole message
+    /// ([`arena_threads`](Self::arena_threads)), but never more than one per
+    /// [`SHM_ARENA_MIN_BYTES_PER_THREAD`] of the part (an override stands).
+    pub(crate) fn arena_threads_for_part(
+        &self,
+        part: usize,
+        whole: usize,
+        cores: usize,
+        symmetric: bool,
+    ) -> usize {
+        if let Some(n) = self.arena_threads {
+            return n;
+        }
+        self.arena_threads(whole.max(part), cores, symmetric)
+            .min((part / SHM_ARENA_MIN_BYTES_PER_THREAD).max(1))
+    }
+
     /// The slot-half size of the group's arena.
     pub(crate) fn arena_chunk(&self) -> usize {
         self.arena_chunk
@@ -614,6 +632,29 @@ mod tests {
             AllReduceAlgorithm::HalvingDoubling
         );
         assert_eq!(select_all_reduce(8 << 20, 2), AllReduceAlgorithm::Ring);
+    }
+
+    #[test]
+    fn a_part_of_a_message_takes_the_whole_messages_threads_within_its_size() {
+        let select = Selection::parse(4, Vec::new()).unwrap();
+        // 4 ranks on 16 cores: a 1 MiB message alone takes 2 threads, a
+        // 4 MiB one 3; its 1 MiB parts take 3 too.
+        assert_eq!(select.arena_threads(1 << 20, 16, false), 2);
+        assert_eq!(select.arena_threads(4 << 20, 16, false), 3);
+        assert_eq!(
+            select.arena_threads_for_part(1 << 20, 4 << 20, 16, false),
+            3
+        );
+        // A 128 KiB part: at most one thread per 64 KiB.
+        assert_eq!(
+            select.arena_threads_for_part(128 << 10, 4 << 20, 16, false),
+            2
+        );
+        // A part never takes fewer threads than it would alone.
+        assert_eq!(
+            select.arena_threads_for_part(4 << 20, 1 << 20, 16, false),
+            3
+        );
     }
 
     #[test]

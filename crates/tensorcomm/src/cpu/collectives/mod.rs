@@ -50,6 +50,11 @@ pub(crate) struct Ctx<'a> {
     pub(crate) deadline: Instant,
     pub(crate) select: &'a Selection,
     pub(crate) arena: Option<&'a GroupArena>,
+    /// For one chunk of a larger all_reduce (a pipelined staged call),
+    /// the whole message's bytes: the arena takes as many threads as it
+    /// would for the whole, so the chunks are reduced as fast. The same on
+    /// every rank, as the arena needs.
+    pub(crate) part_of: Option<usize>,
 }
 
 /// Runs `collective` (every kind but the monitored barrier, which the
