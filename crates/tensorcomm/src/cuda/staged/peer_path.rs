@@ -34,7 +34,7 @@ impl Ordered {
         tensor: &Tensor<'static>,
         op: ReduceOp,
     ) -> Result<Arc<dyn DeviceEvent>> {
-        let device = self.into_device();
+        let device = self.into_device()?;
         comm.all_reduce_on(tensor, op, device.stream())?;
         let event = device.record(vec![tensor.clone()])?;
         Ok(Arc::new(PeerEvent {

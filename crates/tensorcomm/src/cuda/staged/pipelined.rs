@@ -104,7 +104,7 @@ impl Ordered {
         deadline: Instant,
         run_host: &mut dyn FnMut(&Collective) -> Result<()>,
     ) -> Result<Arc<dyn DeviceEvent>> {
-        let device = self.into_device();
+        let device = self.into_device()?;
         let flat = tensor.reshape(&[tensor.numel()])?;
         let host = device.host_copy_of(&flat)?;
         let ranges = chunks(tensor.nbytes(), tensor.dtype().size());

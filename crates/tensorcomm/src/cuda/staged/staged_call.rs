@@ -1,11 +1,13 @@
 //! One collective of the CPU group over CUDA tensors, staged through
 //! pinned host memory (PyTorch's `ProcessGroupGloo` CUDA work):
 //!
-//! 1. at call time, on the caller's thread ([`StagedCall::prepare`]): the
-//!    GPU's staging stream waits for the caller's current stream;
-//! 2. when the collective's turn comes ([`Ordered::copy_down`]): the copies
-//!    down of every CUDA tensor the collective reads are queued on the
-//!    staging stream, after the copies up of every earlier call (so a
+//! 1. at call time, on the caller's thread ([`StagedCall::prepare`]): an
+//!    event marks the work queued so far on the caller's current stream;
+//! 2. when the collective's turn comes ([`Ordered::copy_down`]): the GPU's
+//!    staging stream waits for that event (not for work the caller queued
+//!    after the call, which a later call's order would bring in), then the
+//!    copies down of every CUDA tensor the collective reads are queued on
+//!    it, after the copies up of every earlier call (so a
 //!    tensor written by an earlier call is read as that call left it, even
 //!    when the caller did not wait in between), followed by an event; the
 //!    host waits for it ([`StagedCall::wait_copied_down_until`]), then the
@@ -23,6 +25,7 @@ use std::sync::{Arc, PoisonError};
 
 use super::staged_event::StagedEvent;
 use super::staging_device::StagingDevice;
+use crate::cuda::runtime::Event;
 use crate::group::collective::Collective;
 use crate::group::{DeviceEvent, SparseSlot};
 use crate::tensor::{Layout, SparseTensor, Tensor};
@@ -55,18 +58,23 @@ enum Results {
 /// queued (step 1 done).
 pub(crate) struct Ordered {
     device: Arc<StagingDevice>,
+    /// The caller's stream when the call was made.
+    caller: Event,
 }
 
 impl Ordered {
-    /// The staging device this call was ordered on.
-    pub(super) fn into_device(self) -> Arc<StagingDevice> {
-        self.device
+    /// The staging device, its stream now waiting for the caller's stream
+    /// as it was when the call was made (and after every earlier call's
+    /// copies): what is queued next on it runs in call order.
+    pub(super) fn into_device(self) -> Result<Arc<StagingDevice>> {
+        self.device.wait_for(&self.caller)?;
+        Ok(self.device)
     }
 
     /// Step 2's first half for rank `rank`'s `collective` (see the module
     /// docs): queues the copies down, in call order.
     pub(crate) fn copy_down(self, collective: &Collective, rank: usize) -> Result<StagedCall> {
-        let device = self.device;
+        let device = self.into_device()?;
         let staged = StagedCall::queue_copies_down(&device, collective, rank);
         if staged.is_err() {
             device.settle();
@@ -86,8 +94,8 @@ impl StagedCall {
     /// Step 1 (see the module docs), on the caller's thread at call time,
     /// for a collective whose CUDA tensors are all on `device`'s GPU.
     pub(crate) fn prepare(device: Arc<StagingDevice>) -> Result<Ordered> {
-        device.order_after_caller()?;
-        Ok(Ordered { device })
+        let caller = device.caller_point()?;
+        Ok(Ordered { device, caller })
     }
 
     /// The host collective, what it copies back, and every tensor the

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::pinned_pool::PinnedPool;
 use super::staged_event::StagedEvent;
 use crate::cuda::runtime::{
-    context, copy_dtoh_async, copy_htod_async, current_stream, Context, Stream,
+    context, copy_dtoh_async, copy_htod_async, current_stream, Context, Event, Stream,
 };
 use crate::tensor::{Device, Tensor};
 use crate::{Error, Result};
@@ -61,13 +61,27 @@ impl StagingDevice {
     /// calling thread's current stream of this GPU (call on the caller's
     /// thread, at call time).
     pub(crate) fn order_after_caller(&self) -> Result<()> {
+        let point = self.caller_point()?;
+        self.wait_for(&point)
+    }
+
+    /// The point after the work queued so far on the calling thread's
+    /// current stream of this GPU (call on the caller's thread, at call
+    /// time), for [`wait_for`](Self::wait_for) once the call runs.
+    pub(crate) fn caller_point(&self) -> Result<Event> {
         self.ctx.bind()?;
         let caller = current_stream(self.ordinal())?;
         // A fresh event per call: recording and waiting need no lock, and
         // destroying it with the wait still queued is allowed (CUDA frees
         // it once the wait is done).
-        let point = caller.record()?;
-        self.stream.wait(&point)
+        caller.record()
+    }
+
+    /// Makes the staging stream wait for `point` before what is queued on
+    /// it next.
+    pub(crate) fn wait_for(&self, point: &Event) -> Result<()> {
+        self.ctx.bind()?;
+        self.stream.wait(point)
     }
 
     /// A host tensor over a pooled pinned buffer with `t`'s shape, dtype
