@@ -308,14 +308,22 @@ impl ProcessGroupCpu {
         };
         #[cfg(feature = "cuda")]
         let (peer, peer_reason) = peer_memory(&setup_store, key_prefix, (rank, size), options)?;
+        // Posted by every rank, with CUDA built in or not (see
+        // `pipeline_choice`); used where it is.
         #[cfg(feature = "cuda")]
+        let may_stage =
+            options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus();
+        #[cfg(not(feature = "cuda"))]
+        let may_stage = false;
         let pipelines = super::pipeline_choice::any_rank_may_stage(
             &setup_store,
             key_prefix,
             (rank, size),
             options.timeout,
-            options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus(),
+            may_stage,
         )?;
+        #[cfg(not(feature = "cuda"))]
+        let _ = pipelines;
         let backend = Arc::new(CpuBackend {
             transport,
             p2p: Arc::new(p2p),

@@ -29,7 +29,6 @@ pub mod transport;
 
 mod monitored_barrier;
 pub(crate) mod p2p;
-#[cfg(feature = "cuda")]
 mod pipeline_choice;
 pub(crate) mod sparse_all_reduce;
 

@@ -4,7 +4,8 @@
 //! GPUs, so may pass CUDA tensors. A group whose hosts have no GPU never
 //! votes, so its host all_reduces cost what they did. At set-up every rank
 //! posts whether its host has GPUs and reads every other rank's answer, so
-//! all ranks decide alike.
+//! all ranks decide alike; ranks built without CUDA post theirs too (no),
+//! so they can share a group with ranks built with it.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use crate::{Error, Result};
 /// True if this host has NVIDIA GPUs the driver serves (its control device
 /// exists), found without loading or initialising CUDA: a CPU job on a GPU
 /// host does not pay for starting the driver.
+#[cfg(feature = "cuda")]
 pub(crate) fn host_has_nvidia_gpus() -> bool {
     std::path::Path::new("/dev/nvidiactl").exists()
 }
@@ -31,9 +33,14 @@ pub(crate) fn any_rank_may_stage(
 ) -> Result<bool> {
     let key = |r: usize| format!("{key_prefix}/may_stage/{r}");
     store.set(&key(rank), if mine { b"1" } else { b"0" })?;
+    // One request for every other rank's answer (not one each).
+    let peers: Vec<usize> = (0..size).filter(|&r| r != rank).collect();
+    let keys: Vec<String> = peers.iter().map(|&r| key(r)).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let answers = store.multi_get_timeout(&keys, timeout)?;
     let mut any = mine;
-    for peer in (0..size).filter(|&r| r != rank) {
-        match &store.get_timeout(&key(peer), timeout)?[..] {
+    for (&peer, answer) in peers.iter().zip(&answers) {
+        match &answer[..] {
             b"1" => any = true,
             b"0" => {}
             found => {
