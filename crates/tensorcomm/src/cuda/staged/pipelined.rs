@@ -44,7 +44,8 @@ const CHUNKS_AHEAD: usize = 1;
 /// to 4 MiB (smaller chunks pay the host collective's fixed cost more
 /// often; larger ones overlap less); where the message holds two and a
 /// half such chunks, the first two are a quarter and a half of one, and
-/// so are the last two in reverse.
+/// so are the last two in reverse. A remainder under a quarter chunk joins
+/// the chunk before it.
 pub(crate) fn chunks(nbytes: usize, elem: usize) -> Vec<Range<usize>> {
     let whole = |n: usize| (n / elem).max(1) * elem;
     let step = whole((nbytes / 4).clamp(512 << 10, 4 << 20));
@@ -56,7 +57,14 @@ pub(crate) fn chunks(nbytes: usize, elem: usize) -> Vec<Range<usize>> {
         (&[], &[])
     };
     let middle = nbytes - head.iter().chain(tail).sum::<usize>();
-    let steps = (0..middle.div_ceil(step)).map(|i| step.min(middle - i * step));
+    // Whole steps; a remainder under a quarter step joins the last one
+    // (a chunk of a few bytes would cost a host round of its own).
+    let mut steps = vec![step; middle / step];
+    match (middle % step, steps.last_mut()) {
+        (0, _) => {}
+        (rest, Some(last)) if rest < step / 4 => *last += rest,
+        (rest, _) => steps.push(rest),
+    }
     let mut at = 0;
     head.iter()
         .copied()
@@ -175,13 +183,16 @@ mod tests {
             (64 * mib, 8),
             (3 * mib + 3, 3),
             (5 * mib + 7 * 4, 4),
+            (18 * mib + 4, 4),
+            (18 * mib + 6, 2),
         ] {
             let c = chunks(nbytes, elem);
             assert_eq!(c.first().map(|r| r.start), Some(0));
             assert_eq!(c.last().map(|r| r.end), Some(nbytes));
             assert!(c.windows(2).all(|w| w[0].end == w[1].start));
             assert!(c.iter().all(|r| r.start % elem == 0 && r.len() % elem == 0));
-            assert!(c.iter().all(|r| r.len() <= 4 << 20), "{nbytes}: {c:?}");
+            // A step, with at most a quarter of one joined to it.
+            assert!(c.iter().all(|r| r.len() <= 5 << 20), "{nbytes}: {c:?}");
             assert!(c.iter().all(|r| !r.is_empty()), "{nbytes}: {c:?}");
         }
     }
@@ -203,6 +214,13 @@ mod tests {
         assert_eq!(big.len(), 19);
         assert!(big[2..16].iter().all(|&l| l == 4096), "{big:?}");
         assert_eq!(big[16], 2048);
+        // 4 bytes past whole steps join the last step, not a chunk alone.
+        let ragged = chunks(18 * mib + 4, 4);
+        let lens: Vec<usize> = ragged.iter().map(|r| r.len()).collect();
+        assert_eq!(
+            lens,
+            [mib, 2 * mib, 4 * mib, 4 * mib, 4 * mib + 4, 2 * mib, mib]
+        );
         assert_eq!(big[..2], [1024, 2048]);
         assert_eq!(big[big.len() - 2..], [2048, 1024]);
     }
