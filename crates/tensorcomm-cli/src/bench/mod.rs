@@ -310,8 +310,9 @@ pub struct BenchArgs {
     grad_as_bucket_view: bool,
     /// cpu with --device cuda: give the group peer memory (the device path:
     /// all_reduce on the GPUs when every rank can; TENSORCOMM_INTRANODE
-    /// says which groups qualify, `shared` for ranks sharing a GPU) and
-    /// stage all_reduces of 2 MiB or more in pipelined chunks.
+    /// says which groups qualify, `shared` for ranks sharing a GPU).
+    /// All_reduces of 2 MiB or more are staged in pipelined chunks with or
+    /// without it, on hosts with GPUs.
     #[arg(long)]
     peer_memory: bool,
     /// intranode: run the -n ranks as threads of this process instead of

@@ -22,9 +22,9 @@
 //!
 //! - `pipelined`: a large all_reduce of a contiguous CUDA tensor in
 //!   chunks, chunk i+1 copied down and chunk i-1 copied up while chunk i
-//!   is reduced (groups created with `CpuOptions::peer_memory`, where the
-//!   ranks vote on it); other calls copy everything down, reduce, then
-//!   copy everything up.
+//!   is reduced (groups with a rank on a GPU host or with peer memory,
+//!   where the ranks vote on it); other calls copy everything down,
+//!   reduce, then copy everything up.
 
 mod one_gpu;
 mod peer_path;
