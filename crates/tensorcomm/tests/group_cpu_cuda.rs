@@ -461,45 +461,6 @@ fn collectives_follow_the_callers_stream_and_wait_orders_it_after_them() {
 }
 
 #[test]
-fn a_call_runs_after_the_work_queued_before_it_not_after_later_work() {
-    if !can_run("a_call_runs_after_the_work_queued_before_it_not_after_later_work") {
-        return;
-    }
-    // A large all_reduce (pipelined: its copies down are queued chunk by
-    // chunk while it runs), then a long kernel on the caller's stream, then
-    // a second call. The first call's copies must wait for what was queued
-    // before it only: had they waited behind the second call's order on the
-    // caller's stream, the first call would end after the long kernel (and
-    // a collective on another backend queued in between could deadlock).
-    let pgs = two_ranks("call-order");
-    on_every_rank(&pgs, |pg| {
-        let me = pg.rank();
-        let mine = Stream::new(0).unwrap();
-        let spin = Spin::load(&mine);
-        let n = 3 << 20; // 12 MiB
-        let (input, input_addr) = tensor_with_address(&mine, n);
-        let (scratch, scratch_addr) = tensor_with_address(&mine, 4);
-        let _current = set_current_stream(&mine);
-        // Ready 200 ms from now, so the call is still running below.
-        spin.fill_after(&mine, input_addr, n, 1.0 + me as f32, 200);
-        let first = pg.all_reduce(&input, ReduceOp::Sum, None).unwrap();
-        spin.fill_after(&mine, scratch_addr, 4, 5.0, 4000);
-        let long_done = mine.record().unwrap();
-        let second = pg.all_reduce(&scratch, ReduceOp::Sum, None).unwrap();
-        first.synchronize().unwrap();
-        assert!(
-            !long_done.query().unwrap(),
-            "rank {me}: the first call waited for a kernel queued after it"
-        );
-        assert!(get(&input).iter().all(|&v| v == 3.0), "rank {me}");
-        assert_eq!(pg.pipelined_all_reduces(), 1);
-        second.synchronize().unwrap();
-        assert!(long_done.query().unwrap());
-        assert_eq!(get(&scratch), [10.0; 4], "rank {me}");
-    });
-}
-
-#[test]
 fn dropped_works_keep_their_tensors_until_the_copies_are_done() {
     if !can_run("dropped_works_keep_their_tensors_until_the_copies_are_done") {
         return;
