@@ -310,17 +310,22 @@ impl ProcessGroupCpu {
         let (peer, peer_reason) = peer_memory(&setup_store, key_prefix, (rank, size), options)?;
         // Posted by every rank, with CUDA built in or not (see
         // `pipeline_choice`); used where it is.
+        use super::pipeline_choice::{group_votes, MayStage};
         #[cfg(feature = "cuda")]
-        let may_stage =
-            options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus();
+        let mine =
+            if options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus() {
+                MayStage::Yes
+            } else {
+                MayStage::No
+            };
         #[cfg(not(feature = "cuda"))]
-        let may_stage = false;
-        let pipelines = super::pipeline_choice::any_rank_may_stage(
+        let mine = MayStage::BuiltWithoutCuda;
+        let pipelines = group_votes(
             &setup_store,
             key_prefix,
             (rank, size),
             options.timeout,
-            may_stage,
+            mine,
         )?;
         #[cfg(not(feature = "cuda"))]
         let _ = pipelines;

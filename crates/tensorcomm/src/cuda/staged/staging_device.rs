@@ -153,8 +153,9 @@ impl StagingDevice {
         unsafe { copy_htod_async(&ctx, dst, src, len, stream) }
     }
 
-    /// The staging stream (ordered after each caller's stream by
-    /// `order_after_caller`).
+    /// The staging stream (ordered after each call's caller stream by
+    /// `wait_for` when the call runs, or by `order_after_caller` for
+    /// point-to-point calls, at call time).
     pub(crate) fn stream(&self) -> &crate::cuda::runtime::Stream {
         &self.stream
     }
