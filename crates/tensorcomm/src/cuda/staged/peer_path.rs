@@ -25,9 +25,9 @@ pub(crate) fn peer_path_eligible(comm: &IntraNodeComm, tensor: &Tensor<'_>, op: 
 
 impl Ordered {
     /// Runs the all_reduce on peer memory, on the staging stream, once it
-    /// waits for the caller's stream as it was at the call; the event holds `tensor` until
-    /// the kernel is done and reports a kernel that stopped early (a peer
-    /// did not arrive) when waited for on the host.
+    /// waits for the caller's stream as it was at the call; the event
+    /// holds `tensor` until the kernel is done and reports a kernel that
+    /// stopped early (a peer did not arrive) when waited for on the host.
     pub(crate) fn peer_all_reduce(
         self,
         comm: &Arc<IntraNodeComm>,
