@@ -311,21 +311,12 @@ impl ProcessGroupCpu {
         // Posted by every rank, with CUDA built in or not (see
         // `pipeline_choice`); used where it is.
         use super::pipeline_choice::{group_votes, MayStage};
-        #[cfg(feature = "cuda")]
-        let mine =
-            if options.peer_memory.is_some() || super::pipeline_choice::host_has_nvidia_gpus() {
-                MayStage::Yes
-            } else {
-                MayStage::No
-            };
-        #[cfg(not(feature = "cuda"))]
-        let mine = MayStage::BuiltWithoutCuda;
         let pipelines = group_votes(
             &setup_store,
             key_prefix,
             (rank, size),
             options.timeout,
-            mine,
+            MayStage::of_this_rank(options),
         )?;
         #[cfg(not(feature = "cuda"))]
         let _ = pipelines;

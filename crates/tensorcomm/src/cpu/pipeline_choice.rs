@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use super::backend::CpuOptions;
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -16,7 +17,7 @@ use crate::{Error, Result};
 /// exists), found without loading or initialising CUDA: a CPU job on a GPU
 /// host does not pay for starting the driver.
 #[cfg(feature = "cuda")]
-pub(crate) fn host_has_nvidia_gpus() -> bool {
+fn host_has_nvidia_gpus() -> bool {
     std::path::Path::new("/dev/nvidiactl").exists()
 }
 
@@ -30,6 +31,22 @@ pub(crate) enum MayStage {
 }
 
 impl MayStage {
+    /// This rank's answer in a group created with `options`: yes when it
+    /// asked for peer memory or its host has GPUs.
+    pub(crate) fn of_this_rank(options: &CpuOptions) -> MayStage {
+        #[cfg(feature = "cuda")]
+        return if options.peer_memory.is_some() || host_has_nvidia_gpus() {
+            MayStage::Yes
+        } else {
+            MayStage::No
+        };
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = options;
+            MayStage::BuiltWithoutCuda
+        }
+    }
+
     fn posted(self) -> &'static [u8] {
         match self {
             MayStage::BuiltWithoutCuda => b"x",

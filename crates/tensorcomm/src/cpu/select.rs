@@ -524,6 +524,8 @@ impl Selection {
     /// `whole` bytes cut into parts: as many as for the whole message
     /// ([`arena_threads`](Self::arena_threads)), but never more than one per
     /// [`SHM_ARENA_MIN_BYTES_PER_THREAD`] of the part (an override stands).
+    /// A whole message (`part == whole`) gets its
+    /// [`arena_threads`](Self::arena_threads), which caps the same way.
     pub(crate) fn arena_threads_for_part(
         &self,
         part: usize,

@@ -23,17 +23,13 @@ pub(super) fn run(ctx: &Ctx<'_>, tensor: &Tensor<'static>, op: ReduceOp) -> Resu
         #[cfg(target_os = "linux")]
         if let Some(arena) = arena {
             let symmetric = arena.symmetric.find(bytes);
-            let count = match ctx.part_of {
-                None => ctx
-                    .select
-                    .arena_threads(bytes.len(), arena.cores, symmetric.is_some()),
-                Some(whole) => ctx.select.arena_threads_for_part(
-                    bytes.len(),
-                    whole,
-                    arena.cores,
-                    symmetric.is_some(),
-                ),
-            };
+            // A whole message is its own only part.
+            let count = ctx.select.arena_threads_for_part(
+                bytes.len(),
+                ctx.part_of.unwrap_or(bytes.len()),
+                arena.cores,
+                symmetric.is_some(),
+            );
             let threads = ArenaThreads {
                 helpers: &arena.helpers,
                 count,
