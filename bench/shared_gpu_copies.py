@@ -65,6 +65,11 @@ def worker(rank, sizes, iters, barrier, out, sync_mode, op):
         big = max(n, 8192)
         host_big = torch.zeros(big, dtype=torch.float32).pin_memory()
         dev_big = torch.zeros(big, dtype=torch.float32, device="cuda")
+        if op == "duplex":
+            other = torch.cuda.Stream()
+            host2 = torch.zeros(n, dtype=torch.float32).pin_memory()
+            dev2 = torch.empty(n, dtype=torch.float32, device="cuda")
+            ev2 = torch.cuda.Event(blocking=(sync_mode == "blocking"))
 
         def step():
             if op in ("pair", "h2d"):
@@ -75,6 +80,15 @@ def worker(rank, sizes, iters, barrier, out, sync_mode, op):
                 host.copy_(dev, non_blocking=True)
                 ev.record(stream)
                 ev.synchronize()
+            if op == "duplex":
+                # one copy each way at once, on two streams
+                dev.copy_(host, non_blocking=True)
+                with torch.cuda.stream(other):
+                    host2.copy_(dev2, non_blocking=True)
+                ev.record(stream)
+                ev2.record(other)
+                ev.synchronize()
+                ev2.synchronize()
             if op == "d2d":
                 dev.copy_(dev_big[:n], non_blocking=True)
                 ev.record(stream)
@@ -121,8 +135,8 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--sync", default="spin", choices=["spin", "blocking"])
     ap.add_argument("--op", default="pair",
-                    choices=["pair", "h2d", "d2h", "d2d", "kernel", "d2h_window", "h2d_scratch", "h2d_rows"],
-                    help="pair: copy down and up; h2d/d2h: one way; d2d: a device copy; kernel: an "
+                    choices=["pair", "h2d", "d2h", "duplex", "d2d", "kernel", "d2h_window", "h2d_scratch", "h2d_rows"],
+                    help="pair: copy down and up; h2d/d2h: one way; duplex: one copy each way at once; d2d: a device copy; kernel: an "
                          "in-place add; d2h_window: 32 KiB down; h2d_scratch: 32 KiB up then a device copy; "
                          "h2d_rows: up as one copy of several rows")
     a = ap.parse_args()
