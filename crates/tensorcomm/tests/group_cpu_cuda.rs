@@ -827,8 +827,6 @@ fn large_all_reduces_stage_in_pipelined_chunks_when_some_rank_passes_a_cuda_tens
             expected_chunked += 1;
             assert!(get(&t) == want, "rank {me}: {op} on two GPU tensors");
             assert_eq!(pg.pipelined_all_reduces(), expected_chunked);
-            // Both ranks share this host's arena: copied straight into it.
-            assert_eq!(pg.arena_fed_all_reduces(), expected_chunked);
         }
         // Rank 1 on the host: both still cut the message the same way.
         let device = if me == 0 { GPU } else { Device::Cpu };
@@ -907,7 +905,6 @@ fn a_default_group_on_a_gpu_host_pipelines_large_staged_all_reduces() {
             .unwrap();
         assert!(get(&t) == sum, "rank {me}: default group, both on the GPU");
         assert_eq!(pg.pipelined_all_reduces(), 1);
-        assert_eq!(pg.arena_fed_all_reduces(), 1);
         // One rank on the host: both cut the message alike.
         let device = if me == 0 { Device::Cpu } else { GPU };
         let t = on(device, input(me), &[n]);
@@ -917,7 +914,6 @@ fn a_default_group_on_a_gpu_host_pipelines_large_staged_all_reduces() {
             .unwrap();
         assert!(get(&t) == sum, "rank {me}: default group, mixed placements");
         assert_eq!(pg.pipelined_all_reduces(), 2);
-        assert_eq!(pg.arena_fed_all_reduces(), 2);
         // Host tensors only: voted, not cut.
         let t = on(Device::Cpu, input(me), &[n]);
         pg.all_reduce(&t, ReduceOp::Sum, None)
@@ -930,22 +926,22 @@ fn a_default_group_on_a_gpu_host_pipelines_large_staged_all_reduces() {
 }
 
 #[test]
-fn fed_all_reduces_match_the_reference_at_two_and_four_ranks() {
-    if !can_run("fed_all_reduces_match_the_reference_at_two_and_four_ranks") {
+fn pipelined_all_reduces_match_the_reference_at_two_and_four_ranks() {
+    if !can_run("pipelined_all_reduces_match_the_reference_at_two_and_four_ranks") {
         return;
     }
     // Large all_reduces of CUDA tensors in a default group on a GPU host
-    // are copied straight into and out of the ranks' shared-memory arena:
-    // sizes at and past the 2 MiB threshold, many steps with ragged ends,
-    // SUM, MAX and AVG, a host tensor on one rank, back to back.
+    // are staged in pipelined chunks: sizes at and past the 2 MiB
+    // threshold, many chunks with ragged ends, SUM, MAX and AVG, a host
+    // tensor on one rank, back to back.
     for world in [2, 4] {
-        let pgs = groups(world, &Arc::new(HashStore::new()), &format!("fed{world}"));
+        let pgs = groups(world, &Arc::new(HashStore::new()), &format!("pipelined{world}"));
         on_every_rank(&pgs, |pg| {
             let me = pg.rank();
             let input = |r: usize, n: usize| -> Vec<f32> {
                 (0..n).map(|i| ((i * 7 + r * 13) % 251) as f32).collect()
             };
-            let mut fed = 0;
+            let mut chunked = 0;
             for n in [1 << 19, (1 << 19) + 1, (3 << 20) + 7, 9 << 20] {
                 let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, n)).collect();
                 for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
@@ -967,9 +963,9 @@ fn fed_all_reduces_match_the_reference_at_two_and_four_ranks() {
                     };
                     let t = on(device, inputs[me].clone(), &[n]);
                     pg.all_reduce(&t, op, None).unwrap().synchronize().unwrap();
-                    fed += 1;
+                    chunked += 1;
                     assert!(get(&t) == want, "{world} ranks, rank {me}: {op} of {n}");
-                    assert_eq!(pg.arena_fed_all_reduces(), fed, "rank {me}: {op} of {n}");
+                    assert_eq!(pg.pipelined_all_reduces(), chunked, "rank {me}: {op} of {n}");
                 }
             }
             // Back to back without waiting, on one tensor.

@@ -338,8 +338,6 @@ impl ProcessGroupCpu {
             pipelines,
             #[cfg(feature = "cuda")]
             chunked: Default::default(),
-            #[cfg(all(feature = "cuda", target_os = "linux"))]
-            fed: Default::default(),
         });
         super::close_at_exit::register(&backend);
         let engine = Engine::start(
@@ -414,27 +412,6 @@ impl ProcessGroupCpu {
     pub fn pipelined_all_reduces(&self) -> u64 {
         self.backend
             .chunked
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// How many of the [`pipelined_all_reduces`](Self::pipelined_all_reduces)
-    /// copied this rank's tensor straight into and out of the group's
-    /// shared-memory arena (every rank on this host, reached over shared
-    /// memory, and every staging rank able to register the arena with
-    /// CUDA): no pinned copy of the message between.
-    ///
-    /// ```
-    /// use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
-    /// use tensorcomm::store::HashStore;
-    /// let pg = ProcessGroupCpu::new(std::sync::Arc::new(HashStore::new()), "doc", 0, 1, &CpuOptions::default())?;
-    /// assert_eq!(pg.arena_fed_all_reduces(), 0);
-    /// # Ok::<(), tensorcomm::Error>(())
-    /// ```
-    #[cfg(all(feature = "cuda", target_os = "linux"))]
-    pub fn arena_fed_all_reduces(&self) -> u64 {
-        self.backend
-            .fed
-            .count
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -54,9 +54,6 @@ pub(crate) struct CpuBackend {
     /// All-reduces this rank ran in chunks.
     #[cfg(feature = "cuda")]
     pub(crate) chunked: std::sync::atomic::AtomicU64,
-    /// The arena registered with CUDA for fed all_reduces, and their count.
-    #[cfg(all(feature = "cuda", target_os = "linux"))]
-    pub(crate) fed: super::fed_staging::FedArena,
 }
 
 impl GroupBackend for CpuBackend {
@@ -93,22 +90,6 @@ impl GroupBackend for CpuBackend {
                             .inspect_err(|_| call.describe(describe(&call.fingerprint, collective)))
                             .map(Some);
                     }
-                    #[cfg(target_os = "linux")]
-                    AllReducePath::Fed(arena) => {
-                        let gpu = ordered.device().clone();
-                        let Some(registered) = self.fed.registered(&arena.shm, &gpu) else {
-                            return Err(crate::Error::InvalidArgument(
-                                "a fed all_reduce found the arena unregistered after its vote"
-                                    .into(),
-                            ));
-                        };
-                        let mut run = |feed: &mut crate::cuda::staged::ArenaFeed<'_>| {
-                            self.run_fed(arena, tensor, *op, feed, collective, call)
-                        };
-                        return ordered
-                            .fed_all_reduce(tensor, registered, &mut run)
-                            .map(Some);
-                    }
                     AllReducePath::Whole => {}
                 }
             }
@@ -129,24 +110,12 @@ impl GroupBackend for CpuBackend {
             // A host tensor: it votes against the device path, so that
             // ranks with CUDA tensors stage theirs too, and cuts its
             // message into the same chunks when they pipeline theirs.
-            match self.all_reduce_path(tensor, *op, collective, call)? {
-                AllReducePath::Chunked => {
-                    let whole = Some(tensor.nbytes());
-                    let mut run_host =
-                        |c: &Collective| self.run_part_on_host(c, collective, call, whole);
-                    return crate::cuda::staged::all_reduce_host_chunks(tensor, *op, &mut run_host)
-                        .map(|()| None);
-                }
-                #[cfg(target_os = "linux")]
-                AllReducePath::Fed(arena) => {
-                    return tensor
-                        .with_bytes_mut(|message| {
-                            let mut feed = super::algorithms::HostFeed { message };
-                            self.run_fed(arena, tensor, *op, &mut feed, collective, call)
-                        })?
-                        .map(|()| None);
-                }
-                _ => {}
+            if let AllReducePath::Chunked = self.all_reduce_path(tensor, *op, collective, call)? {
+                let whole = Some(tensor.nbytes());
+                let mut run_host =
+                    |c: &Collective| self.run_part_on_host(c, collective, call, whole);
+                return crate::cuda::staged::all_reduce_host_chunks(tensor, *op, &mut run_host)
+                    .map(|()| None);
             }
         }
         self.run_on_host(collective, collective, call)
@@ -171,11 +140,6 @@ enum AllReducePath<'a> {
     /// In chunks (`cuda::staged::pipelined`): a large message that some
     /// rank stages, and every rank's tensor is contiguous.
     Chunked,
-    /// As `Chunked`, copied straight into and out of the group's arena
-    /// (`algorithms::all_reduce_shm_arena_fed`): the group has one, and
-    /// every rank that stages registered it with CUDA.
-    #[cfg(target_os = "linux")]
-    Fed(&'a super::group_arena::GroupArena),
     /// Whole, staged or on the host.
     Whole,
 }
@@ -217,16 +181,15 @@ impl CpuBackend {
             Some(peer) if on_gpu && peer_path_eligible(peer, tensor, op) => 2,
             _ => 1,
         };
-        let feeds = i32::from(self.can_feed_arena(tensor, large));
-        let ballot = crate::tensor::Tensor::from_vec(vec![can, -i32::from(on_gpu), feeds], &[3])?;
+        let ballot = crate::tensor::Tensor::from_vec(vec![can, -i32::from(on_gpu)], &[2])?;
         let vote = Collective::AllReduce {
             tensor: ballot.clone(),
             op: crate::group::ReduceOp::Min,
         };
         self.run_on_host(&vote, described, call)?;
-        let (all_can, someone_stages, all_feed) = match ballot.to_vec::<i32>()?[..] {
-            [a, b, c] => (a, b < 0, c == 1),
-            _ => (0, false, false),
+        let (all_can, someone_stages) = match ballot.to_vec::<i32>()?[..] {
+            [a, b] => (a, b < 0),
+            _ => (0, false),
         };
         if let (2, Some(peer)) = (all_can, &self.peer) {
             return Ok(AllReducePath::Peer(peer));
@@ -237,20 +200,6 @@ impl CpuBackend {
         if all_can >= 1 && someone_stages && large && self.pipelines {
             self.chunked
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            #[cfg(target_os = "linux")]
-            if let (true, Some(arena)) = (all_feed, &self.arena) {
-                self.fed
-                    .count
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::debug!(
-                    rank = self.rank,
-                    bytes = tensor.nbytes(),
-                    "all_reduce copied straight into and out of the arena"
-                );
-                return Ok(AllReducePath::Fed(arena));
-            }
-            #[cfg(not(target_os = "linux"))]
-            let _ = all_feed;
             tracing::debug!(
                 rank = self.rank,
                 bytes = tensor.nbytes(),
@@ -259,64 +208,6 @@ impl CpuBackend {
             return Ok(AllReducePath::Chunked);
         }
         Ok(AllReducePath::Whole)
-    }
-
-    /// Whether this rank can take a fed all_reduce of `tensor`
-    /// (`algorithms::all_reduce_shm_arena_fed`) if the ranks pipeline it:
-    /// the group has an arena and the tensor is on the host, or on a GPU
-    /// through which this process registered the arena with CUDA (done
-    /// here, on the first `large` one).
-    #[cfg(feature = "cuda")]
-    fn can_feed_arena(&self, tensor: &crate::tensor::Tensor<'static>, large: bool) -> bool {
-        #[cfg(target_os = "linux")]
-        if let (true, Some(arena)) = (large && self.pipelines, &self.arena) {
-            return match tensor.device() {
-                crate::tensor::Device::Cpu => true,
-                crate::tensor::Device::Cuda(gpu) => self
-                    .staging
-                    .device(gpu)
-                    .is_ok_and(|device| self.fed.registered(&arena.shm, &device).is_some()),
-            };
-        }
-        let _ = (tensor, large);
-        false
-    }
-
-    /// Runs a fed all_reduce (`algorithms::all_reduce_shm_arena_fed`) of
-    /// `tensor` through `arena`, its bytes copied by `feed`, as part of
-    /// `call` (`described` on failure).
-    #[cfg(all(feature = "cuda", target_os = "linux"))]
-    fn run_fed(
-        &self,
-        arena: &super::group_arena::GroupArena,
-        tensor: &crate::tensor::Tensor<'static>,
-        op: crate::group::ReduceOp,
-        feed: &mut dyn super::algorithms::SlotFeed,
-        described: &Collective,
-        call: &Call,
-    ) -> Result<()> {
-        let len = tensor.nbytes();
-        let threads = super::algorithms::ArenaThreads {
-            helpers: &arena.helpers,
-            count: self.select.arena_threads_for_part(
-                arena.shm.chunk() / 2,
-                len,
-                arena.cores,
-                false,
-            ),
-        };
-        self.with_call_transport(described, call, |t| {
-            super::algorithms::all_reduce_shm_arena_fed(
-                t,
-                &arena.shm,
-                threads,
-                len,
-                tensor.dtype(),
-                op,
-                feed,
-                call.deadline,
-            )
-        })
     }
 
     /// Runs `collective` to its end on this thread; on failure describes
@@ -345,40 +236,25 @@ impl CpuBackend {
             // number (the same on every rank).
             return monitored_barrier(&self.p2p, call.fingerprint.seq, wait_all, wait);
         }
-        self.with_call_transport(described, call, |t| {
-            let ctx = Ctx {
-                t,
-                deadline: call.deadline,
-                select: &self.select,
-                #[cfg(target_os = "linux")]
-                arena: self.arena.as_deref(),
-                #[cfg(not(target_os = "linux"))]
-                arena: None,
-                part_of,
-            };
-            collectives::run(&ctx, collective)
-        })
-    }
-
-    /// Runs `work` over the group's transport with `call`'s fingerprint
-    /// in front of this rank's first message to each peer; on failure
-    /// reports a mismatch the transport found and describes the call as
-    /// `described`.
-    fn with_call_transport(
-        &self,
-        described: &Collective,
-        call: &Call,
-        work: impl FnOnce(&dyn Transport) -> Result<()>,
-    ) -> Result<()> {
         let t = Fingerprinted::new(
             &self.transport,
             call.fingerprint,
             self.select.sender_check(),
         );
+        let ctx = Ctx {
+            t: &t,
+            deadline: call.deadline,
+            select: &self.select,
+            #[cfg(target_os = "linux")]
+            arena: self.arena.as_deref(),
+            #[cfg(not(target_os = "linux"))]
+            arena: None,
+            part_of,
+        };
         // Then the pairs where data flowed one way check the other way
         // too (see `fingerprinted.rs`), so a rank that only sent fails here
         // rather than at its next call.
-        let outcome = work(&t).and_then(|()| t.close_call(call.deadline));
+        let outcome = collectives::run(&ctx, collective).and_then(|()| t.close_call(call.deadline));
         if outcome.is_err() {
             if let Some((peer, theirs)) = t.mismatched() {
                 call.report_mismatch(peer, theirs);

@@ -17,8 +17,6 @@ pub mod algorithms;
 pub mod backend;
 mod close_at_exit;
 mod collectives;
-#[cfg(all(feature = "cuda", target_os = "linux"))]
-mod fed_staging;
 mod fingerprinted;
 #[cfg(target_os = "linux")]
 mod group_arena;

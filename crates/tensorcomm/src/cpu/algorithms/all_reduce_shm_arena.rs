@@ -320,7 +320,6 @@ fn reduce_shm_arena(
         let call = ArenaCall {
             threads: threads as u8,
             symmetric: None,
-            fed: false,
         };
         call.open(t, arena.wait(), deadline)?;
         for piece in buf.chunks_mut(step) {
@@ -482,7 +481,6 @@ mod tests {
                 let call = ArenaCall {
                     threads: 2,
                     symmetric: None,
-                    fed: false,
                 };
                 call.open(t, arena.wait(), deadline())
                     .expect("opening barrier");
@@ -518,7 +516,6 @@ mod tests {
                 let call = ArenaCall {
                     threads: 1,
                     symmetric: None,
-                    fed: false,
                 };
                 call.open(t, arena.wait(), soon).expect("opening barrier");
                 std::thread::sleep(Duration::from_millis(600));

@@ -148,7 +148,6 @@ pub fn all_reduce_shm_symmetric(
         let call = ArenaCall {
             threads: lanes as u8,
             symmetric: Some((memory.id(), offset as u64)),
-            fed: false,
         };
         call.open(t, arena.wait(), deadline)?;
         let step = arena.next_step();
@@ -228,7 +227,6 @@ mod tests {
             let call = ArenaCall {
                 threads: lanes as u8,
                 symmetric: Some((memory.id(), offset as u64)),
-                fed: false,
             };
             call.open(t, arena.wait(), deadline())
                 .expect("opening barrier");

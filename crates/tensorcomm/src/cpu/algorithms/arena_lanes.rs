@@ -213,12 +213,9 @@ pub(super) struct ArenaCall {
     /// The symmetric allocation's number and the tensor's byte offset in
     /// it; `None` for a call staged through the arena.
     pub symmetric: Option<(u64, u64)>,
-    /// Whether the ranks' bytes are copied straight into and out of their
-    /// slots (`all_reduce_shm_arena_fed`).
-    pub fed: bool,
 }
 
-const ARENA_CALL_LEN: usize = 18;
+const ARENA_CALL_LEN: usize = 17;
 
 impl ArenaCall {
     fn encode(self) -> [u8; ARENA_CALL_LEN] {
@@ -226,8 +223,7 @@ impl ArenaCall {
         let mut out = [0u8; ARENA_CALL_LEN];
         out[0] = self.threads;
         out[1..9].copy_from_slice(&id.to_le_bytes());
-        out[9..17].copy_from_slice(&offset.to_le_bytes());
-        out[17] = u8::from(self.fed);
+        out[9..].copy_from_slice(&offset.to_le_bytes());
         out
     }
 
@@ -239,9 +235,6 @@ impl ArenaCall {
                 .map_or(u64::MAX, u64::from_le_bytes)
         };
         let threads = bytes.first().copied().unwrap_or(0);
-        if bytes.get(17) == Some(&1) {
-            return "all_reduce copied straight into and out of the shared-memory arena's slots (staged CUDA tensors)".into();
-        }
         match (word(1), word(9)) {
             (u64::MAX, _) => format!(
                 "all_reduce of a private tensor, staged through the shared-memory arena with {threads} threads per rank"

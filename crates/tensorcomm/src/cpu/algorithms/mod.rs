@@ -22,9 +22,7 @@
 //!   steps through counters in the arena and the transport carrying one
 //!   opening barrier. `broadcast_shm_arena` likewise for broadcast,
 //!   `reduce_to_root_shm_arena` for reduce and `all_to_all_shm_arena` for
-//!   all-to-all, gather and scatter. `all_reduce_shm_arena_fed` is the
-//!   arena all-reduce for bytes a device copies straight into and out of
-//!   the arena (staged CUDA tensors).
+//!   all-to-all, gather and scatter.
 //!
 //! Every rank ends with bit-identical results: each element is reduced once,
 //! in an order fixed by the algorithm, then copied. Which algorithm runs
@@ -62,10 +60,6 @@ mod all_reduce_halving_doubling;
 mod all_reduce_ring;
 #[cfg(target_os = "linux")]
 mod all_reduce_shm_arena;
-// Used by the CPU group only for staged CUDA tensors.
-#[cfg(target_os = "linux")]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod all_reduce_shm_arena_fed;
 #[cfg(target_os = "linux")]
 mod all_reduce_shm_symmetric;
 mod all_to_all_pairwise;
@@ -94,9 +88,6 @@ pub use all_reduce_halving_doubling::all_reduce_halving_doubling;
 pub use all_reduce_ring::{all_reduce_ring, all_reduce_ring_segmented, RING_SEGMENT_BYTES};
 #[cfg(target_os = "linux")]
 pub use all_reduce_shm_arena::{all_reduce_shm_arena, reduce_to_root_shm_arena, ArenaThreads};
-#[cfg(target_os = "linux")]
-#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
-pub(crate) use all_reduce_shm_arena_fed::{all_reduce_shm_arena_fed, HostFeed, SlotFeed};
 #[cfg(target_os = "linux")]
 pub use all_reduce_shm_symmetric::{all_reduce_shm_symmetric, SymmetricBytes};
 pub use all_to_all_pairwise::{agree_block_sizes, all_to_all_pairwise};

@@ -25,11 +25,7 @@
 //!   is reduced (groups with a rank on a GPU host or with peer memory,
 //!   where the ranks vote on it); other calls copy everything down,
 //!   reduce, then copy everything up.
-//! - `arena_feed`: in a group whose ranks share one host's arena, those
-//!   chunks are copied straight into and out of the arena, registered
-//!   with CUDA, instead of through pinned copies of the message.
 
-mod arena_feed;
 mod one_gpu;
 mod peer_path;
 mod pinned_pool;
@@ -42,7 +38,6 @@ mod staging_device;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-pub(crate) use arena_feed::{register_arena, ArenaFeed};
 pub(crate) use one_gpu::gpu_of;
 pub(crate) use peer_path::peer_path_eligible;
 pub(crate) use pipelined::{all_reduce_host_chunks, PIPELINE_MIN_BYTES};

@@ -63,11 +63,6 @@ pub(crate) struct Ordered {
 }
 
 impl Ordered {
-    /// The staging device of the call's GPU.
-    pub(crate) fn device(&self) -> &Arc<StagingDevice> {
-        &self.device
-    }
-
     /// The staging device, its stream now waiting for the caller's stream
     /// as it was when the call was made (and after every earlier call's
     /// copies): what is queued next on it runs in call order.

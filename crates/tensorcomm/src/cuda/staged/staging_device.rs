@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::pinned_pool::PinnedPool;
 use super::staged_event::StagedEvent;
 use crate::cuda::runtime::{
-    context, copy_dtoh_async, copy_htod_async, current_stream, Context, DevicePtr, Event, Stream,
+    context, copy_dtoh_async, copy_htod_async, current_stream, Context, Event, Stream,
 };
 use crate::tensor::{Device, Tensor};
 use crate::{Error, Result};
@@ -151,53 +151,6 @@ impl StagingDevice {
         // SAFETY: as in `copy_down`: both ends are held until the copy's
         // event has passed, and `host` is pinned.
         unsafe { copy_htod_async(&ctx, dst, src, len, stream) }
-    }
-
-    /// Queues a copy of `len` bytes at `src` (this GPU's memory) into
-    /// registered host memory at `dst`, on the staging stream.
-    ///
-    /// # Safety
-    ///
-    /// `dst .. dst + len` is registered or pinned host memory that nothing
-    /// reads or writes, and `src .. src + len` device memory of this GPU
-    /// that stays allocated, until the copy has run.
-    pub(crate) unsafe fn copy_down_raw(
-        &self,
-        src: DevicePtr,
-        dst: *mut u8,
-        len: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds the contract above.
-        unsafe { copy_dtoh_async(&self.ctx, dst, src, len, &self.stream) }
-    }
-
-    /// Queues a copy of `len` bytes of registered host memory at `src`
-    /// into this GPU's memory at `dst`, on the second stream (see
-    /// [`copy_up_beside`](Self::copy_up_beside)).
-    ///
-    /// # Safety
-    ///
-    /// As for [`copy_down_raw`](Self::copy_down_raw), with nothing writing
-    /// `src` and nothing else using `dst` until the copy has run.
-    pub(crate) unsafe fn copy_up_raw_beside(
-        &self,
-        src: *const u8,
-        dst: DevicePtr,
-        len: usize,
-    ) -> Result<()> {
-        // SAFETY: the caller upholds the contract above.
-        unsafe { copy_htod_async(&self.ctx, dst, src, len, &self.up) }
-    }
-
-    /// The point after the copies queued so far on the staging stream
-    /// (`up: false`) or the second stream (`up: true`).
-    pub(crate) fn mark(&self, up: bool) -> Result<Event> {
-        self.ctx.bind()?;
-        if up {
-            self.up.record()
-        } else {
-            self.stream.record()
-        }
     }
 
     /// The staging stream (ordered after each call's caller stream by

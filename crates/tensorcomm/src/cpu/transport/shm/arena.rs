@@ -53,7 +53,7 @@ use super::group_segment::{connect_group_segment, Purpose};
 use super::segment::Segment;
 use super::signal::Signal;
 use super::wait::{Backoff, ShmWait};
-use crate::cpu::reduce_kernels::{finish, reduce_into, ReduceOp};
+use crate::cpu::reduce_kernels::{reduce_into, ReduceOp};
 use crate::store::Store;
 use crate::tensor::DType;
 use crate::{Error, Result};
@@ -77,7 +77,7 @@ pub enum Progress {
 }
 
 impl Progress {
-    pub(crate) fn verb(self) -> &'static str {
+    fn verb(self) -> &'static str {
         match self {
             Progress::CopiedIn => "copy in",
             Progress::Reduced => "reduce",
@@ -343,17 +343,6 @@ impl ShmArena {
         }
     }
 
-    /// Whether another rank has reached `milestone` (one look, no wait).
-    pub(crate) fn reached(&self, milestone: Milestone) -> bool {
-        let Milestone {
-            rank,
-            lane,
-            kind,
-            step,
-        } = milestone;
-        self.progress(rank, lane, kind).load(Ordering::Acquire) > step
-    }
-
     /// Waits until another rank has reached `milestone`: `Ok(true)` then;
     /// `Ok(false)` if `stopped()` said to give up (asked now and then);
     /// `Err` if `alive()` (asked every few milliseconds) fails or the
@@ -526,76 +515,6 @@ impl ShmArena {
             let src = unsafe { std::slice::from_raw_parts(base.add(at), range.len()) };
             reduce_into(op, dtype, acc, src)?;
         }
-        Ok(())
-    }
-}
-
-impl ShmArena {
-    /// The whole mapping (counters and slots): its first byte and length,
-    /// page-aligned, for registering it with a device that copies
-    /// straight into and out of the slots.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn mapping(&self) -> (*mut u8, usize) {
-        (self.segment.base().as_ptr(), self.segment.len())
-    }
-
-    /// Bytes of all the ranks' slots taken as one area, which an
-    /// algorithm may lay out as it likes (`all_reduce_shm_arena_fed`).
-    pub(crate) fn area_len(&self) -> usize {
-        self.world_size * 2 * self.chunk
-    }
-
-    /// Byte offset in the mapping of `range` of the slots' area, checked.
-    fn area_offset(&self, range: &Range<usize>) -> usize {
-        assert!(
-            range.start <= range.end && range.end <= self.area_len(),
-            "arena area access out of bounds: {range:?} of {}",
-            self.area_len()
-        );
-        control_len(self.world_size) + range.start
-    }
-
-    /// The address of `range` of the slots' area, for a copy by a device.
-    /// Whoever writes or reads through it follows the protocol that orders
-    /// every write before every read.
-    pub(crate) fn area_ptr(&self, range: Range<usize>) -> *mut u8 {
-        let at = self.area_offset(&range);
-        // SAFETY: `area_offset` checked that `range` lies in the mapping.
-        unsafe { self.segment.base().as_ptr().add(at) }
-    }
-
-    /// Reduces the `len` bytes at each area offset of `others` into the
-    /// `len` bytes at area offset `acc`, in order, finishes them (AVG's
-    /// division, PREMUL_SUM's factor; see [`finish`]), and copies them to
-    /// area offset `out`.
-    ///
-    /// The caller's protocol must make sure nobody else writes any of
-    /// those bytes, or reads `acc` or `out`, meanwhile; `acc`, `out` and
-    /// every one of `others` are disjoint.
-    pub(crate) fn reduce_in_area(
-        &self,
-        acc: usize,
-        others: &[usize],
-        len: usize,
-        out: usize,
-        (dtype, op): (DType, ReduceOp),
-    ) -> Result<()> {
-        let base = self.segment.base().as_ptr();
-        let at = self.area_offset(&(acc..acc + len));
-        // SAFETY: `area_offset` checked the range lies inside the mapping,
-        // which lives as long as self; by the caller's protocol nobody
-        // else touches these bytes now, and the others are disjoint.
-        let sum = unsafe { std::slice::from_raw_parts_mut(base.add(at), len) };
-        for &other in others {
-            let at = self.area_offset(&(other..other + len));
-            // SAFETY: as above; nobody writes these bytes now.
-            let src = unsafe { std::slice::from_raw_parts(base.add(at), len) };
-            reduce_into(op, dtype, sum, src)?;
-        }
-        finish(op, dtype, sum, self.world_size)?;
-        let to = self.area_offset(&(out..out + len));
-        // SAFETY: as above; `out` is disjoint from `acc`.
-        unsafe { std::ptr::copy_nonoverlapping(sum.as_ptr(), base.add(to), len) };
         Ok(())
     }
 }
