@@ -461,6 +461,61 @@ fn collectives_follow_the_callers_stream_and_wait_orders_it_after_them() {
 }
 
 #[test]
+fn a_point_to_point_call_does_not_hold_an_earlier_all_reduce_behind_later_work() {
+    if !can_run("a_point_to_point_call_does_not_hold_an_earlier_all_reduce_behind_later_work") {
+        return;
+    }
+    // A large all_reduce (pipelined: its copies down are queued chunk by
+    // chunk while it runs, the first only once its input is ready 200 ms
+    // on), then a 4 s kernel on the caller's stream, then a send (rank 0)
+    // or a receive (rank 1) of a small CUDA tensor. The point-to-point
+    // copies wait for that kernel; the all_reduce's must not wait behind
+    // them. A first round with 1 ms kernels loads the kernels and pools the
+    // pinned buffers on both ranks before the timed round starts.
+    let pgs = two_ranks("p2p-order");
+    let both = std::sync::Barrier::new(2);
+    on_every_rank(&pgs, |pg| {
+        let (me, other) = (pg.rank(), 1 - pg.rank());
+        let mine = Stream::new(0).unwrap();
+        let spin = Spin::load(&mine);
+        let n = 3 << 20; // 12 MiB
+        let (input, input_addr) = tensor_with_address(&mine, n);
+        let (scratch, scratch_addr) = tensor_with_address(&mine, 4);
+        let small = full(me as f32, 4);
+        let _current = set_current_stream(&mine);
+        for (ready_ms, long_ms) in [(1, 1), (200, 4000)] {
+            spin.fill_after(&mine, input_addr, n, 1.0 + me as f32, ready_ms);
+            let first = pg.all_reduce(&input, ReduceOp::Sum, None).unwrap();
+            spin.fill_after(&mine, scratch_addr, 4, 5.0, long_ms);
+            let long_done = mine.record().unwrap();
+            let p2p = if me == 0 {
+                pg.send(&small, other, 3, None)
+            } else {
+                pg.recv(&small, other, 3, None)
+            }
+            .unwrap();
+            first.synchronize().unwrap();
+            if long_ms > 1 {
+                assert!(
+                    !long_done.query().unwrap(),
+                    "rank {me}: the all_reduce waited for a kernel queued after it, behind a point-to-point call"
+                );
+            }
+            p2p.synchronize().unwrap();
+            mine.synchronize().unwrap();
+            assert!(get(&input).iter().all(|&v| v == 3.0), "rank {me}");
+            assert_eq!(get(&scratch), [5.0; 4], "rank {me}");
+            assert_eq!(get(&small), [0.0; 4], "rank {me}: the message");
+            assert_eq!(
+                pg.pipelined_all_reduces() as usize,
+                1 + usize::from(long_ms > 1)
+            );
+            both.wait();
+        }
+    });
+}
+
+#[test]
 fn dropped_works_keep_their_tensors_until_the_copies_are_done() {
     if !can_run("dropped_works_keep_their_tensors_until_the_copies_are_done") {
         return;
@@ -935,7 +990,11 @@ fn pipelined_all_reduces_match_the_reference_at_two_and_four_ranks() {
     // threshold, many chunks with ragged ends, SUM, MAX and AVG, a host
     // tensor on one rank, back to back.
     for world in [2, 4] {
-        let pgs = groups(world, &Arc::new(HashStore::new()), &format!("pipelined{world}"));
+        let pgs = groups(
+            world,
+            &Arc::new(HashStore::new()),
+            &format!("pipelined{world}"),
+        );
         on_every_rank(&pgs, |pg| {
             let me = pg.rank();
             let input = |r: usize, n: usize| -> Vec<f32> {
@@ -965,7 +1024,11 @@ fn pipelined_all_reduces_match_the_reference_at_two_and_four_ranks() {
                     pg.all_reduce(&t, op, None).unwrap().synchronize().unwrap();
                     chunked += 1;
                     assert!(get(&t) == want, "{world} ranks, rank {me}: {op} of {n}");
-                    assert_eq!(pg.pipelined_all_reduces(), chunked, "rank {me}: {op} of {n}");
+                    assert_eq!(
+                        pg.pipelined_all_reduces(),
+                        chunked,
+                        "rank {me}: {op} of {n}"
+                    );
                 }
             }
             // Back to back without waiting, on one tensor.

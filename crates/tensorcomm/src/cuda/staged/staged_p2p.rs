@@ -1,13 +1,17 @@
 //! A point-to-point message of a CUDA tensor through the CPU group: a
 //! send copies the tensor down at call time (after the caller's current
 //! stream) and the sender thread waits for that copy before sending the
-//! host copy; a receive lands in a host copy, then copies up to the GPU,
-//! and its `Work` completes on the device.
+//! host copy; a receive lands in a host copy, then copies up to the GPU
+//! (after the caller's current stream as it was at the call), and its
+//! `Work` completes on the device. Both copy on the staging's
+//! point-to-point stream (see `staging_device.rs` for why not on the
+//! collectives' one).
 
 use std::sync::Arc;
 
 use super::staged_event::StagedEvent;
 use super::staging_device::StagingDevice;
+use crate::cuda::runtime::Event;
 use crate::group::DeviceEvent;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -19,6 +23,8 @@ pub(crate) struct StagedP2p {
     host: Tensor<'static>,
     /// A send's copy down.
     down: Option<Arc<StagedEvent>>,
+    /// A receive's caller stream at the call, for its copy up to wait for.
+    caller: Option<Event>,
 }
 
 impl StagedP2p {
@@ -27,21 +33,22 @@ impl StagedP2p {
     /// stream.
     pub(crate) fn send(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
         let queued = (|| {
-            device.order_after_caller()?;
+            device.p2p_after(&device.caller_point()?)?;
             let host = device.host_copy_of(tensor)?;
-            device.copy_down(tensor, &host)?;
+            device.copy_down_p2p(tensor, &host)?;
             Ok(host)
         })();
         if queued.is_err() {
             device.settle();
         }
         let host = queued?;
-        let down = device.record(vec![tensor.clone(), host.clone()])?;
+        let down = device.record_p2p(vec![tensor.clone(), host.clone()])?;
         Ok(StagedP2p {
             device,
             gpu: tensor.clone(),
             host,
             down: Some(down),
+            caller: None,
         })
     }
 
@@ -49,13 +56,14 @@ impl StagedP2p {
     /// lands in; its copy up will run after the work queued so far on the
     /// caller's current stream.
     pub(crate) fn recv(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
-        device.order_after_caller()?;
+        let caller = device.caller_point()?;
         let host = device.host_copy_of(tensor)?;
         Ok(StagedP2p {
             device,
             gpu: tensor.clone(),
             host,
             down: None,
+            caller: Some(caller),
         })
     }
 
@@ -76,11 +84,16 @@ impl StagedP2p {
     /// A receive's step after the message landed in the host copy: queues
     /// the copy up and gives the event after which it is done.
     pub(crate) fn copy_up(self) -> Result<Arc<dyn DeviceEvent>> {
-        if let Err(e) = self.device.copy_up(&self.host, &self.gpu) {
+        let queued = match &self.caller {
+            Some(caller) => self.device.p2p_after(caller),
+            None => Ok(()),
+        }
+        .and_then(|()| self.device.copy_up_p2p(&self.host, &self.gpu));
+        if let Err(e) = queued {
             self.device.settle();
             return Err(e);
         }
-        let event: Arc<dyn DeviceEvent> = self.device.record(vec![self.gpu, self.host])?;
+        let event: Arc<dyn DeviceEvent> = self.device.record_p2p(vec![self.gpu, self.host])?;
         Ok(event)
     }
 }

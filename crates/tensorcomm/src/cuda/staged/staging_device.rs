@@ -1,6 +1,16 @@
-//! One GPU's staging for one group: a stream of its own that every copy
-//! between that GPU's tensors and their pinned host copies runs on, the
-//! pool those host copies come from, and the copies still in flight.
+//! One GPU's staging for one group: a stream of its own that every
+//! collective's copies between that GPU's tensors and their pinned host
+//! copies run on (and a second one for a pipelined call's copies back), a
+//! third for point-to-point messages, the pool those host copies come
+//! from, and the copies still in flight.
+//!
+//! Point-to-point copies have a stream of their own because they are
+//! queued outside the engine's call order (a send's copy down at call
+//! time, a receive's copy up when its message lands), each after the
+//! caller's stream as it was at its call: on the collectives' stream,
+//! that wait would also hold back the copies an earlier collective still
+//! had to queue (a pipelined all_reduce queues its chunks as it runs)
+//! behind whatever the caller queued after that collective.
 //!
 //! Lifetimes: every queued copy is followed by a [`StagedEvent`] that
 //! holds both ends of it (the caller's CUDA tensor and the host copy over
@@ -28,6 +38,8 @@ pub(crate) struct StagingDevice {
     /// run beside its copies down (the other direction of the link);
     /// joined into `stream` before the call's last event.
     up: Stream,
+    /// Point-to-point copies (see the module docs).
+    p2p: Stream,
     pool: Arc<PinnedPool>,
     in_flight: Mutex<Vec<Arc<StagedEvent>>>,
 }
@@ -38,10 +50,12 @@ impl StagingDevice {
         let ctx = context(ordinal)?;
         let stream = ctx.new_stream()?;
         let up = ctx.new_stream()?;
+        let p2p = ctx.new_stream()?;
         Ok(StagingDevice {
             ctx,
             stream,
             up,
+            p2p,
             pool: Arc::new(PinnedPool::for_device(ordinal)),
             in_flight: Mutex::default(),
         })
@@ -57,12 +71,12 @@ impl StagingDevice {
         &self.ctx
     }
 
-    /// Makes the staging stream wait for the work queued so far on the
-    /// calling thread's current stream of this GPU (call on the caller's
-    /// thread, at call time).
-    pub(crate) fn order_after_caller(&self) -> Result<()> {
-        let point = self.caller_point()?;
-        self.wait_for(&point)
+    /// Makes the point-to-point stream wait for `point` (the caller's
+    /// stream at a send's or a receive's call, [`caller_point`](Self::caller_point))
+    /// before what is queued on it next.
+    pub(crate) fn p2p_after(&self, point: &Event) -> Result<()> {
+        self.ctx.bind()?;
+        self.p2p.wait(point)
     }
 
     /// The point after the work queued so far on the calling thread's
@@ -96,6 +110,24 @@ impl StagingDevice {
     /// Queues the copy of CUDA tensor `device`'s bytes into `host` (from
     /// [`host_copy_of`](Self::host_copy_of) it).
     pub(crate) fn copy_down(&self, device: &Tensor<'static>, host: &Tensor<'static>) -> Result<()> {
+        self.copy_down_on(device, host, &self.stream)
+    }
+
+    /// [`copy_down`](Self::copy_down) on the point-to-point stream.
+    pub(crate) fn copy_down_p2p(
+        &self,
+        device: &Tensor<'static>,
+        host: &Tensor<'static>,
+    ) -> Result<()> {
+        self.copy_down_on(device, host, &self.p2p)
+    }
+
+    fn copy_down_on(
+        &self,
+        device: &Tensor<'static>,
+        host: &Tensor<'static>,
+        stream: &Stream,
+    ) -> Result<()> {
         let (ctx, src) = self.cuda_ptr(device)?;
         let len = device.nbytes();
         let dst = host.with_bytes_mut(|b| {
@@ -107,12 +139,21 @@ impl StagingDevice {
         // nothing else uses until the copy's event (`record`) has passed:
         // the event and the in-flight list hold `host` and `device` (whose
         // span `src .. src + len` is) until then.
-        unsafe { copy_dtoh_async(&ctx, dst, src, len, &self.stream) }
+        unsafe { copy_dtoh_async(&ctx, dst, src, len, stream) }
     }
 
     /// Queues the copy of `host`'s bytes into CUDA tensor `device`.
     pub(crate) fn copy_up(&self, host: &Tensor<'static>, device: &Tensor<'static>) -> Result<()> {
         self.copy_up_on(host, device, &self.stream)
+    }
+
+    /// [`copy_up`](Self::copy_up) on the point-to-point stream.
+    pub(crate) fn copy_up_p2p(
+        &self,
+        host: &Tensor<'static>,
+        device: &Tensor<'static>,
+    ) -> Result<()> {
+        self.copy_up_on(host, device, &self.p2p)
     }
 
     /// [`copy_up`](Self::copy_up) on the second stream, for a chunk whose
@@ -154,8 +195,7 @@ impl StagingDevice {
     }
 
     /// The staging stream (ordered after each call's caller stream by
-    /// `wait_for` when the call runs, or by `order_after_caller` for
-    /// point-to-point calls, at call time).
+    /// `wait_for` when the call runs).
     pub(crate) fn stream(&self) -> &crate::cuda::runtime::Stream {
         &self.stream
     }
@@ -164,7 +204,16 @@ impl StagingDevice {
     /// stream, holding `keep` (both ends of those copies) until it has
     /// passed; also lets go of earlier points that have.
     pub(crate) fn record(&self, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
-        let recorded = self.ctx.bind().and_then(|()| self.stream.record());
+        self.record_on(&self.stream, keep)
+    }
+
+    /// [`record`](Self::record) on the point-to-point stream.
+    pub(crate) fn record_p2p(&self, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
+        self.record_on(&self.p2p, keep)
+    }
+
+    fn record_on(&self, stream: &Stream, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
+        let recorded = self.ctx.bind().and_then(|()| stream.record());
         let recorded = match recorded {
             Ok(e) => e,
             Err(e) => {
@@ -186,12 +235,13 @@ impl StagingDevice {
     }
 
     /// After a failure between queuing copies and recording their event:
-    /// waits for the staging stream, so that the tensors dropped with the
+    /// waits for the staging streams, so that the tensors dropped with the
     /// failed call are no longer in use.
     pub(crate) fn settle(&self) {
         if self.ctx.bind().is_ok() {
             let _ = self.up.synchronize();
             let _ = self.stream.synchronize();
+            let _ = self.p2p.synchronize();
         }
     }
 
