@@ -18,7 +18,8 @@
 //! again. Rows give the slowest rank's medians.
 //! `--in-process` runs the ranks as threads of one process (ranks sharing
 //! a GPU then run their kernels side by side; as processes they take
-//! turns on the GPU, and each barrier waits for a time slice).
+//! turns on the GPU, and each barrier waits for a time slice); threads
+//! sharing a GPU queue one eager call per gate (see `rank_body`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -156,6 +157,11 @@ fn rank_body(
             "algo"
         ));
     }
+    // Ranks that are threads of one process on one GPU queue a call only
+    // once their last one has run (`IntraNodeComm::all_reduce_on`), so a
+    // second call queued behind a closed gate would wait for the gate
+    // forever: they queue one call per gate.
+    let one_at_a_time = args.in_process && ranks > count;
     let stream = Stream::new(device)?;
     // One gate for the whole run: freeing pinned memory waits for the
     // whole device, which a rank of this process may keep busy waiting for
@@ -191,7 +197,12 @@ fn rank_body(
         let total = args.warmup + args.iters;
         let mut done = 0;
         while done < total {
-            let batch = (BATCH_ALL_RANKS / ranks).max(2).min(total - done);
+            let batch = if one_at_a_time {
+                1
+            } else {
+                (BATCH_ALL_RANKS / ranks).max(2)
+            }
+            .min(total - done);
             stream.wait_word(&gate, 0, released + 1)?;
             let mut events: Vec<(Event, Event)> = Vec::new();
             for _ in 0..batch {
