@@ -1,7 +1,8 @@
 //! CUDA tensors through the CPU backend: each call's CUDA tensors are
 //! copied into pinned host memory on a stream of their GPU, ordered after
 //! the caller's current stream; the CPU collective runs on the host
-//! copies; the results are copied back on that stream, and the call's
+//! copies; the results are copied back on that GPU's staging streams
+//! (point-to-point messages on a stream of their own), and the call's
 //! `Work` completes on the device (`wait()` makes the caller's current
 //! stream wait, `synchronize()` blocks the host). This is what PyTorch's
 //! Gloo backend does with CUDA tensors (`AsyncAllreduceCUDAHostWork` and

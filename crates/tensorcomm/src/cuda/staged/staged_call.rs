@@ -7,9 +7,10 @@
 //!    staging stream waits for that event (not for work the caller queued
 //!    after the call, which a later call's order would bring in), then the
 //!    copies down of every CUDA tensor the collective reads are queued on
-//!    it, after the copies up of every earlier call (so a
-//!    tensor written by an earlier call is read as that call left it, even
-//!    when the caller did not wait in between), followed by an event; the
+//!    it, after the copies up of every earlier collective (so a
+//!    tensor written by an earlier collective is read as it left it, even
+//!    when the caller did not wait in between; point-to-point copies run on
+//!    a stream of their own), followed by an event; the
 //!    host waits for it ([`StagedCall::wait_copied_down_until`]), then the
 //!    CPU collective runs on the host copies ([`StagedCall::host`]);
 //! 3. the copies up of every CUDA tensor it writes are queued on the

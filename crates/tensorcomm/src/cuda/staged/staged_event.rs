@@ -1,5 +1,5 @@
-//! `StagedEvent`: the point on a GPU's staging stream after which the
-//! copies of one call are done, holding every tensor those copies read or
+//! `StagedEvent`: the point on one of a GPU's staging streams after which
+//! the copies of one call are done, holding every tensor those copies read or
 //! write (the caller's CUDA tensors and their pinned host copies) until
 //! it is dropped.
 
@@ -16,8 +16,8 @@ pub(crate) struct StagedEvent {
 }
 
 impl StagedEvent {
-    /// `event` (recorded on GPU `device`'s staging stream) keeping `keep`
-    /// alive.
+    /// `event` (recorded on one of GPU `device`'s staging streams) keeping
+    /// `keep` alive.
     pub(crate) fn new(event: Event, device: usize, keep: Vec<Tensor<'static>>) -> Self {
         StagedEvent {
             event,

@@ -10,7 +10,10 @@
 //! caller's stream as it was at its call: on the collectives' stream,
 //! that wait would also hold back the copies an earlier collective still
 //! had to queue (a pipelined all_reduce queues its chunks as it runs)
-//! behind whatever the caller queued after that collective.
+//! behind whatever the caller queued after that collective. Point-to-point
+//! calls still share their one stream, so a receive whose message lands
+//! after a later send or receive was queued waits behind that call's wait
+//! for the caller (and so for work the caller queued after the receive).
 //!
 //! Lifetimes: every queued copy is followed by a [`StagedEvent`] that
 //! holds both ends of it (the caller's CUDA tensor and the host copy over
@@ -18,7 +21,7 @@
 //! list until the event has passed, whatever happens to the `Work`, so
 //! neither the caller's GPU memory nor a pinned buffer is freed or reused
 //! while a copy may still touch it. Dropping the device waits for its
-//! stream first.
+//! streams first.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -45,7 +48,7 @@ pub(crate) struct StagingDevice {
 }
 
 impl StagingDevice {
-    /// Staging for GPU `ordinal`, with a new stream.
+    /// Staging for GPU `ordinal`, with new streams.
     pub(crate) fn new(ordinal: usize) -> Result<Self> {
         let ctx = context(ordinal)?;
         let stream = ctx.new_stream()?;
@@ -81,7 +84,8 @@ impl StagingDevice {
 
     /// The point after the work queued so far on the calling thread's
     /// current stream of this GPU (call on the caller's thread, at call
-    /// time), for [`wait_for`](Self::wait_for) once the call runs.
+    /// time), for [`wait_for`](Self::wait_for) once the call runs, or for
+    /// [`p2p_after`](Self::p2p_after).
     pub(crate) fn caller_point(&self) -> Result<Event> {
         self.ctx.bind()?;
         let caller = current_stream(self.ordinal())?;
