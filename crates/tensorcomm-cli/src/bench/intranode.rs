@@ -19,7 +19,9 @@
 //! `--in-process` runs the ranks as threads of one process (ranks sharing
 //! a GPU then run their kernels side by side; as processes they take
 //! turns on the GPU, and each barrier waits for a time slice); threads
-//! sharing a GPU queue one eager call per gate (see `rank_body`).
+//! sharing a GPU queue one eager call and one graph replay per gate (see
+//! `rank_body`), so their times also hold the skew between the ranks'
+//! gates opening (each rank opens its own once the host barrier returns).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -160,7 +162,9 @@ fn rank_body(
     // Ranks that are threads of one process on one GPU queue a call only
     // once their last one has run (`IntraNodeComm::all_reduce_on`), so a
     // second call queued behind a closed gate would wait for the gate
-    // forever: they queue one call per gate.
+    // forever: they queue one call per gate, and one graph replay (their
+    // replays back to back can wait on each other's kernels, as
+    // `IntraNodeComm`'s docs say).
     let one_at_a_time = args.in_process && ranks > count;
     let stream = Stream::new(device)?;
     // One gate for the whole run: freeing pinned memory waits for the
@@ -233,18 +237,21 @@ fn rank_body(
         }
         let graph = stream.end_capture()?;
         let replays_n = args.warmup + args.iters.div_ceil(GRAPH_CALLS).max(5);
-        stream.wait_word(&gate, 0, released + 1)?;
+        let per_gate = if one_at_a_time { 1 } else { replays_n };
         let mut events: Vec<(Event, Event)> = Vec::new();
-        for _ in 0..replays_n {
-            data.copy_from_on(&fresh, &stream)?;
-            let start = stream.record_timed()?;
-            graph.launch(&stream)?;
-            events.push((start, stream.record_timed()?));
+        while events.len() < replays_n {
+            stream.wait_word(&gate, 0, released + 1)?;
+            for _ in 0..per_gate.min(replays_n - events.len()) {
+                data.copy_from_on(&fresh, &stream)?;
+                let start = stream.record_timed()?;
+                graph.launch(&stream)?;
+                events.push((start, stream.record_timed()?));
+            }
+            pg.barrier(None)?.wait()?;
+            released += 1;
+            gate.store(0, released);
+            stream.synchronize()?;
         }
-        pg.barrier(None)?.wait()?;
-        released += 1;
-        gate.store(0, released);
-        stream.synchronize()?;
         let mut replays = Vec::new();
         for (start, end) in &events[args.warmup..] {
             replays.push(f64::from(start.elapsed_ms(end)?) * 1e3 / GRAPH_CALLS as f64);
