@@ -785,36 +785,25 @@ fn time(
         once()?;
     }
     pg.barrier(None)?.wait()?;
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mine = if args.median {
         let mut calls = Vec::with_capacity(args.iters);
         for _ in 0..args.iters {
             let started = Instant::now();
             once()?;
-            calls.push(started.elapsed());
+            calls.push(us(started.elapsed()));
         }
-        median(&mut calls)
+        nccl::median(calls)
     } else {
         let started = Instant::now();
         for _ in 0..args.iters {
             once()?;
         }
-        started.elapsed() / args.iters as u32
+        us(started.elapsed() / args.iters as u32)
     };
-    let slowest = Tensor::from_vec(vec![mine.as_secs_f64() * 1e6], &[1])?;
+    let slowest = Tensor::from_vec(vec![mine], &[1])?;
     pg.all_reduce(&slowest, ReduceOp::Max, None)?.wait()?;
     Ok(slowest.to_vec::<f64>()?[0])
-}
-
-/// The median of `calls` (not empty): the middle one, or the mean of the
-/// two middle ones.
-fn median(calls: &mut [Duration]) -> Duration {
-    calls.sort_unstable();
-    let mid = calls.len() / 2;
-    if calls.len() % 2 == 1 {
-        calls[mid]
-    } else {
-        (calls[mid - 1] + calls[mid]) / 2
-    }
 }
 
 #[cfg(test)]
@@ -823,10 +812,9 @@ mod tests {
 
     #[test]
     fn the_median_is_the_middle_call_or_the_mean_of_the_two_middle_ones() {
-        let us = Duration::from_micros;
-        assert_eq!(median(&mut [us(9), us(1), us(5)]), us(5));
-        assert_eq!(median(&mut [us(100), us(2), us(4), us(1)]), us(3));
-        assert_eq!(median(&mut [us(7)]), us(7));
+        assert_eq!(nccl::median(vec![9.0, 1.0, 5.0]), 5.0);
+        assert_eq!(nccl::median(vec![100.0, 2.0, 4.0, 1.0]), 3.0);
+        assert_eq!(nccl::median(vec![7.0]), 7.0);
     }
 
     #[test]
