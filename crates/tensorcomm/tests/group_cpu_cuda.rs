@@ -516,6 +516,106 @@ fn a_point_to_point_call_does_not_hold_an_earlier_all_reduce_behind_later_work()
 }
 
 #[test]
+fn a_receive_lands_after_the_work_queued_before_it_on_the_callers_stream() {
+    if !can_run("a_receive_lands_after_the_work_queued_before_it_on_the_callers_stream") {
+        return;
+    }
+    // Rank 1 queues a slow kernel that writes its receive buffer, then
+    // receives into that buffer; rank 0 fills its buffer with a 1 ms
+    // kernel and sends it, so the message is on rank 1's host long before
+    // rank 1's kernel is done. The copy up must wait for that kernel: the
+    // buffer ends with the message, not with what the kernel wrote. The
+    // message is what rank 0's kernel wrote (the send followed it).
+    let pgs = two_ranks("recv-order");
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        let mine = Stream::new(0).unwrap();
+        let spin = Spin::load(&mine);
+        let n = 1 << 16;
+        let (buffer, buffer_addr) = tensor_with_address(&mine, n);
+        let _current = set_current_stream(&mine);
+        for (round, ms) in [(0, 1), (1, 1000)] {
+            let message = 100.0 + round as f32;
+            if me == 0 {
+                spin.fill_after(&mine, buffer_addr, n, message, 1);
+                let sent = pg.send(&buffer, 1, 7, None).unwrap();
+                sent.wait().unwrap();
+            } else {
+                spin.fill_after(&mine, buffer_addr, n, -5.0, ms);
+                let got = pg.recv(&buffer, 0, 7, None).unwrap();
+                got.wait().unwrap();
+            }
+            mine.synchronize().unwrap();
+            if me == 1 {
+                let got = get(&buffer);
+                assert!(
+                    got.iter().all(|&g| g == message),
+                    "round {round}: the receive's copy up did not follow the kernel queued before it: {:?}",
+                    &got[..4]
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn a_receive_landing_late_does_not_wait_for_work_queued_after_it() {
+    if !can_run("a_receive_landing_late_does_not_wait_for_work_queued_after_it") {
+        return;
+    }
+    // Rank 1 receives A, queues a 4 s kernel on its stream, then receives
+    // B (whose copy up waits for that kernel). Rank 0 sends B first, and A
+    // once rank 1 has had B land: A's copy up must not wait behind B's
+    // wait for the kernel queued after A. A first round with 1 ms kernels
+    // loads the kernels and pools the pinned buffers. Every tensor is made
+    // before the rounds: making one copies on the legacy stream, which
+    // would wait for the kernel (ranks are threads sharing a context).
+    let pgs = two_ranks("recv-late");
+    let both = std::sync::Barrier::new(2);
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        let mine = Stream::new(0).unwrap();
+        let spin = Spin::load(&mine);
+        let n = 1 << 14;
+        let (scratch, scratch_addr) = tensor_with_address(&mine, 4);
+        let rounds = [1, 4000].map(|ms| (ms, poisoned(n), poisoned(n)));
+        let (one, two) = (full(1.0, n), full(2.0, n));
+        let _current = set_current_stream(&mine);
+        for (long_ms, a, b) in &rounds {
+            both.wait();
+            if me == 0 {
+                pg.send(&two, 1, 2, None).unwrap().synchronize().unwrap();
+                both.wait();
+                pg.send(&one, 1, 1, None).unwrap().synchronize().unwrap();
+            } else {
+                let got_a = pg.recv(a, 0, 1, None).unwrap();
+                spin.fill_after(&mine, scratch_addr, 4, 5.0, *long_ms);
+                let long_done = mine.record().unwrap();
+                let got_b = pg.recv(b, 0, 2, None).unwrap();
+                // B lands and its copy up is queued (behind the kernel).
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                both.wait();
+                got_a.synchronize().unwrap();
+                let a_early = !long_done.query().unwrap();
+                got_b.synchronize().unwrap();
+                assert!(
+                    long_done.query().unwrap(),
+                    "B's copy up ran before the kernel"
+                );
+                assert!(
+                    *long_ms == 1 || a_early,
+                    "a receive's copy up waited for a kernel queued after the receive, behind a later receive's wait"
+                );
+                mine.synchronize().unwrap();
+                assert!(get(a).iter().all(|&v| v == 1.0), "A's message");
+                assert!(get(b).iter().all(|&v| v == 2.0), "B's message");
+                assert_eq!(get(&scratch), [5.0; 4]);
+            }
+        }
+    });
+}
+
+#[test]
 fn dropped_works_keep_their_tensors_until_the_copies_are_done() {
     if !can_run("dropped_works_keep_their_tensors_until_the_copies_are_done") {
         return;

@@ -2,7 +2,7 @@
 //! copied into pinned host memory on a stream of their GPU, ordered after
 //! the caller's current stream; the CPU collective runs on the host
 //! copies; the results are copied back on that GPU's staging streams
-//! (point-to-point messages on a stream of their own), and the call's
+//! (point-to-point messages on streams of their own), and the call's
 //! `Work` completes on the device (`wait()` makes the caller's current
 //! stream wait, `synchronize()` blocks the host). This is what PyTorch's
 //! Gloo backend does with CUDA tensors (`AsyncAllreduceCUDAHostWork` and
@@ -16,7 +16,8 @@
 //! - [`Staging`]: a group's staging, one [`StagingDevice`] per GPU it has
 //!   seen (stream, pinned buffer pool, copies in flight).
 //! - [`StagedCall`]: one collective's copies down and up.
-//! - [`StagedP2p`]: a send's copy down, a receive's copy up.
+//! - [`StagedP2p`]: a send's copy down, a receive's copy up
+//!   (`receive_streams`: which stream a receive copies up on).
 //! - `peer_path`: the device path, a dense SUM/AVG all_reduce on peer
 //!   memory when every rank can take it (groups created with
 //!   `CpuOptions::peer_memory`).
@@ -31,6 +32,7 @@ mod one_gpu;
 mod peer_path;
 mod pinned_pool;
 mod pipelined;
+mod receive_streams;
 mod staged_call;
 mod staged_event;
 mod staged_p2p;

@@ -3,9 +3,9 @@
 //! stream) and the sender thread waits for that copy before sending the
 //! host copy; a receive lands in a host copy, then copies up to the GPU
 //! (after the caller's current stream as it was at the call), and its
-//! `Work` completes on the device. Both copy on the staging's
-//! point-to-point stream (see `staging_device.rs` for why not on the
-//! collectives' one).
+//! `Work` completes on the device. Sends copy on the staging's sends'
+//! stream, receives on its receive streams (see `staging_device.rs` for
+//! why not on the collectives' one).
 
 use std::sync::Arc;
 
@@ -23,8 +23,9 @@ pub(crate) struct StagedP2p {
     host: Tensor<'static>,
     /// A send's copy down.
     down: Option<Arc<StagedEvent>>,
-    /// A receive's caller stream at the call, for its copy up to wait for.
-    caller: Option<Event>,
+    /// A receive's number in call order and its caller stream at the
+    /// call, for its copy up to wait for.
+    caller: Option<(u64, Event)>,
 }
 
 impl StagedP2p {
@@ -56,7 +57,7 @@ impl StagedP2p {
     /// lands in; its copy up will run after the work queued so far on the
     /// caller's current stream.
     pub(crate) fn recv(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
-        let caller = device.caller_point()?;
+        let caller = (device.number_receive(), device.caller_point()?);
         let host = device.host_copy_of(tensor)?;
         Ok(StagedP2p {
             device,
@@ -84,16 +85,14 @@ impl StagedP2p {
     /// A receive's step after the message landed in the host copy: queues
     /// the copy up and gives the event after which it is done.
     pub(crate) fn copy_up(self) -> Result<Arc<dyn DeviceEvent>> {
-        let queued = match &self.caller {
-            Some(caller) => self.device.p2p_after(caller),
-            None => Ok(()),
-        }
-        .and_then(|()| self.device.copy_up_p2p(&self.host, &self.gpu));
-        if let Err(e) = queued {
-            self.device.settle();
-            return Err(e);
-        }
-        let event: Arc<dyn DeviceEvent> = self.device.record_p2p(vec![self.gpu, self.host])?;
+        let Some((call, caller)) = &self.caller else {
+            return Err(crate::Error::InvalidArgument(
+                "a send's host copy was handed back as a received message".into(),
+            ));
+        };
+        let event: Arc<dyn DeviceEvent> = self
+            .device
+            .copy_up_received(*call, caller, &self.host, &self.gpu)?;
         Ok(event)
     }
 }

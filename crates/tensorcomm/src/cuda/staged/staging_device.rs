@@ -1,19 +1,17 @@
 //! One GPU's staging for one group: a stream of its own that every
 //! collective's copies between that GPU's tensors and their pinned host
 //! copies run on (and a second one for a pipelined call's copies back), a
-//! third for point-to-point messages, the pool those host copies come
-//! from, and the copies still in flight.
+//! third for sends' copies down, a few for receives' copies up, the pool
+//! those host copies come from, and the copies still in flight.
 //!
-//! Point-to-point copies have a stream of their own because they are
-//! queued outside the engine's call order (a send's copy down at call
-//! time, a receive's copy up when its message lands), each after the
+//! Sends copy down on a stream of their own because they are queued
+//! outside the engine's call order (at call time), each after the
 //! caller's stream as it was at its call: on the collectives' stream,
 //! that wait would also hold back the copies an earlier collective still
 //! had to queue (a pipelined all_reduce queues its chunks as it runs)
-//! behind whatever the caller queued after that collective. Point-to-point
-//! calls still share their one stream, so a receive whose message lands
-//! after a later send or receive was queued waits behind that call's wait
-//! for the caller (and so for work the caller queued after the receive).
+//! behind whatever the caller queued after that collective. Receives copy
+//! up, when their message lands, on streams chosen so that none waits for
+//! a later call's point on the caller's stream (`receive_streams.rs`).
 //!
 //! Lifetimes: every queued copy is followed by a [`StagedEvent`] that
 //! holds both ends of it (the caller's CUDA tensor and the host copy over
@@ -26,6 +24,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::pinned_pool::PinnedPool;
+use super::receive_streams::ReceiveStreams;
 use super::staged_event::StagedEvent;
 use crate::cuda::runtime::{
     context, copy_dtoh_async, copy_htod_async, current_stream, Context, Event, Stream,
@@ -41,8 +40,12 @@ pub(crate) struct StagingDevice {
     /// run beside its copies down (the other direction of the link);
     /// joined into `stream` before the call's last event.
     up: Stream,
-    /// Point-to-point copies (see the module docs).
+    /// Sends' copies down (see the module docs).
     p2p: Stream,
+    /// Receives' copies up.
+    receives: ReceiveStreams,
+    /// Receives called so far, to number them in call order.
+    receive_calls: std::sync::atomic::AtomicU64,
     pool: Arc<PinnedPool>,
     in_flight: Mutex<Vec<Arc<StagedEvent>>>,
 }
@@ -59,6 +62,8 @@ impl StagingDevice {
             stream,
             up,
             p2p,
+            receives: ReceiveStreams::default(),
+            receive_calls: std::sync::atomic::AtomicU64::new(0),
             pool: Arc::new(PinnedPool::for_device(ordinal)),
             in_flight: Mutex::default(),
         })
@@ -74,9 +79,9 @@ impl StagingDevice {
         &self.ctx
     }
 
-    /// Makes the point-to-point stream wait for `point` (the caller's
-    /// stream at a send's or a receive's call, [`caller_point`](Self::caller_point))
-    /// before what is queued on it next.
+    /// Makes the sends' stream wait for `point` (the caller's stream at a
+    /// send's call, [`caller_point`](Self::caller_point)) before what is
+    /// queued on it next.
     pub(crate) fn p2p_after(&self, point: &Event) -> Result<()> {
         self.ctx.bind()?;
         self.p2p.wait(point)
@@ -117,7 +122,7 @@ impl StagingDevice {
         self.copy_down_on(device, host, &self.stream)
     }
 
-    /// [`copy_down`](Self::copy_down) on the point-to-point stream.
+    /// [`copy_down`](Self::copy_down) on the sends' stream.
     pub(crate) fn copy_down_p2p(
         &self,
         device: &Tensor<'static>,
@@ -151,13 +156,40 @@ impl StagingDevice {
         self.copy_up_on(host, device, &self.stream)
     }
 
-    /// [`copy_up`](Self::copy_up) on the point-to-point stream.
-    pub(crate) fn copy_up_p2p(
+    /// The number of a receive called now (on the caller's thread): its
+    /// place in call order among this GPU's receives.
+    pub(crate) fn number_receive(&self) -> u64 {
+        self.receive_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Queues receive number `call`'s copy of `host` into CUDA tensor
+    /// `device`, after `caller` (the caller's stream at the receive's
+    /// call), on a receive stream (`receive_streams.rs`); the event after
+    /// it holds both.
+    pub(crate) fn copy_up_received(
         &self,
+        call: u64,
+        caller: &Event,
         host: &Tensor<'static>,
         device: &Tensor<'static>,
-    ) -> Result<()> {
-        self.copy_up_on(host, device, &self.p2p)
+    ) -> Result<Arc<StagedEvent>> {
+        let mut keep = Some(vec![device.clone(), host.clone()]);
+        let queued = self.ctx.bind().and_then(|()| {
+            self.receives.queue(
+                &self.ctx,
+                call,
+                caller,
+                |stream| self.copy_up_on(host, device, stream),
+                |stream| self.record_unsettled(stream, &mut keep),
+            )
+        });
+        if queued.is_err() {
+            // As in `record_on`, once the receive streams are unlocked.
+            self.settle();
+            drop(keep);
+        }
+        queued
     }
 
     /// [`copy_up`](Self::copy_up) on the second stream, for a chunk whose
@@ -211,24 +243,34 @@ impl StagingDevice {
         self.record_on(&self.stream, keep)
     }
 
-    /// [`record`](Self::record) on the point-to-point stream.
+    /// [`record`](Self::record) on the sends' stream.
     pub(crate) fn record_p2p(&self, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
         self.record_on(&self.p2p, keep)
     }
 
     fn record_on(&self, stream: &Stream, keep: Vec<Tensor<'static>>) -> Result<Arc<StagedEvent>> {
-        let recorded = self.ctx.bind().and_then(|()| stream.record());
-        let recorded = match recorded {
-            Ok(e) => e,
-            Err(e) => {
-                // Without an event nothing tells when the queued copies
-                // end: wait for them before `keep` lets their memory go.
-                self.settle();
-                drop(keep);
-                return Err(e);
-            }
-        };
-        let event = Arc::new(StagedEvent::new(recorded, self.ordinal(), keep));
+        let mut keep = Some(keep);
+        self.record_unsettled(stream, &mut keep).inspect_err(|_| {
+            // Without an event nothing tells when the queued copies end:
+            // wait for them before `keep` lets their memory go.
+            self.settle();
+            drop(keep.take());
+        })
+    }
+
+    /// [`record_on`](Self::record_on) without settling: on failure `keep`
+    /// is left where it is (the caller settles before dropping it).
+    fn record_unsettled(
+        &self,
+        stream: &Stream,
+        keep: &mut Option<Vec<Tensor<'static>>>,
+    ) -> Result<Arc<StagedEvent>> {
+        let recorded = self.ctx.bind().and_then(|()| stream.record())?;
+        let event = Arc::new(StagedEvent::new(
+            recorded,
+            self.ordinal(),
+            keep.take().unwrap_or_default(),
+        ));
         let mut in_flight = self
             .in_flight
             .lock()
@@ -246,6 +288,7 @@ impl StagingDevice {
             let _ = self.up.synchronize();
             let _ = self.stream.synchronize();
             let _ = self.p2p.synchronize();
+            self.receives.synchronize();
         }
     }
 
