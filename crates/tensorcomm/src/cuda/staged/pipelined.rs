@@ -5,9 +5,9 @@
 //! a second stream (so copies in both directions run at once); chunk i+1
 //! is copied down and chunk i-1 copied up while chunk i is reduced.
 //!
-//! - Copies down are queued [`CHUNKS_AHEAD`] chunks ahead of the one
-//!   being reduced, not all at once: ranks sharing one GPU share its link,
-//!   and short queues keep them copying the same chunk at the same time
+//! - Copies down are queued one chunk ahead of the one being reduced,
+//!   not all at once: ranks sharing one GPU share its link, and short
+//!   queues keep them copying the same chunk at the same time
 //!   (with every copy queued at once, one rank's first chunk could wait
 //!   1.5 ms behind the others' whole messages).
 //! - The first and last chunks are smaller ([`chunks`]): the host starts
@@ -18,7 +18,6 @@
 //! agree to take this path with a vote (see `cpu/group_backend.rs`): a
 //! rank with a host tensor all-reduces the same chunks of it.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,9 +34,6 @@ use crate::Result;
 /// message (2 and 4 ranks sharing an H200), while the vote costs a host
 /// all_reduce its few microseconds.
 pub(crate) const PIPELINE_MIN_BYTES: usize = 2 << 20;
-
-/// Chunks whose copies down are queued beyond the one being reduced.
-const CHUNKS_AHEAD: usize = 1;
 
 /// The byte ranges, element-aligned, that a message of `nbytes` (elements
 /// of `elem` bytes) is cut into: a quarter of it per chunk, from 512 KiB
@@ -128,22 +124,23 @@ impl Ordered {
             device.record(keep())
         };
         let mut reduce_all = || -> Result<()> {
-            let mut downs = VecDeque::with_capacity(CHUNKS_AHEAD + 1);
-            for i in 0..ranges.len().min(CHUNKS_AHEAD + 1) {
-                downs.push_back(copy_down(i)?);
-            }
+            // Chunk i+1's copy down is queued before the host waits for
+            // chunk i's, so one chunk is always on its way down.
+            let mut down = copy_down(0)?;
             for (i, (gpu, cpu)) in gpu_parts.iter().zip(&host_parts).enumerate() {
-                let down = downs.pop_front().ok_or_else(|| {
-                    crate::Error::InvalidArgument(format!("chunk {i}'s copy down was not queued"))
-                })?;
+                let next = if i + 1 < ranges.len() {
+                    Some(copy_down(i + 1)?)
+                } else {
+                    None
+                };
                 wait_until(&down, deadline)?;
                 run_host(&Collective::AllReduce {
                     tensor: cpu.clone(),
                     op,
                 })?;
                 device.copy_up_beside(cpu, gpu)?;
-                if i + CHUNKS_AHEAD + 1 < ranges.len() {
-                    downs.push_back(copy_down(i + CHUNKS_AHEAD + 1)?);
+                if let Some(n) = next {
+                    down = n;
                 }
             }
             Ok(())
