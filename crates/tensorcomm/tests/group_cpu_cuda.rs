@@ -566,8 +566,8 @@ fn a_receive_landing_late_does_not_wait_for_work_queued_after_it() {
     // Rank 1 receives A, queues a 4 s kernel on its stream, then receives
     // B (whose copy up waits for that kernel). Rank 0 sends B first, and A
     // once rank 1 has had B land: A's copy up must not wait behind B's
-    // wait for the kernel queued after A. A first round with 1 ms kernels
-    // loads the kernels and pools the pinned buffers. Every tensor is made
+    // wait for the kernel queued after A. Two rounds with 1 ms kernels
+    // load the kernels and pool the pinned buffers. Every tensor is made
     // before the rounds: making one copies on the legacy stream, which
     // would wait for the kernel (ranks are threads sharing a context).
     let pgs = two_ranks("recv-late");
@@ -578,9 +578,10 @@ fn a_receive_landing_late_does_not_wait_for_work_queued_after_it() {
         let spin = Spin::load(&mine);
         let n = 1 << 14;
         let (scratch, scratch_addr) = tensor_with_address(&mine, 4);
-        let rounds = [1, 4000].map(|ms| (ms, poisoned(n), poisoned(n)));
+        let rounds = [1, 1, 4000].map(|ms| (ms, poisoned(n), poisoned(n)));
         let (one, two) = (full(1.0, n), full(2.0, n));
         let _current = set_current_stream(&mine);
+        let mut failures = Vec::new();
         for (long_ms, a, b) in &rounds {
             both.wait();
             if me == 0 {
@@ -598,20 +599,83 @@ fn a_receive_landing_late_does_not_wait_for_work_queued_after_it() {
                 got_a.synchronize().unwrap();
                 let a_early = !long_done.query().unwrap();
                 got_b.synchronize().unwrap();
-                assert!(
-                    long_done.query().unwrap(),
-                    "B's copy up ran before the kernel"
-                );
-                assert!(
-                    *long_ms == 1 || a_early,
-                    "a receive's copy up waited for a kernel queued after the receive, behind a later receive's wait"
-                );
+                if !long_done.query().unwrap() {
+                    failures.push(format!("{long_ms} ms: B's copy up ran before the kernel"));
+                }
+                if *long_ms > 1 && !a_early {
+                    failures.push(format!(
+                        "{long_ms} ms: a receive's copy up waited for a kernel queued after the receive, behind a later receive's wait"
+                    ));
+                }
                 mine.synchronize().unwrap();
-                assert!(get(a).iter().all(|&v| v == 1.0), "A's message");
-                assert!(get(b).iter().all(|&v| v == 2.0), "B's message");
-                assert_eq!(get(&scratch), [5.0; 4]);
+                let messages = get(a).iter().all(|&v| v == 1.0) && get(b).iter().all(|&v| v == 2.0);
+                if !messages || get(&scratch) != [5.0; 4] {
+                    failures.push(format!("{long_ms} ms: the messages or the kernel's write"));
+                }
             }
         }
+        // Told after every round, so that rank 0 is not left waiting.
+        assert!(failures.is_empty(), "rank {me}: {failures:?}");
+    });
+}
+
+/// Fills `n` elements at `addr` with `v` on `stream` (a kernel: no copy
+/// on the legacy stream, which would wait for other threads' kernels).
+fn refill(spin: &Spin, stream: &Stream, addr: u64, n: usize, v: f32) {
+    spin.fill_after(stream, addr, n, v, 0);
+}
+
+#[test]
+fn a_send_then_a_receive_into_the_same_tensor_sends_it_as_it_was() {
+    if !can_run("a_send_then_a_receive_into_the_same_tensor_sends_it_as_it_was") {
+        return;
+    }
+    // Rank 1 queues a kernel, then sends T (all 1.0) to rank 0 and
+    // receives into T from rank 0, whose message (all 2.0) lands while the
+    // kernel runs. When it ends, the send's copy down must read T before
+    // the receive's copy up writes it. 64 MiB, so the copies would
+    // overlap. Rounds with 1 ms kernels first: they load the kernels and
+    // pool the pinned buffers.
+    let pgs = two_ranks("send-then-recv");
+    let both = std::sync::Barrier::new(2);
+    on_every_rank(&pgs, |pg| {
+        let me = pg.rank();
+        let mine = Stream::new(0).unwrap();
+        let spin = Spin::load(&mine);
+        let n = 16 << 20;
+        let (t, t_addr) = tensor_with_address(&mine, n);
+        let (scratch, scratch_addr) = tensor_with_address(&mine, 4);
+        let _current = set_current_stream(&mine);
+        let mut failures = Vec::new();
+        for ms in [1, 1, 1000] {
+            refill(&spin, &mine, t_addr, n, 2.0 - me as f32);
+            mine.synchronize().unwrap();
+            both.wait();
+            if me == 0 {
+                pg.send(&t, 1, 2, None).unwrap().synchronize().unwrap();
+                pg.recv(&t, 1, 1, None).unwrap().synchronize().unwrap();
+                let got = get(&t);
+                if !got.iter().all(|&v| v == 1.0) {
+                    failures.push(format!(
+                        "{ms} ms: rank 1 sent T after its receive wrote it: {} of {n} elements were 2.0",
+                        got.iter().filter(|&&v| v == 2.0).count()
+                    ));
+                }
+            } else {
+                spin.fill_after(&mine, scratch_addr, 4, 5.0, ms);
+                let sent = pg.send(&t, 0, 1, None).unwrap();
+                let got = pg.recv(&t, 0, 2, None).unwrap();
+                sent.synchronize().unwrap();
+                got.synchronize().unwrap();
+                if !get(&t).iter().all(|&v| v == 2.0) || get(&scratch) != [5.0; 4] {
+                    failures.push(format!("{ms} ms: the message or the kernel's write"));
+                }
+            }
+            both.wait();
+        }
+        // Failures are told after every round, so a failing rank does not
+        // leave the other waiting at the barrier.
+        assert!(failures.is_empty(), "rank {me}: {failures:?}");
     });
 }
 

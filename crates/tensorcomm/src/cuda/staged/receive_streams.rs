@@ -1,19 +1,24 @@
 //! The streams that received point-to-point messages copy up to the GPU
-//! on. A receive's copy up is queued when its message lands, after the
-//! caller's stream as it was at the receive's call. On one shared stream,
-//! a receive landing after a later call's copy was queued would wait for
-//! that later call's point on the caller's stream, and so for work the
-//! caller queued after the receive. So each copy up goes on a stream whose
-//! queued copies all belong to receives called before it (their waits are
-//! for earlier points), or on an idle one, or on a new one, up to
-//! [`RECEIVE_STREAMS`]; only when all of those are taken by later calls
-//! does it wait behind one.
+//! on. A receive's copy up is queued when its message lands, and waits
+//! for three things: the caller's stream as it was at the receive's call,
+//! the sends called before it (their copies down read tensors it may
+//! write), and the latest receive called before it whose copy is in
+//! flight (so receives into one tensor whose messages land in call order
+//! write it in that order). Every one of those was called before the
+//! receive. On one shared stream, a receive landing after a later call's
+//! copy was queued would also wait for that later call's point on the
+//! caller's stream, and so for work the caller queued after the receive.
+//! So each copy up goes on a stream holding only copies of receives
+//! called before it, or on an idle one, or on a new one, up to
+//! [`RECEIVE_STREAMS`]; only when all of those hold later calls does it
+//! wait behind one.
 //!
-//! Receives are numbered in call order. Chaining a receive behind the
-//! latest earlier one still in flight keeps two receives into the same
-//! tensor landing in call order when their messages arrive in that order.
+//! Receives into one tensor whose messages land out of call order are
+//! not ordered (the earlier call's copy does not exist yet when the later
+//! one is queued): wait for a receive before receiving into its tensor
+//! again.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::staged_event::StagedEvent;
 use crate::cuda::runtime::{Context, Event, Stream};
@@ -22,8 +27,9 @@ use crate::Result;
 /// The most streams receives copy up on, per GPU and group.
 pub(crate) const RECEIVE_STREAMS: usize = 8;
 
-/// What a stream has queued, as the choice sees it: the latest call
-/// number among its receives' copies, and whether they are all done.
+/// What a stream holds, as the choice sees it: the latest call number
+/// among its receives' copies still in flight, and whether they are all
+/// done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Last {
     pub(crate) call: u64,
@@ -40,10 +46,10 @@ pub(crate) enum Choice {
 }
 
 /// The stream for the copy up of receive number `call`, given what each
-/// stream last had queued (`None`: nothing yet): the one whose copy still
-/// in flight is the latest receive called before `call`; else an idle
-/// one; else a new one while there are fewer than `max`; else the one
-/// whose copy in flight was called earliest.
+/// stream holds (`None`: nothing yet): the one whose copies in flight
+/// are of the latest receive called before `call` (it waits for that one
+/// anyway); else an idle one; else a new one while there are fewer than
+/// `max`; else the one whose copies in flight were called earliest.
 pub(crate) fn choose(lasts: &[Option<Last>], call: u64, max: usize) -> Choice {
     let busy = |l: &Option<Last>| l.filter(|l| !l.done).map(|l| l.call);
     let chained = lasts
@@ -68,43 +74,83 @@ pub(crate) fn choose(lasts: &[Option<Last>], call: u64, max: usize) -> Choice {
         .map_or(Choice::New, |(_, i)| Choice::Use(i))
 }
 
-/// One receive stream: the latest call number among the copies queued on
-/// it, and the event after its last copy.
+/// How receive number `call`'s copy up is queued: on which stream
+/// ([`choose`] over `lasts`), and after which earlier receive's copy: the
+/// latest called before it among `copies` (the call numbers of the copies
+/// still in flight), if any.
+pub(crate) fn plan(
+    lasts: &[Option<Last>],
+    copies: &[u64],
+    call: u64,
+    max: usize,
+) -> (Choice, Option<u64>) {
+    let before = copies.iter().copied().filter(|&c| c < call).max();
+    (choose(lasts, call, max), before)
+}
+
+/// The event of a copy, if it is still in flight. Events are weak here:
+/// the device's in-flight list holds each one until it has passed, so one
+/// that is gone is done, and the tensors it keeps are not held longer.
+fn in_flight(event: &Weak<StagedEvent>) -> Option<Arc<StagedEvent>> {
+    event.upgrade().filter(|e| !e.is_done())
+}
+
+/// One receive stream: the latest call number among its copies, and the
+/// event after its last copy.
 struct ReceiveStream {
     stream: Stream,
-    last: Option<(u64, Arc<StagedEvent>)>,
+    last: Option<(u64, Weak<StagedEvent>)>,
+}
+
+#[derive(Default)]
+struct Pool {
+    streams: Vec<ReceiveStream>,
+    /// Every receive's copy queued, by call number, until it is done.
+    copies: Vec<(u64, Weak<StagedEvent>)>,
 }
 
 /// See the module docs.
 #[derive(Default)]
 pub(crate) struct ReceiveStreams {
-    streams: Mutex<Vec<ReceiveStream>>,
+    pool: Mutex<Pool>,
 }
 
 impl ReceiveStreams {
     /// Queues receive number `call`'s copy up on a stream chosen as the
-    /// module docs say: the stream waits for `caller`, then `queue` runs
-    /// with it, then `record` gives the event after the copy, which the
-    /// stream remembers. The context is bound.
+    /// module docs say: the stream waits for every event of `after` (the
+    /// caller's stream and the sends' stream at the receive's call) and
+    /// for the latest earlier-called receive's copy in flight, then
+    /// `queue` runs with it, then `record` gives the event after the copy.
+    /// The context is bound. On failure the chosen stream is waited for
+    /// before this returns, so no later receive queues behind a wait that
+    /// nothing recorded.
     pub(crate) fn queue(
         &self,
         ctx: &Context,
         call: u64,
-        caller: &Event,
+        after: &[&Event],
         queue: impl FnOnce(&Stream) -> Result<()>,
         record: impl FnOnce(&Stream) -> Result<Arc<StagedEvent>>,
     ) -> Result<Arc<StagedEvent>> {
-        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        let Pool { streams, copies } = &mut *pool;
+        copies.retain(|(_, e)| in_flight(e).is_some());
         let lasts: Vec<Option<Last>> = streams
             .iter()
             .map(|s| {
-                s.last.as_ref().map(|(call, event)| Last {
-                    call: *call,
-                    done: event.is_done(),
+                s.last.as_ref().map(|(c, e)| Last {
+                    call: *c,
+                    done: in_flight(e).is_none(),
                 })
             })
             .collect();
-        let i = match choose(&lasts, call, RECEIVE_STREAMS) {
+        let numbers: Vec<u64> = copies.iter().map(|(c, _)| *c).collect();
+        let (choice, before) = plan(&lasts, &numbers, call, RECEIVE_STREAMS);
+        // Still in flight (or done since, and then nothing to wait for).
+        let before = before
+            .and_then(|b| copies.iter().find(|(c, _)| *c == b))
+            .and_then(|(_, e)| in_flight(e));
+        let i = match choice {
             Choice::Use(i) => i,
             Choice::New => {
                 streams.push(ReceiveStream {
@@ -115,28 +161,45 @@ impl ReceiveStreams {
             }
         };
         let chosen = &mut streams[i];
-        chosen.stream.wait(caller)?;
-        queue(&chosen.stream)?;
-        let event = record(&chosen.stream)?;
-        // The stream's number is the latest call among its copies in
-        // flight: a receive chains behind it only if called after all.
+        let queued = (|| {
+            for point in after {
+                chosen.stream.wait(point)?;
+            }
+            if let Some(before) = &before {
+                chosen.stream.wait(before.event())?;
+            }
+            queue(&chosen.stream)?;
+            record(&chosen.stream)
+        })();
+        let event = match queued {
+            Ok(event) => event,
+            Err(e) => {
+                let _ = chosen.stream.synchronize();
+                return Err(e);
+            }
+        };
         let latest = match &chosen.last {
-            Some((c, e)) if !e.is_done() => (*c).max(call),
+            Some((c, e)) if in_flight(e).is_some() => (*c).max(call),
             _ => call,
         };
-        chosen.last = Some((latest, event.clone()));
+        chosen.last = Some((latest, Arc::downgrade(&event)));
+        copies.push((call, Arc::downgrade(&event)));
         Ok(event)
     }
 
-    /// Waits for every receive stream (the context is bound).
+    /// Waits for every receive stream (the context is bound), without
+    /// holding the pool while it does.
     pub(crate) fn synchronize(&self) {
-        for s in self
-            .streams
+        let streams: Vec<Stream> = self
+            .pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .streams
             .iter()
-        {
-            let _ = s.stream.synchronize();
+            .map(|s| s.stream.clone())
+            .collect();
+        for s in streams {
+            let _ = s.synchronize();
         }
     }
 }
@@ -156,7 +219,7 @@ mod tests {
     #[test]
     fn a_receive_chains_behind_the_latest_earlier_call_in_flight() {
         assert_eq!(choose(&[busy(1), busy(3), busy(9)], 5, 8), Choice::Use(1));
-        // Also when an idle stream exists: same-tensor receives keep order.
+        // Also when an idle stream exists.
         assert_eq!(choose(&[None, busy(2)], 5, 8), Choice::Use(1));
     }
 
@@ -167,6 +230,23 @@ mod tests {
         assert_eq!(choose(&[busy(7), None], 5, 8), Choice::Use(1));
         assert_eq!(choose(&[busy(7), busy(6)], 5, 8), Choice::New);
         assert_eq!(choose(&[], 0, 8), Choice::New);
+        // A stream holding an earlier and a later call counts as later:
+        // receive 1 does not go behind 0 and 2 (it waits for 0's copy by
+        // its event instead).
+        assert_eq!(choose(&[busy(2)], 1, 8), Choice::New);
+    }
+
+    #[test]
+    fn a_receive_waits_for_the_latest_earlier_called_copy_in_flight_wherever_it_goes() {
+        // A (0) into T lands and goes on stream 0; C (2) into U lands and
+        // chains behind it; B (1) into T lands last. Stream 0 now holds a
+        // later call, so B takes a new stream, and waits for A's copy.
+        assert_eq!(plan(&[], &[], 0, 8), (Choice::New, None));
+        assert_eq!(plan(&[busy(0)], &[0], 2, 8), (Choice::Use(0), Some(0)));
+        assert_eq!(plan(&[busy(2)], &[0, 2], 1, 8), (Choice::New, Some(0)));
+        // Only earlier calls count, and the latest of them.
+        assert_eq!(plan(&[busy(9)], &[3, 5, 9], 7, 8).1, Some(5));
+        assert_eq!(plan(&[busy(9)], &[9], 7, 8).1, None);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!    it, after the copies up of every earlier collective (so a
 //!    tensor written by an earlier collective is read as it left it, even
 //!    when the caller did not wait in between; point-to-point copies run on
-//!    a stream of their own), followed by an event; the
+//!    streams of their own), followed by an event; the
 //!    host waits for it ([`StagedCall::wait_copied_down_until`]), then the
 //!    CPU collective runs on the host copies ([`StagedCall::host`]);
 //! 3. the copies up of every CUDA tensor it writes are queued on the

@@ -26,6 +26,11 @@ impl StagedEvent {
         }
     }
 
+    /// The CUDA event, for another stream to wait for.
+    pub(crate) fn event(&self) -> &Event {
+        &self.event
+    }
+
     /// True once the copies before the event are done (an error counts as
     /// not done: the tensors stay held).
     pub(crate) fn is_done(&self) -> bool {

@@ -23,9 +23,9 @@ pub(crate) struct StagedP2p {
     host: Tensor<'static>,
     /// A send's copy down.
     down: Option<Arc<StagedEvent>>,
-    /// A receive's number in call order and its caller stream at the
-    /// call, for its copy up to wait for.
-    caller: Option<(u64, Event)>,
+    /// A receive's number in call order, and the caller's stream and the
+    /// sends' stream at the call, for its copy up to wait for.
+    caller: Option<(u64, Event, Event)>,
 }
 
 impl StagedP2p {
@@ -55,9 +55,14 @@ impl StagedP2p {
 
     /// At call time, on the caller's thread: the host copy a receive
     /// lands in; its copy up will run after the work queued so far on the
-    /// caller's current stream.
+    /// caller's current stream and after the copies down of the sends
+    /// called so far (see `receive_streams.rs` for the rest).
     pub(crate) fn recv(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
-        let caller = (device.number_receive(), device.caller_point()?);
+        let caller = (
+            device.number_receive(),
+            device.caller_point()?,
+            device.sends_point()?,
+        );
         let host = device.host_copy_of(tensor)?;
         Ok(StagedP2p {
             device,
@@ -85,14 +90,14 @@ impl StagedP2p {
     /// A receive's step after the message landed in the host copy: queues
     /// the copy up and gives the event after which it is done.
     pub(crate) fn copy_up(self) -> Result<Arc<dyn DeviceEvent>> {
-        let Some((call, caller)) = &self.caller else {
+        let Some((call, caller, sends)) = &self.caller else {
             return Err(crate::Error::InvalidArgument(
                 "a send's host copy was handed back as a received message".into(),
             ));
         };
         let event: Arc<dyn DeviceEvent> = self
             .device
-            .copy_up_received(*call, caller, &self.host, &self.gpu)?;
+            .copy_up_received(*call, caller, sends, &self.host, &self.gpu)?;
         Ok(event)
     }
 }

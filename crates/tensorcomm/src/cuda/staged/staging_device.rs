@@ -10,8 +10,9 @@
 //! that wait would also hold back the copies an earlier collective still
 //! had to queue (a pipelined all_reduce queues its chunks as it runs)
 //! behind whatever the caller queued after that collective. Receives copy
-//! up, when their message lands, on streams chosen so that none waits for
-//! a later call's point on the caller's stream (`receive_streams.rs`).
+//! up, when their message lands, on streams chosen so that, while fewer
+//! than eight later receives are in flight, none waits for a later call's
+//! point on the caller's stream (`receive_streams.rs`).
 //!
 //! Lifetimes: every queued copy is followed by a [`StagedEvent`] that
 //! holds both ends of it (the caller's CUDA tensor and the host copy over
@@ -163,14 +164,24 @@ impl StagingDevice {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The point after the sends' copies down queued so far (call on the
+    /// caller's thread, at a receive's call): the receive's copy up waits
+    /// for it, so a send of a tensor called before a receive into it reads
+    /// the tensor as it was.
+    pub(crate) fn sends_point(&self) -> Result<Event> {
+        self.ctx.bind()?;
+        self.p2p.record()
+    }
+
     /// Queues receive number `call`'s copy of `host` into CUDA tensor
-    /// `device`, after `caller` (the caller's stream at the receive's
-    /// call), on a receive stream (`receive_streams.rs`); the event after
-    /// it holds both.
+    /// `device`, after `caller` and `sends` (the caller's stream and the
+    /// sends' stream at the receive's call), on a receive stream
+    /// (`receive_streams.rs`); the event after it holds both.
     pub(crate) fn copy_up_received(
         &self,
         call: u64,
         caller: &Event,
+        sends: &Event,
         host: &Tensor<'static>,
         device: &Tensor<'static>,
     ) -> Result<Arc<StagedEvent>> {
@@ -179,7 +190,7 @@ impl StagingDevice {
             self.receives.queue(
                 &self.ctx,
                 call,
-                caller,
+                &[caller, sends],
                 |stream| self.copy_up_on(host, device, stream),
                 |stream| self.record_unsettled(stream, &mut keep),
             )
