@@ -1,22 +1,27 @@
 //! The streams that received point-to-point messages copy up to the GPU
-//! on. A receive's copy up is queued when its message lands, and waits
-//! for three things: the caller's stream as it was at the receive's call,
-//! the sends called before it (their copies down read tensors it may
-//! write), and the latest receive called before it whose copy is in
-//! flight (so receives into one tensor whose messages land in call order
-//! write it in that order). Every one of those was called before the
-//! receive. On one shared stream, a receive landing after a later call's
-//! copy was queued would also wait for that later call's point on the
-//! caller's stream, and so for work the caller queued after the receive.
-//! So each copy up goes on a stream holding only copies of receives
-//! called before it, or on an idle one, or on a new one, up to
-//! [`RECEIVE_STREAMS`]; only when all of those hold later calls does it
-//! wait behind one.
+//! on, and what each copy waits for. A receive's copy up is queued when
+//! its message lands, and waits for what was called before the receive
+//! and may touch its tensor: the caller's stream as it was at the call,
+//! the copies down of sends still in flight whose tensors overlap it, and
+//! every earlier-called receive's copy still in flight (so receives into
+//! one tensor whose messages land in call order write it in that order).
+//! [`ReceiveOrder`] is taken at the call, under one lock, so numbers and
+//! points agree.
+//!
+//! On one shared stream, a receive landing after a later call's copy was
+//! queued would also wait for that later call's point on the caller's
+//! stream, and so for work the caller queued after the receive. So each
+//! copy up goes on a stream holding only copies of receives called before
+//! it, or on an idle one, or on a new one, up to [`RECEIVE_STREAMS`]; only
+//! when all of those hold later calls does it wait behind one (and then a
+//! receive called later waits for it, and so for that later call too).
 //!
 //! Receives into one tensor whose messages land out of call order are
 //! not ordered (the earlier call's copy does not exist yet when the later
 //! one is queued): wait for a receive before receiving into its tensor
-//! again.
+//! again. Collectives are not covered either: their copies are queued when
+//! the group runs them, so wait for a collective before receiving into
+//! its tensors.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -26,6 +31,15 @@ use crate::Result;
 
 /// The most streams receives copy up on, per GPU and group.
 pub(crate) const RECEIVE_STREAMS: usize = 8;
+
+/// What a receive's copy up waits for besides earlier receives, taken at
+/// its call: its number in call order, the caller's stream then, and the
+/// copies down of the sends then in flight whose tensors overlap its own.
+pub(crate) struct ReceiveOrder {
+    pub(crate) call: u64,
+    pub(crate) caller: Event,
+    pub(crate) sends: Vec<Weak<StagedEvent>>,
+}
 
 /// What a stream holds, as the choice sees it: the latest call number
 /// among its receives' copies still in flight, and whether they are all
@@ -75,16 +89,16 @@ pub(crate) fn choose(lasts: &[Option<Last>], call: u64, max: usize) -> Choice {
 }
 
 /// How receive number `call`'s copy up is queued: on which stream
-/// ([`choose`] over `lasts`), and after which earlier receive's copy: the
-/// latest called before it among `copies` (the call numbers of the copies
-/// still in flight), if any.
+/// ([`choose`] over `lasts`), and after which earlier receives' copies:
+/// those called before it among `copies` (the call numbers of the copies
+/// still in flight).
 pub(crate) fn plan(
     lasts: &[Option<Last>],
     copies: &[u64],
     call: u64,
     max: usize,
-) -> (Choice, Option<u64>) {
-    let before = copies.iter().copied().filter(|&c| c < call).max();
+) -> (Choice, Vec<u64>) {
+    let before = copies.iter().copied().filter(|&c| c < call).collect();
     (choose(lasts, call, max), before)
 }
 
@@ -116,22 +130,20 @@ pub(crate) struct ReceiveStreams {
 }
 
 impl ReceiveStreams {
-    /// Queues receive number `call`'s copy up on a stream chosen as the
-    /// module docs say: the stream waits for every event of `after` (the
-    /// caller's stream and the sends' stream at the receive's call) and
-    /// for the latest earlier-called receive's copy in flight, then
-    /// `queue` runs with it, then `record` gives the event after the copy.
-    /// The context is bound. On failure the chosen stream is waited for
-    /// before this returns, so no later receive queues behind a wait that
-    /// nothing recorded.
+    /// Queues receive `order`'s copy up on a stream chosen as the module
+    /// docs say, after what it waits for; `queue` runs with the stream,
+    /// then `record` gives the event after the copy. The context is
+    /// bound. On failure the chosen stream leaves the pool (no later
+    /// receive queues behind a wait that nothing recorded) and is waited
+    /// for, without the pool's lock, before this returns.
     pub(crate) fn queue(
         &self,
         ctx: &Context,
-        call: u64,
-        after: &[&Event],
+        order: &ReceiveOrder,
         queue: impl FnOnce(&Stream) -> Result<()>,
         record: impl FnOnce(&Stream) -> Result<Arc<StagedEvent>>,
     ) -> Result<Arc<StagedEvent>> {
+        let call = order.call;
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
         let Pool { streams, copies } = &mut *pool;
         copies.retain(|(_, e)| in_flight(e).is_some());
@@ -146,10 +158,14 @@ impl ReceiveStreams {
             .collect();
         let numbers: Vec<u64> = copies.iter().map(|(c, _)| *c).collect();
         let (choice, before) = plan(&lasts, &numbers, call, RECEIVE_STREAMS);
-        // Still in flight (or done since, and then nothing to wait for).
-        let before = before
-            .and_then(|b| copies.iter().find(|(c, _)| *c == b))
-            .and_then(|(_, e)| in_flight(e));
+        // Those still in flight (one done since has nothing to wait for),
+        // and the overlapping sends still in flight.
+        let waits: Vec<Arc<StagedEvent>> = copies
+            .iter()
+            .filter(|(c, _)| before.contains(c))
+            .filter_map(|(_, e)| in_flight(e))
+            .chain(order.sends.iter().filter_map(in_flight))
+            .collect();
         let i = match choice {
             Choice::Use(i) => i,
             Choice::New => {
@@ -162,11 +178,9 @@ impl ReceiveStreams {
         };
         let chosen = &mut streams[i];
         let queued = (|| {
-            for point in after {
-                chosen.stream.wait(point)?;
-            }
-            if let Some(before) = &before {
-                chosen.stream.wait(before.event())?;
+            chosen.stream.wait(&order.caller)?;
+            for event in &waits {
+                chosen.stream.wait(event.event())?;
             }
             queue(&chosen.stream)?;
             record(&chosen.stream)
@@ -174,7 +188,9 @@ impl ReceiveStreams {
         let event = match queued {
             Ok(event) => event,
             Err(e) => {
-                let _ = chosen.stream.synchronize();
+                let failed = streams.remove(i).stream;
+                drop(pool);
+                let _ = failed.synchronize();
                 return Err(e);
             }
         };
@@ -237,16 +253,25 @@ mod tests {
     }
 
     #[test]
-    fn a_receive_waits_for_the_latest_earlier_called_copy_in_flight_wherever_it_goes() {
+    fn a_receive_waits_for_every_earlier_called_copy_in_flight_wherever_it_goes() {
         // A (0) into T lands and goes on stream 0; C (2) into U lands and
         // chains behind it; B (1) into T lands last. Stream 0 now holds a
         // later call, so B takes a new stream, and waits for A's copy.
-        assert_eq!(plan(&[], &[], 0, 8), (Choice::New, None));
-        assert_eq!(plan(&[busy(0)], &[0], 2, 8), (Choice::Use(0), Some(0)));
-        assert_eq!(plan(&[busy(2)], &[0, 2], 1, 8), (Choice::New, Some(0)));
-        // Only earlier calls count, and the latest of them.
-        assert_eq!(plan(&[busy(9)], &[3, 5, 9], 7, 8).1, Some(5));
-        assert_eq!(plan(&[busy(9)], &[9], 7, 8).1, None);
+        assert_eq!(plan(&[], &[], 0, 8), (Choice::New, vec![]));
+        assert_eq!(plan(&[busy(0)], &[0], 2, 8), (Choice::Use(0), vec![0]));
+        assert_eq!(plan(&[busy(2)], &[0, 2], 1, 8), (Choice::New, vec![0]));
+        // D (1) into U lands first; A (0) into T finds only a later call
+        // in flight and takes a new stream; B (2) into T chains behind D
+        // and waits for A's copy too, not only for D's, which does not
+        // wait for A.
+        assert_eq!(plan(&[busy(1)], &[1], 0, 8), (Choice::New, vec![]));
+        assert_eq!(
+            plan(&[busy(1), busy(0)], &[1, 0], 2, 8),
+            (Choice::Use(0), vec![1, 0])
+        );
+        // Only earlier calls count.
+        assert_eq!(plan(&[busy(9)], &[3, 5, 9], 7, 8).1, vec![3, 5]);
+        assert!(plan(&[busy(9)], &[9], 7, 8).1.is_empty());
     }
 
     #[test]

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
+use super::receive_streams::ReceiveOrder;
 use super::staged_event::StagedEvent;
 use super::staging_device::StagingDevice;
-use crate::cuda::runtime::Event;
 use crate::group::DeviceEvent;
 use crate::tensor::Tensor;
 use crate::Result;
@@ -23,9 +23,8 @@ pub(crate) struct StagedP2p {
     host: Tensor<'static>,
     /// A send's copy down.
     down: Option<Arc<StagedEvent>>,
-    /// A receive's number in call order, and the caller's stream and the
-    /// sends' stream at the call, for its copy up to wait for.
-    caller: Option<(u64, Event, Event)>,
+    /// What a receive's copy up waits for, taken at its call.
+    order: Option<ReceiveOrder>,
 }
 
 impl StagedP2p {
@@ -44,32 +43,30 @@ impl StagedP2p {
         }
         let host = queued?;
         let down = device.record_p2p(vec![tensor.clone(), host.clone()])?;
+        device.note_send(tensor, &down)?;
         Ok(StagedP2p {
             device,
             gpu: tensor.clone(),
             host,
             down: Some(down),
-            caller: None,
+            order: None,
         })
     }
 
     /// At call time, on the caller's thread: the host copy a receive
     /// lands in; its copy up will run after the work queued so far on the
-    /// caller's current stream and after the copies down of the sends
-    /// called so far (see `receive_streams.rs` for the rest).
+    /// caller's current stream, after the copies down of the sends in
+    /// flight whose tensors overlap `tensor`, and after earlier receives'
+    /// copies (see `receive_streams.rs`).
     pub(crate) fn recv(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
-        let caller = (
-            device.number_receive(),
-            device.caller_point()?,
-            device.sends_point()?,
-        );
+        let order = device.order_receive(tensor)?;
         let host = device.host_copy_of(tensor)?;
         Ok(StagedP2p {
             device,
             gpu: tensor.clone(),
             host,
             down: None,
-            caller: Some(caller),
+            order: Some(order),
         })
     }
 
@@ -90,14 +87,13 @@ impl StagedP2p {
     /// A receive's step after the message landed in the host copy: queues
     /// the copy up and gives the event after which it is done.
     pub(crate) fn copy_up(self) -> Result<Arc<dyn DeviceEvent>> {
-        let Some((call, caller, sends)) = &self.caller else {
+        let Some(order) = &self.order else {
             return Err(crate::Error::InvalidArgument(
                 "a send's host copy was handed back as a received message".into(),
             ));
         };
-        let event: Arc<dyn DeviceEvent> = self
-            .device
-            .copy_up_received(*call, caller, sends, &self.host, &self.gpu)?;
+        let event: Arc<dyn DeviceEvent> =
+            self.device.copy_up_received(order, &self.host, &self.gpu)?;
         Ok(event)
     }
 }

@@ -22,10 +22,10 @@
 //! while a copy may still touch it. Dropping the device waits for its
 //! streams first.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::pinned_pool::PinnedPool;
-use super::receive_streams::ReceiveStreams;
+use super::receive_streams::{ReceiveOrder, ReceiveStreams};
 use super::staged_event::StagedEvent;
 use crate::cuda::runtime::{
     context, copy_dtoh_async, copy_htod_async, current_stream, Context, Event, Stream,
@@ -45,8 +45,10 @@ pub(crate) struct StagingDevice {
     p2p: Stream,
     /// Receives' copies up.
     receives: ReceiveStreams,
-    /// Receives called so far, to number them in call order.
-    receive_calls: std::sync::atomic::AtomicU64,
+    /// The next receive's number in call order (taken with its points).
+    receive_calls: Mutex<u64>,
+    /// Sends' copies down by the device bytes they read, until done.
+    sends: Mutex<Vec<(std::ops::Range<u64>, Weak<StagedEvent>)>>,
     pool: Arc<PinnedPool>,
     in_flight: Mutex<Vec<Arc<StagedEvent>>>,
 }
@@ -64,7 +66,8 @@ impl StagingDevice {
             up,
             p2p,
             receives: ReceiveStreams::default(),
-            receive_calls: std::sync::atomic::AtomicU64::new(0),
+            receive_calls: Mutex::new(0),
+            sends: Mutex::default(),
             pool: Arc::new(PinnedPool::for_device(ordinal)),
             in_flight: Mutex::default(),
         })
@@ -157,31 +160,54 @@ impl StagingDevice {
         self.copy_up_on(host, device, &self.stream)
     }
 
-    /// The number of a receive called now (on the caller's thread): its
-    /// place in call order among this GPU's receives.
-    pub(crate) fn number_receive(&self) -> u64 {
-        self.receive_calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    /// Notes a send's copy down of `tensor`, whose event is `down`, for
+    /// the receives called after it ([`order_receive`](Self::order_receive)).
+    pub(crate) fn note_send(
+        &self,
+        tensor: &Tensor<'static>,
+        down: &Arc<StagedEvent>,
+    ) -> Result<()> {
+        let span = self.span(tensor)?;
+        let mut sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
+        sends.retain(|(_, e)| e.upgrade().is_some_and(|e| !e.is_done()));
+        sends.push((span, Arc::downgrade(down)));
+        Ok(())
     }
 
-    /// The point after the sends' copies down queued so far (call on the
-    /// caller's thread, at a receive's call): the receive's copy up waits
-    /// for it, so a send of a tensor called before a receive into it reads
-    /// the tensor as it was.
-    pub(crate) fn sends_point(&self) -> Result<Event> {
-        self.ctx.bind()?;
-        self.p2p.record()
+    /// What a receive into `tensor` called now (on the caller's thread)
+    /// waits for (see `receive_streams.rs`): its number, the caller's
+    /// stream, and the sends in flight whose tensors overlap `tensor`,
+    /// taken together so that numbers follow the order of the points.
+    pub(crate) fn order_receive(&self, tensor: &Tensor<'static>) -> Result<ReceiveOrder> {
+        let span = self.span(tensor)?;
+        let mut next = self
+            .receive_calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let caller = self.caller_point()?;
+        let sends = self
+            .sends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(s, _)| s.start < span.end && span.start < s.end)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let call = *next;
+        *next += 1;
+        Ok(ReceiveOrder {
+            call,
+            caller,
+            sends,
+        })
     }
 
-    /// Queues receive number `call`'s copy of `host` into CUDA tensor
-    /// `device`, after `caller` and `sends` (the caller's stream and the
-    /// sends' stream at the receive's call), on a receive stream
-    /// (`receive_streams.rs`); the event after it holds both.
+    /// Queues receive `order`'s copy of `host` into CUDA tensor `device`
+    /// on a receive stream (`receive_streams.rs`); the event after it
+    /// holds both.
     pub(crate) fn copy_up_received(
         &self,
-        call: u64,
-        caller: &Event,
-        sends: &Event,
+        order: &ReceiveOrder,
         host: &Tensor<'static>,
         device: &Tensor<'static>,
     ) -> Result<Arc<StagedEvent>> {
@@ -189,8 +215,7 @@ impl StagingDevice {
         let queued = self.ctx.bind().and_then(|()| {
             self.receives.queue(
                 &self.ctx,
-                call,
-                &[caller, sends],
+                order,
                 |stream| self.copy_up_on(host, device, stream),
                 |stream| self.record_unsettled(stream, &mut keep),
             )
@@ -301,6 +326,13 @@ impl StagingDevice {
             let _ = self.p2p.synchronize();
             self.receives.synchronize();
         }
+    }
+
+    /// The device bytes of CUDA tensor `t` (on this GPU) that its copies
+    /// touch.
+    fn span(&self, t: &Tensor<'static>) -> Result<std::ops::Range<u64>> {
+        let (_, ptr) = self.cuda_ptr(t)?;
+        Ok(ptr.0..ptr.0 + t.nbytes() as u64)
     }
 
     /// The context and address of CUDA tensor `t`, which must be on this
