@@ -19,37 +19,14 @@ import multiprocessing as mp
 import statistics
 import time
 
-
-def parse_size(s):
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(s[:-1] if mult > 1 else s) * mult
+from shared_gpu_common import DEVICE, HOST, copy_rows, parse_size, print_row, run_all
 
 
 def rows_copy(dev, host, size, stream):
     """Copies the first `size` bytes (even) of pinned `host` to `dev` as one
     cuMemcpy2DAsync of two rows, as tensorcomm's staging does."""
-    import ctypes
-
-    class Memcpy2D(ctypes.Structure):
-        _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
-                    ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
-                    ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-                    ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t),
-                    ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
-                    ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
-                    ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t),
-                    ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
-
     rows = 2 if size >= 2 else 1
-    m = Memcpy2D()
-    m.srcMemoryType, m.srcHost = 1, host.data_ptr()  # CU_MEMORYTYPE_HOST
-    m.dstMemoryType, m.dstDevice = 2, dev.data_ptr()  # CU_MEMORYTYPE_DEVICE
-    m.srcPitch = m.dstPitch = m.WidthInBytes = size // rows
-    m.Height = rows
-    r = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2(ctypes.byref(m), ctypes.c_void_p(stream.cuda_stream))
-    if r != 0:
-        raise RuntimeError(f"cuMemcpy2DAsync_v2: CUresult {r}")
+    copy_rows(dev.data_ptr(), DEVICE, host.data_ptr(), HOST, size, rows, stream)
 
 
 def worker(rank, sizes, iters, barrier, out, sync_mode, op):
@@ -148,17 +125,7 @@ def main():
     for n in [int(p) for p in a.procs.split(",")]:
         barrier, out = ctx.Barrier(n), ctx.Queue()
         ps = [ctx.Process(target=worker, args=(r, sizes, a.iters, barrier, out, a.sync, a.op)) for r in range(n)]
-        for p in ps:
-            p.start()
-        results = [out.get() for _ in ps]
-        for p in ps:
-            p.join()
-        cells = []
-        for s in sizes:
-            med = max(r[1][s][0] for r in results)
-            p10 = max(r[1][s][1] for r in results)
-            cells.append(f"{med:>8.1f} /{p10:>6.1f}")
-        print(f"{n:>5} " + " ".join(f"{c:>16}" for c in cells), flush=True)
+        print_row(n, sizes, run_all(ps, out))
 
 
 if __name__ == "__main__":

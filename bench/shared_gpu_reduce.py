@@ -17,11 +17,7 @@ import argparse
 import statistics
 import time
 
-
-def parse_size(s):
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(s[:-1] if mult > 1 else s) * mult
+from shared_gpu_common import DEVICE, copy_rows, parse_size, print_row, run_all
 
 
 def meet(flags, rank, n, generation):
@@ -37,31 +33,12 @@ def rows_d2d(dst, src, nbytes, stream):
     """Copies `nbytes` from device address `src` to `dst` as one
     cuMemcpy2DAsync of several equal rows (a copy engine's job, not the
     command stream's)."""
-    import ctypes
-
-    class Memcpy2D(ctypes.Structure):
-        _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
-                    ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
-                    ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-                    ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t),
-                    ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
-                    ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
-                    ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t),
-                    ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
-
     rows = 2
     while nbytes % rows:
         rows += 1
     if rows == nbytes and nbytes > 2:
         rows = 1
-    m = Memcpy2D()
-    m.srcMemoryType, m.srcDevice = 2, src
-    m.dstMemoryType, m.dstDevice = 2, dst
-    m.srcPitch = m.dstPitch = m.WidthInBytes = nbytes // rows
-    m.Height = rows
-    r = ctypes.CDLL("libcuda.so.1").cuMemcpy2DAsync_v2(ctypes.byref(m), ctypes.c_void_p(stream.cuda_stream))
-    if r != 0:
-        raise RuntimeError(f"cuMemcpy2DAsync_v2: CUresult {r}")
+    copy_rows(dst, DEVICE, src, DEVICE, nbytes, rows, stream)
 
 
 def worker(rank, n, sizes, iters, queues, flags, out, mode):
@@ -159,17 +136,7 @@ def main():
         out = ctx.Queue()
         ps = [ctx.Process(target=worker, args=(r, n, sizes, a.iters, queues, flags, out, a.mode))
               for r in range(n)]
-        for p in ps:
-            p.start()
-        results = [out.get() for _ in ps]
-        for p in ps:
-            p.join()
-        cells = []
-        for s in sizes:
-            med = max(r[1][s][0] for r in results)
-            p10 = max(r[1][s][1] for r in results)
-            cells.append(f"{med:>8.1f} /{p10:>6.1f}")
-        print(f"{n:>5} " + " ".join(f"{c:>16}" for c in cells), flush=True)
+        print_row(n, sizes, run_all(ps, out))
 
 
 if __name__ == "__main__":
