@@ -89,17 +89,32 @@ pub(crate) fn choose(lasts: &[Option<Last>], call: u64, max: usize) -> Choice {
 }
 
 /// How receive number `call`'s copy up is queued: on which stream
-/// ([`choose`] over `lasts`), and after which earlier receives' copies:
-/// those called before it among `copies` (the call numbers of the copies
-/// still in flight).
+/// ([`choose`] over `lasts`), and after which earlier receives' copies,
+/// given `copies` (the copies in flight in the order they were queued:
+/// call number and stream index): on every other stream, the last queued
+/// of those called before it (a stream runs its copies in order, and
+/// holds copies of increasing calls unless one had to wait behind a later
+/// call). Gives indices into `copies`.
 pub(crate) fn plan(
     lasts: &[Option<Last>],
-    copies: &[u64],
+    copies: &[(u64, usize)],
     call: u64,
     max: usize,
-) -> (Choice, Vec<u64>) {
-    let before = copies.iter().copied().filter(|&c| c < call).collect();
-    (choose(lasts, call, max), before)
+) -> (Choice, Vec<usize>) {
+    let choice = choose(lasts, call, max);
+    let chosen = match choice {
+        Choice::Use(i) => i,
+        Choice::New => lasts.len(),
+    };
+    let mut last_before: Vec<Option<usize>> = vec![None; lasts.len()];
+    for (k, &(c, stream)) in copies.iter().enumerate() {
+        if c < call && stream != chosen {
+            if let Some(slot) = last_before.get_mut(stream) {
+                *slot = Some(k);
+            }
+        }
+    }
+    (choice, last_before.into_iter().flatten().collect())
 }
 
 /// The event of a copy, if it is still in flight. Events are weak here:
@@ -109,9 +124,10 @@ fn in_flight(event: &Weak<StagedEvent>) -> Option<Arc<StagedEvent>> {
     event.upgrade().filter(|e| !e.is_done())
 }
 
-/// One receive stream: the latest call number among its copies, and the
-/// event after its last copy.
+/// One receive stream: a number of its own, the latest call number among
+/// its copies, and the event after its last copy.
 struct ReceiveStream {
+    id: u64,
     stream: Stream,
     last: Option<(u64, Weak<StagedEvent>)>,
 }
@@ -119,8 +135,11 @@ struct ReceiveStream {
 #[derive(Default)]
 struct Pool {
     streams: Vec<ReceiveStream>,
-    /// Every receive's copy queued, by call number, until it is done.
-    copies: Vec<(u64, Weak<StagedEvent>)>,
+    /// Every receive's copy queued, in that order, until it is done: its
+    /// call number and its stream's number.
+    copies: Vec<(u64, u64, Weak<StagedEvent>)>,
+    /// The next stream's number.
+    next_id: u64,
 }
 
 /// See the module docs.
@@ -145,8 +164,12 @@ impl ReceiveStreams {
     ) -> Result<Arc<StagedEvent>> {
         let call = order.call;
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        let Pool { streams, copies } = &mut *pool;
-        copies.retain(|(_, e)| in_flight(e).is_some());
+        let Pool {
+            streams,
+            copies,
+            next_id,
+        } = &mut *pool;
+        copies.retain(|(_, _, e)| in_flight(e).is_some());
         let lasts: Vec<Option<Last>> = streams
             .iter()
             .map(|s| {
@@ -156,23 +179,31 @@ impl ReceiveStreams {
                 })
             })
             .collect();
-        let numbers: Vec<u64> = copies.iter().map(|(c, _)| *c).collect();
-        let (choice, before) = plan(&lasts, &numbers, call, RECEIVE_STREAMS);
+        // Copies whose stream left the pool were waited for when it did.
+        let (placed, events): (Vec<(u64, usize)>, Vec<&Weak<StagedEvent>>) = copies
+            .iter()
+            .filter_map(|(c, id, e)| {
+                let at = streams.iter().position(|s| s.id == *id)?;
+                Some(((*c, at), e))
+            })
+            .unzip();
+        let (choice, before) = plan(&lasts, &placed, call, RECEIVE_STREAMS);
         // Those still in flight (one done since has nothing to wait for),
         // and the overlapping sends still in flight.
-        let waits: Vec<Arc<StagedEvent>> = copies
+        let waits: Vec<Arc<StagedEvent>> = before
             .iter()
-            .filter(|(c, _)| before.contains(c))
-            .filter_map(|(_, e)| in_flight(e))
+            .filter_map(|&k| in_flight(events[k]))
             .chain(order.sends.iter().filter_map(in_flight))
             .collect();
         let i = match choice {
             Choice::Use(i) => i,
             Choice::New => {
                 streams.push(ReceiveStream {
+                    id: *next_id,
                     stream: ctx.new_stream()?,
                     last: None,
                 });
+                *next_id += 1;
                 streams.len() - 1
             }
         };
@@ -199,7 +230,7 @@ impl ReceiveStreams {
             _ => call,
         };
         chosen.last = Some((latest, Arc::downgrade(&event)));
-        copies.push((call, Arc::downgrade(&event)));
+        copies.push((call, chosen.id, Arc::downgrade(&event)));
         Ok(event)
     }
 
@@ -253,25 +284,42 @@ mod tests {
     }
 
     #[test]
-    fn a_receive_waits_for_every_earlier_called_copy_in_flight_wherever_it_goes() {
+    fn a_receive_waits_for_the_earlier_called_copies_on_other_streams() {
         // A (0) into T lands and goes on stream 0; C (2) into U lands and
-        // chains behind it; B (1) into T lands last. Stream 0 now holds a
-        // later call, so B takes a new stream, and waits for A's copy.
+        // chains behind it (same stream: no wait); B (1) into T lands
+        // last. Stream 0 now holds a later call, so B takes a new stream,
+        // and waits for A's copy.
         assert_eq!(plan(&[], &[], 0, 8), (Choice::New, vec![]));
-        assert_eq!(plan(&[busy(0)], &[0], 2, 8), (Choice::Use(0), vec![0]));
-        assert_eq!(plan(&[busy(2)], &[0, 2], 1, 8), (Choice::New, vec![0]));
+        assert_eq!(plan(&[busy(0)], &[(0, 0)], 2, 8), (Choice::Use(0), vec![]));
+        assert_eq!(
+            plan(&[busy(2)], &[(0, 0), (2, 0)], 1, 8),
+            (Choice::New, vec![0])
+        );
         // D (1) into U lands first; A (0) into T finds only a later call
         // in flight and takes a new stream; B (2) into T chains behind D
-        // and waits for A's copy too, not only for D's, which does not
-        // wait for A.
-        assert_eq!(plan(&[busy(1)], &[1], 0, 8), (Choice::New, vec![]));
+        // and waits for A's copy on the other stream too, since D's copy
+        // does not wait for A.
+        assert_eq!(plan(&[busy(1)], &[(1, 0)], 0, 8), (Choice::New, vec![]));
         assert_eq!(
-            plan(&[busy(1), busy(0)], &[1, 0], 2, 8),
-            (Choice::Use(0), vec![1, 0])
+            plan(&[busy(1), busy(0)], &[(1, 0), (0, 1)], 2, 8),
+            (Choice::Use(0), vec![1])
         );
-        // Only earlier calls count.
-        assert_eq!(plan(&[busy(9)], &[3, 5, 9], 7, 8).1, vec![3, 5]);
-        assert!(plan(&[busy(9)], &[9], 7, 8).1.is_empty());
+    }
+
+    #[test]
+    fn per_stream_only_the_last_queued_earlier_call_is_waited_for() {
+        // Stream 1 holds 9, then 4 (queued behind a later call); receive 7
+        // goes behind 5 on stream 0 and waits for 4 on stream 1, and for
+        // nothing of 3 or 5 (ahead of it on its own stream).
+        let copies = [(3, 0), (5, 0), (9, 1), (4, 1)];
+        assert_eq!(
+            plan(&[busy(5), busy(9)], &copies, 7, 8),
+            (Choice::Use(0), vec![3])
+        );
+        // Later calls are never waited for.
+        assert!(plan(&[busy(9), busy(8)], &[(9, 0), (8, 1)], 7, 8)
+            .1
+            .is_empty());
     }
 
     #[test]

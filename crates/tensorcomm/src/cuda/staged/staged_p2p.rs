@@ -32,6 +32,7 @@ impl StagedP2p {
     /// that a send reads, its copy down queued after the caller's current
     /// stream.
     pub(crate) fn send(device: Arc<StagingDevice>, tensor: &Tensor<'static>) -> Result<Self> {
+        let span = device.span(tensor)?;
         let queued = (|| {
             device.p2p_after(&device.caller_point()?)?;
             let host = device.host_copy_of(tensor)?;
@@ -43,7 +44,7 @@ impl StagedP2p {
         }
         let host = queued?;
         let down = device.record_p2p(vec![tensor.clone(), host.clone()])?;
-        device.note_send(tensor, &down)?;
+        device.note_send(span, &down);
         Ok(StagedP2p {
             device,
             gpu: tensor.clone(),

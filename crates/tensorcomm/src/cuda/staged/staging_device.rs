@@ -160,18 +160,16 @@ impl StagingDevice {
         self.copy_up_on(host, device, &self.stream)
     }
 
-    /// Notes a send's copy down of `tensor`, whose event is `down`, for
-    /// the receives called after it ([`order_receive`](Self::order_receive)).
-    pub(crate) fn note_send(
-        &self,
-        tensor: &Tensor<'static>,
-        down: &Arc<StagedEvent>,
-    ) -> Result<()> {
-        let span = self.span(tensor)?;
+    /// Notes a send's copy down of the device bytes `span`, whose event
+    /// is `down`, for the receives called after it
+    /// ([`order_receive`](Self::order_receive)).
+    pub(crate) fn note_send(&self, span: std::ops::Range<u64>, down: &Arc<StagedEvent>) {
+        if span.is_empty() {
+            return;
+        }
         let mut sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
         sends.retain(|(_, e)| e.upgrade().is_some_and(|e| !e.is_done()));
         sends.push((span, Arc::downgrade(down)));
-        Ok(())
     }
 
     /// What a receive into `tensor` called now (on the caller's thread)
@@ -185,12 +183,11 @@ impl StagingDevice {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let caller = self.caller_point()?;
-        let sends = self
-            .sends
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let mut sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
+        sends.retain(|(_, e)| e.upgrade().is_some_and(|e| !e.is_done()));
+        let sends = sends
             .iter()
-            .filter(|(s, _)| s.start < span.end && span.start < s.end)
+            .filter(|(s, _)| !span.is_empty() && s.start < span.end && span.start < s.end)
             .map(|(_, e)| e.clone())
             .collect();
         let call = *next;
@@ -220,11 +217,9 @@ impl StagingDevice {
                 |stream| self.record_unsettled(stream, &mut keep),
             )
         });
-        if queued.is_err() {
-            // As in `record_on`, once the receive streams are unlocked.
-            self.settle();
-            drop(keep);
-        }
+        // On failure `queue` has waited for the stream it used (or queued
+        // nothing), so `keep` may go.
+        drop(keep);
         queued
     }
 
@@ -330,7 +325,7 @@ impl StagingDevice {
 
     /// The device bytes of CUDA tensor `t` (on this GPU) that its copies
     /// touch.
-    fn span(&self, t: &Tensor<'static>) -> Result<std::ops::Range<u64>> {
+    pub(crate) fn span(&self, t: &Tensor<'static>) -> Result<std::ops::Range<u64>> {
         let (_, ptr) = self.cuda_ptr(t)?;
         Ok(ptr.0..ptr.0 + t.nbytes() as u64)
     }
