@@ -121,6 +121,41 @@ impl Drop for SharedAllocation {
     }
 }
 
+/// The allocation holding device address `addr` on GPU `device`, named for
+/// another process: its IPC handle and `addr`'s offset into it (the
+/// handle covers the whole allocation). Fails for memory CUDA IPC cannot
+/// share (stream-ordered pools, virtual-memory mappings) or an address no
+/// allocation of this process holds.
+///
+/// ```no_run
+/// use tensorcomm::cuda::runtime::{export_address, DeviceBuffer};
+/// let b = DeviceBuffer::zeros(0, 4096)?;
+/// let (handle, offset) = export_address(0, b.ptr().offset(256))?;
+/// assert_eq!(offset % 256, 0);
+/// # Ok::<(), tensorcomm::Error>(())
+/// ```
+pub fn export_address(device: usize, addr: DevicePtr) -> Result<(IpcHandle, u64)> {
+    let ctx = context(device)?;
+    ctx.bind()?;
+    let mut base: sys::CUdeviceptr = 0;
+    // SAFETY: `base` is a valid out-pointer of the attribute's size; the
+    // driver fails cleanly on an address it does not know.
+    check_raw("cuPointerGetAttribute(RANGE_START_ADDR)", unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut base as *mut sys::CUdeviceptr).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            addr.0,
+        )
+    })?;
+    let mut raw = sys::CUipcMemHandle_st { reserved: [0; 64] };
+    // SAFETY: `raw` is a valid out-pointer; the driver fails cleanly on
+    // memory it cannot export.
+    check_raw("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut raw, base)
+    })?;
+    Ok((IpcHandle(raw.reserved.map(|c| c as u8)), addr.0 - base))
+}
+
 /// Another process's [`SharedAllocation`], mapped into this process on one
 /// GPU; unmapped when dropped.
 pub struct PeerMapping {

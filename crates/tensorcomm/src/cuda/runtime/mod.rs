@@ -50,7 +50,9 @@ mod stream;
 pub use context::{context, device_count, Context, COPY_STREAMS};
 pub use current_stream::{current_stream, set_current_stream, CurrentStreamGuard};
 pub use graph::CapturedGraph;
-pub use ipc::{device_uuid, peer_link, IpcHandle, PeerLink, PeerMapping, SharedAllocation};
+pub use ipc::{
+    device_uuid, export_address, peer_link, IpcHandle, PeerLink, PeerMapping, SharedAllocation,
+};
 pub use mapped_words::MappedWords;
 pub use memory::{enable_peer_access, DeviceBuffer, DevicePtr, PinnedBuffer};
 pub use nvrtc::cache_dir;
