@@ -50,7 +50,8 @@ pub(crate) use multi_copy::{multi_copy, CopyDesc, MAX_COPY};
 pub(crate) use peer_all_reduce::{
     large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid,
     push_inbox_bytes, PeerArgs, PeerOp, Shot, PEER_MAX, PEER_PAD_BYTES, PEER_STOPPED,
-    PUSH_MAX_BYTES, PUSH_SLOT_BYTES,
+    PUSH_MAX_BYTES, PUSH_SLOT_BYTES, REG_ALIGNED, REG_REGISTERED, REG_STAGED, REG_UNREGISTERED,
+    REG_WORDS,
 };
 pub(crate) use reduce_add::{reduce_add, MAX_SRC};
 pub(crate) use strided_copy::{strided_copy, StridedArgs, MAX_DIMS};
@@ -86,6 +87,9 @@ const KERNELS: &[&str] = &[
     "peer_large_f32",
     "peer_large_f16",
     "peer_large_bf16",
+    "peer_registered_f32",
+    "peer_registered_f16",
+    "peer_registered_bf16",
 ];
 
 /// The kernels' program, built once per device on first use.

@@ -27,6 +27,10 @@
 // reduces its own slice from its buffer (local reads only), stores the
 // result into every peer's buffer, and copies what the peers stored back
 // into its output, chunk by chunk inside one kernel. See peer_large.
+//
+// The registered kernel (captured calls whose tensors were registered
+// after the capture) reads and writes the ranks' tensors themselves, no
+// buffer in between. See peer_registered.
 
 #define PEER_MAX 8
 #define PEER_BLOCKS 128
@@ -55,6 +59,7 @@ struct PeerArgs {
   u64 abort_flag;
   u64 status;
   u64 timeout_ns;
+  u64 table;        // registered: this call's slot of the graph-input table
   u32 rank;
   u32 world;
   u32 op;           // 0 sum, 1 avg, 2 min, 3 max
@@ -573,6 +578,116 @@ __device__ void peer_large(const PeerArgs& a) {
   if (a.end_barrier) peer_barrier(a);
 }
 
+// ---- registered tensors (captured calls, cuda::intranode graph_inputs) ----
+// A slot of the table (REG_WORDS words) says where rank p's tensor is
+// reached from this rank (word p: the tensor mapped, or the rank's graph
+// region when it stages), then flags (word PEER_MAX). The host writes it
+// once the capture has ended and the ranks have exchanged their tensors;
+// a replay before that finds no REG_REGISTERED flag and stops with status
+// code REG_UNREGISTERED.
+#define REG_WORDS 16
+#define REG_REGISTERED 1u
+// This rank's word is its graph region: it copies its tensor in before
+// the first barrier and the result out after the second.
+#define REG_STAGED 2u
+// Every rank's address (and this rank's tensor) is 16-byte aligned.
+#define REG_ALIGNED 4u
+#define REG_UNREGISTERED 4u
+
+// Vector v of the tensor of numel elements at p (elements past numel
+// read as zero), through L2 (peers write these during the call).
+template <typename Op>
+__device__ __forceinline__ uint4 reg_load(u64 p, u64 v, u64 numel, bool aligned) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  const u64 first = v * N;
+  if (aligned && first + N <= numel) return __ldcg((const uint4*)p + v);
+  uint4 r = make_uint4(0, 0, 0, 0);
+  S* e = (S*)&r;
+  for (int j = 0; j < N; ++j)
+    if (first + j < numel) e[j] = ((const volatile S*)p)[first + j];
+  return r;
+}
+
+template <typename Op>
+__device__ __forceinline__ void reg_store(u64 p, u64 v, u64 numel, bool aligned, uint4 x) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  const u64 first = v * N;
+  if (aligned && first + N <= numel) {
+    ((uint4*)p)[v] = x;
+    return;
+  }
+  const S* e = (const S*)&x;
+  for (int j = 0; j < N; ++j)
+    if (first + j < numel) ((S*)p)[first + j] = e[j];
+}
+
+// Registered: the vectors are cut into `world` slices, and block b of
+// rank r handles part b of slice r. After a barrier (every rank's tensor
+// holds its input), it reads that part of every rank's tensor, reduces it
+// in rank order, and stores the result into every rank's tensor; no other
+// block of any rank reads or writes those vectors, so the reduction is in
+// place. A second barrier (with block b of every rank, which wrote part b
+// of its slice into this rank's tensor) ends the call, so that the work
+// queued after it sees every rank's stores. A rank that stages (its
+// tensor could not be shared) copies part b of every slice into its graph
+// region first and back after the second barrier.
+template <typename Op>
+__device__ void peer_registered(const PeerArgs& a) {
+  if (peer_stopped(a)) return;
+  __shared__ u64 at[PEER_MAX];
+  __shared__ u32 flags;
+  const volatile u64* slot = (const volatile u64*)a.table;
+  if (threadIdx.x < PEER_MAX) at[threadIdx.x] = slot[threadIdx.x];
+  if (threadIdx.x == 0) flags = (u32)slot[PEER_MAX];
+  __syncthreads();
+  if (!(flags & REG_REGISTERED)) {
+    if (threadIdx.x == 0) {
+      atomicCAS_system((u32*)a.status, 0u, (REG_UNREGISTERED << 16) | a.rank);
+      peer_mark_stopped(a);
+    }
+    return;
+  }
+  const bool staged = (flags & REG_STAGED) != 0;
+  const bool aligned = (flags & REG_ALIGNED) != 0;
+  const int N = 16 / sizeof(typename Op::S);
+  const u64 nvec = (a.numel + N - 1) / N;
+  const u64 slice = (nvec + a.world - 1) / a.world;
+  const u64 per = (slice + gridDim.x - 1) / gridDim.x;
+  uint4* region = (uint4*)a.buf[a.rank];
+  if (staged) {
+    for (u32 j = 0; j < a.world; ++j) {
+      const u64 lo = j * slice + blockIdx.x * per;
+      const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+      for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) region[v] = peer_load_user<Op>(a, a.input, v);
+    }
+  }
+  if (!peer_barrier(a)) return;
+  {
+    const u64 lo = a.rank * slice + blockIdx.x * per;
+    const u64 hi = min(min(lo + per, (a.rank + 1) * slice), nvec);
+    for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+      uint4 raw[PEER_MAX];
+#pragma unroll
+      for (int r = 0; r < PEER_MAX; ++r)
+        if (r < (int)a.world) raw[r] = reg_load<Op>(at[r], v, a.numel, aligned);
+      const uint4 out = peer_reduce_raw<Op>(a, raw);
+#pragma unroll
+      for (int r = 0; r < PEER_MAX; ++r)
+        if (r < (int)a.world) reg_store<Op>(at[r], v, a.numel, aligned, out);
+    }
+  }
+  if (!peer_barrier(a)) return;
+  if (staged) {
+    for (u32 j = 0; j < a.world; ++j) {
+      const u64 lo = j * slice + blockIdx.x * per;
+      const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+      for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) peer_store_user<Op>(a, a.input, v, __ldcg(region + v));
+    }
+  }
+}
+
 extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_one_shot<OpF32>(a); }
 extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_one_shot<OpF16>(a); }
 extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<OpBF16>(a); }
@@ -585,3 +700,6 @@ extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_bf16(con
 extern "C" __global__ void __launch_bounds__(512) peer_large_f32(const PeerArgs a) { peer_large<OpF32>(a); }
 extern "C" __global__ void __launch_bounds__(512) peer_large_f16(const PeerArgs a) { peer_large<OpF16>(a); }
 extern "C" __global__ void __launch_bounds__(512) peer_large_bf16(const PeerArgs a) { peer_large<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_f32(const PeerArgs a) { peer_registered<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_f16(const PeerArgs a) { peer_registered<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_bf16(const PeerArgs a) { peer_registered<OpBF16>(a); }

@@ -1,5 +1,6 @@
 //! All-reduce kernels over memory every rank maps (`peer_all_reduce.cu`):
-//! push, one-shot, two-shot and large, f32, f16 and bf16 with f32 accumulation,
+//! push, one-shot, two-shot, large and registered, f32, f16 and bf16 with
+//! f32 accumulation,
 //! for `cuda::intranode`. The caller owns the buffers, the signal pads and the
 //! host words; this file lays out the arguments and picks the grid.
 
@@ -63,7 +64,28 @@ pub(crate) enum Shot {
     /// after a barrier: any size; the buffer holds two areas of `world`
     /// slots ([`large_slot_bytes`]).
     Large,
+    /// Captured calls on registered tensors: every rank reads and writes
+    /// the ranks' tensors themselves (addresses from `table`, a slot of
+    /// [`REG_WORDS`] words), reducing its slice in place between two
+    /// barriers; `buf` holds the graph regions (for a rank that stages).
+    Registered,
 }
+
+/// Words of one slot of the graph-input table (`REG_WORDS`): where each
+/// rank's tensor is reached (one address per rank, [`PEER_MAX`] at most),
+/// then the flags.
+pub(crate) const REG_WORDS: usize = 16;
+/// Flag: the host has written the slot.
+pub(crate) const REG_REGISTERED: u64 = 1;
+/// Flag: this rank's address is its graph region; it copies its tensor
+/// in first and the result out last.
+pub(crate) const REG_STAGED: u64 = 2;
+/// Flag: every address of the slot, and this rank's tensor, is 16-byte
+/// aligned.
+pub(crate) const REG_ALIGNED: u64 = 4;
+/// Status code a registered kernel leaves when its slot was never
+/// written (a replay before the tensors were registered).
+pub(crate) const REG_UNREGISTERED: u32 = 4;
 
 /// The reduction, as the kernels number it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +108,8 @@ pub(crate) struct PeerArgs {
     pub(crate) abort_flag: u64,
     pub(crate) status: u64,
     pub(crate) timeout_ns: u64,
+    /// Registered: this call's slot of the graph-input table (else 0).
+    pub(crate) table: u64,
     pub(crate) rank: u32,
     pub(crate) world: u32,
     pub(crate) op: u32,
@@ -115,6 +139,9 @@ fn kernel_name(shot: Shot, dtype: DType) -> Result<&'static str> {
         (Shot::Large, DType::F32) => "peer_large_f32",
         (Shot::Large, DType::F16) => "peer_large_f16",
         (Shot::Large, DType::BF16) => "peer_large_bf16",
+        (Shot::Registered, DType::F32) => "peer_registered_f32",
+        (Shot::Registered, DType::F16) => "peer_registered_f16",
+        (Shot::Registered, DType::BF16) => "peer_registered_bf16",
         (_, other) => {
             return Err(Error::InvalidArgument(format!(
                 "peer all-reduce kernels: expected f32, f16 or bf16, found {other}"
@@ -163,7 +190,7 @@ pub(crate) fn peer_grid(
     let per_block_work = match shot {
         Shot::Push { blocks } => return blocks,
         Shot::One => vectors,
-        Shot::Two => vectors.div_ceil(world.max(1)),
+        Shot::Two | Shot::Registered => vectors.div_ceil(world.max(1)),
         Shot::Large => vectors.div_ceil(world.max(1)).min(slot / 16),
     };
     per_block_work
@@ -222,6 +249,12 @@ pub(crate) fn peer_all_reduce(
             )));
         }
     }
+    if shot == Shot::Registered && (args.table == 0 || !args.table.is_multiple_of(8)) {
+        return Err(Error::InvalidArgument(format!(
+            "peer registered kernel: expected the address of a table slot, found {:#x}",
+            args.table
+        )));
+    }
     if shot == Shot::Large && (args.slot == 0 || !args.slot.is_multiple_of(16)) {
         return Err(Error::InvalidArgument(format!(
             "peer large kernel: expected slots of a positive multiple of 16 bytes, found {}",
@@ -251,7 +284,13 @@ mod tests {
     #[test]
     fn every_supported_dtype_and_shot_has_a_declared_kernel() {
         for dtype in DType::ALL {
-            for shot in [Shot::Push { blocks: 1 }, Shot::One, Shot::Two, Shot::Large] {
+            for shot in [
+                Shot::Push { blocks: 1 },
+                Shot::One,
+                Shot::Two,
+                Shot::Large,
+                Shot::Registered,
+            ] {
                 match kernel_name(shot, dtype) {
                     Ok(name) => {
                         assert!(peer_dtype_supported(dtype));
@@ -338,8 +377,18 @@ mod tests {
             ("PEER_BLOCKS", PEER_BLOCKS),
             ("PUSH_BLOCKS", PUSH_BLOCKS),
             ("PUSH_THREADS", PUSH_THREADS as usize),
+            ("REG_WORDS", REG_WORDS),
+            ("REG_REGISTERED", REG_REGISTERED as usize),
+            ("REG_STAGED", REG_STAGED as usize),
+            ("REG_ALIGNED", REG_ALIGNED as usize),
+            ("REG_UNREGISTERED", REG_UNREGISTERED as usize),
         ] {
             let line = format!("#define {name} {value}\n");
+            let line = if name.starts_with("REG_") && name != "REG_WORDS" {
+                format!("#define {name} {value}u\n")
+            } else {
+                line
+            };
             assert!(source.contains(&line), "{line}");
         }
         assert!(source.contains("#define PUSH_COUNTS (PEER_FLAGS + PEER_BLOCKS)\n"));
@@ -352,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_argument_block_matches_the_kernel_layout() {
-        // 16 addresses, 6 u64 and 6 u32: what PeerArgs in the .cu holds.
-        assert_eq!(std::mem::size_of::<PeerArgs>(), 16 * 8 + 6 * 8 + 6 * 4);
+        // 16 addresses, 7 u64 and 6 u32: what PeerArgs in the .cu holds.
+        assert_eq!(std::mem::size_of::<PeerArgs>(), 16 * 8 + 7 * 8 + 6 * 4);
     }
 }
