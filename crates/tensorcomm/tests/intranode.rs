@@ -58,8 +58,17 @@ fn options(algo: AlgoChoice, region: usize) -> IntraNodeOptions {
 /// `world` communicators over one store, set up by threads (as ranks of
 /// one process do), each rank with its own stream.
 fn comms(world: usize, prefix: &str, opts: &IntraNodeOptions) -> Vec<(IntraNodeComm, Stream)> {
+    comms_and_store(world, prefix, opts).1
+}
+
+/// [`comms`] and their store.
+fn comms_and_store(
+    world: usize,
+    prefix: &str,
+    opts: &IntraNodeOptions,
+) -> (Arc<HashStore>, Vec<(IntraNodeComm, Stream)>) {
     let store = Arc::new(HashStore::new());
-    std::thread::scope(|s| {
+    let ranks = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let store = store.clone();
@@ -70,7 +79,8 @@ fn comms(world: usize, prefix: &str, opts: &IntraNodeOptions) -> Vec<(IntraNodeC
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    });
+    (store, ranks)
 }
 
 /// Runs `f` on every rank at once (a thread each).
@@ -702,6 +712,295 @@ fn a_rank_that_fails_before_set_up_makes_the_others_fail_at_once_naming_it() {
     }
 }
 
+// ---- registered captures (graph inputs) -----------------------------------
+
+/// The calls of the registered-capture tests: (dtype, elements, offset),
+/// every one above push's limit and within a 4 MiB region, so one-shot
+/// or two-shot; odd sizes and an offset of 4 bytes (not 16-byte aligned)
+/// among them.
+fn registered_calls(world: usize) -> Vec<(DType, usize, usize)> {
+    let calls = vec![
+        (DType::F32, push_max(world) / 4 + 3, 0),
+        (DType::BF16, 70_002, 2),
+        (DType::F16, 500_000, 0),
+        (DType::F32, 300_001, 0),
+    ];
+    for &(dtype, numel, _) in &calls {
+        let bytes = numel * dtype.size();
+        assert!(bytes > push_max(world) && bytes <= 4 << 20, "{bytes}");
+    }
+    calls
+}
+
+/// Whether CUDA IPC can share the allocation at `ptr`.
+fn ipc_capable(ptr: u64) -> bool {
+    use cudarc::driver::sys;
+    let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+    // SAFETY: a valid out-pointer; the driver fails cleanly on memory it
+    // cannot export.
+    let r = unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) };
+    r == sys::cudaError_enum::CUDA_SUCCESS
+}
+
+/// Rank `rank`'s f32 input for `call` in memory from cudarc's
+/// stream-ordered pool, and whether CUDA IPC could share it.
+fn pool_input(s: &Stream, rank: usize, numel: usize, call: usize) -> (Tensor<'static>, bool) {
+    use cudarc::driver::DevicePtr as _;
+    let values: Vec<f32> = (0..numel).map(|i| value(rank, i, call)).collect();
+    let slice = s.cudarc().clone_htod(&values).unwrap();
+    let shareable = {
+        let (ptr, _record) = slice.device_ptr(s.cudarc());
+        ipc_capable(ptr)
+    };
+    (Tensor::from_cuda_slice(slice, &[numel]).unwrap(), shareable)
+}
+
+/// Writes rank `rank`'s input for `call` into `t`.
+fn refill(t: &Tensor<'_>, rank: usize, call: usize) {
+    let values: Vec<f32> = (0..t.numel()).map(|i| value(rank, i, call)).collect();
+    t.copy_from(&host_tensor(t.dtype(), &values)).unwrap();
+}
+
+/// The tensors of a rank of the registered-capture tests.
+#[derive(Clone, Copy, PartialEq)]
+enum Inputs {
+    /// [`registered_calls`]' dtypes and offsets, from tensorcomm's memory.
+    Mixed,
+    /// Its sizes in f32, from tensorcomm's memory.
+    F32,
+    /// Its sizes in f32, from cudarc's stream-ordered pool.
+    F32FromPool,
+}
+
+/// One rank of the registered-capture tests: captures the calls of
+/// [`registered_calls`] (as `inputs` says), then replays them on new
+/// inputs with an eager call between replays, checking every result bit
+/// for bit; `first_call` numbers the inputs.
+fn registered_rank_calls(
+    c: &IntraNodeComm,
+    s: &Stream,
+    store: &dyn Store,
+    first_call: usize,
+    inputs: Inputs,
+) {
+    let world = c.world();
+    let before = c.usage();
+    let tensors: Vec<Tensor<'static>> = registered_calls(world)
+        .into_iter()
+        .map(|(dtype, numel, offset)| {
+            match inputs {
+                Inputs::F32FromPool => {
+                    let (t, shareable) = pool_input(s, c.rank(), numel, first_call);
+                    assert!(
+                        !shareable,
+                        "expected cudarc's tensors to come from a stream-ordered pool that CUDA IPC cannot share"
+                    );
+                    t
+                }
+                Inputs::F32 => gpu_input(DType::F32, c.rank(), numel, 0, first_call),
+                Inputs::Mixed => gpu_input(dtype, c.rank(), numel, offset, first_call),
+            }
+        })
+        .collect();
+    let algos = std::cell::RefCell::new(Vec::new());
+    let graph = c
+        .capture_registered(store, s, |s| {
+            for t in &tensors {
+                algos
+                    .borrow_mut()
+                    .push(c.all_reduce_on(t, ReduceOp::Sum, s)?);
+            }
+            Ok(())
+        })
+        .unwrap();
+    for a in algos.borrow().iter() {
+        assert!(
+            matches!(a, AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot),
+            "{a:?}"
+        );
+    }
+    let after = c.usage();
+    assert_eq!(
+        after.registered - before.registered,
+        tensors.len() as u64,
+        "{after:?}"
+    );
+    let mut failures = Vec::new();
+    for call in first_call + 1..first_call + 21 {
+        for t in &tensors {
+            refill(t, c.rank(), call);
+        }
+        graph.launch(s).unwrap();
+        s.synchronize().unwrap();
+        c.check().unwrap();
+        for (k, t) in tensors.iter().enumerate() {
+            let what = format!("rank {} of {world}: replay {call}, call {k}", c.rank());
+            if let Err(e) =
+                std::panic::catch_unwind(|| assert_reference(t, ReduceOp::Sum, world, call, &what))
+            {
+                failures.push(e);
+            }
+        }
+        // An eager call between replays.
+        let e = gpu_input(DType::F32, c.rank(), 1001, 0, call);
+        c.all_reduce_on(&e, ReduceOp::Sum, s).unwrap();
+        s.synchronize().unwrap();
+        assert_reference(&e, ReduceOp::Sum, world, call, "eager between replays");
+    }
+    // Every rank replays every time before any reports (a rank that
+    // stopped early would leave the others waiting in a kernel).
+    if let Some(e) = failures.into_iter().next() {
+        std::panic::resume_unwind(e);
+    }
+    assert_eq!(
+        c.usage().registered,
+        after.registered,
+        "replays are not calls"
+    );
+}
+
+#[test]
+fn registered_captures_replay_in_place_on_new_inputs_at_2_and_4_ranks() {
+    if !can_run("registered_captures_replay_in_place_on_new_inputs_at_2_and_4_ranks") {
+        return;
+    }
+    for world in [2, 4] {
+        let (store, ranks) = comms_and_store(
+            world,
+            &format!("registered-{world}"),
+            &options(AlgoChoice::Auto, 4 << 20),
+        );
+        on_every_rank(&ranks, |c, s| {
+            // An eager call first, so eager and captured calls interleave.
+            let t = gpu_input(DType::F32, c.rank(), 3001, 0, 0);
+            c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+            s.synchronize().unwrap();
+            registered_rank_calls(c, s, &*store, 0, Inputs::Mixed);
+            // A second capture takes the next slots.
+            registered_rank_calls(c, s, &*store, 100, Inputs::Mixed);
+        });
+    }
+}
+
+#[test]
+fn registered_captures_reach_ranks_in_other_processes_and_a_rank_whose_memory_ipc_cannot_share() {
+    if !can_run(
+        "registered_captures_reach_ranks_in_other_processes_and_a_rank_whose_memory_ipc_cannot_share",
+    ) {
+        return;
+    }
+    // 2 and 4 processes through IPC; then 2 where rank 1's tensors come
+    // from a stream-ordered pool, so its calls stage through its graph
+    // region while rank 0's tensor is read and written in place.
+    for (world, scenario) in [(2, "registered"), (4, "registered"), (2, "registered-pool")] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let store = FileStore::open(&path).unwrap();
+        let children: Vec<_> = (1..world)
+            .map(|r| spawn_child(&path, r, world, scenario))
+            .collect();
+        let c = IntraNodeComm::new(
+            &store,
+            "procs",
+            0,
+            world,
+            0,
+            &options(AlgoChoice::Auto, 4 << 20),
+        )
+        .unwrap();
+        let s = Stream::new(0).unwrap();
+        let inputs = if scenario == "registered-pool" {
+            Inputs::F32
+        } else {
+            Inputs::Mixed
+        };
+        registered_rank_calls(&c, &s, &store, 0, inputs);
+        for mut child in children {
+            assert!(
+                child.wait().unwrap().success(),
+                "a child rank of {world} ({scenario}) failed"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_name() {
+    if !can_run("a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_name")
+    {
+        return;
+    }
+    let (store, ranks) = comms_and_store(2, "registered-bad", &options(AlgoChoice::Auto, 4 << 20));
+    let n = 100_000;
+    // Rank 1 fails inside its capture; rank 0 captured a call.
+    let errors = on_every_rank(&ranks, |c, s| {
+        let t = gpu_input(DType::F32, c.rank(), n, 0, 0);
+        let started = Instant::now();
+        let e = c
+            .capture_registered(&*store, s, |s| {
+                if c.rank() == 1 {
+                    return Err(Error::InvalidArgument("the test's capture broke".into()));
+                }
+                c.all_reduce_on(&t, ReduceOp::Sum, s).map(|_| ())
+            })
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        e.to_string()
+    });
+    assert!(
+        errors[1].contains("the test's capture broke"),
+        "{}",
+        errors[1]
+    );
+    assert!(
+        errors[0].contains("rank 1 could not capture")
+            && errors[0].contains("the test's capture broke"),
+        "{}",
+        errors[0]
+    );
+    // Then rank 0 captures two calls and rank 1 one.
+    let errors = on_every_rank(&ranks, |c, s| {
+        let a = gpu_input(DType::F32, c.rank(), n, 0, 0);
+        let b = gpu_input(DType::F32, c.rank(), n, 0, 0);
+        let e = c
+            .capture_registered(&*store, s, |s| {
+                c.all_reduce_on(&a, ReduceOp::Sum, s)?;
+                if c.rank() == 0 {
+                    c.all_reduce_on(&b, ReduceOp::Sum, s)?;
+                }
+                Ok(())
+            })
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, Error::GraphRegistration { .. }), "{e}");
+        e.to_string()
+    });
+    assert!(
+        errors[0].contains("captured 2 calls") && errors[0].contains("found 1 on rank 1"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("captured 1 calls") && errors[1].contains("found 2 on rank 0"),
+        "{}",
+        errors[1]
+    );
+    // The communicators still all-reduce, eagerly and in registered
+    // captures (none of the graphs above ever ran).
+    on_every_rank(&ranks, |c, s| {
+        let t = gpu_input(DType::F32, c.rank(), n, 0, 7);
+        c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+        s.synchronize().unwrap();
+        assert_reference(&t, ReduceOp::Sum, 2, 7, "eager after the failed captures");
+        registered_rank_calls(c, s, &*store, 200, Inputs::Mixed);
+    });
+}
+
 // ---- ranks as processes (CUDA IPC) ----------------------------------------
 
 const CHILD_STORE: &str = "TENSORCOMM_TEST_INTRANODE_STORE";
@@ -783,12 +1082,15 @@ fn child_rank_entry() {
     let scenario = std::env::var(CHILD_SCENARIO).unwrap();
     let opts = match scenario.as_str() {
         "late" => gave_up_options(),
+        "registered" | "registered-pool" => options(AlgoChoice::Auto, 4 << 20),
         _ => options(AlgoChoice::Auto, 1 << 20),
     };
     let c = IntraNodeComm::new(&store, "procs", rank, world, 0, &opts).unwrap();
     let s = Stream::new(0).unwrap();
     match scenario.as_str() {
         "calls" => process_rank_calls(&c, &s),
+        "registered" => registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed),
+        "registered-pool" => registered_rank_calls(&c, &s, &store, 0, Inputs::F32FromPool),
         "late" => {
             // The gave-up test's rank 1: comes 5 s late, and must fail.
             std::thread::sleep(Duration::from_secs(5));

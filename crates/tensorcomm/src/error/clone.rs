@@ -358,6 +358,10 @@ impl Clone for Error {
                 rank: *rank,
                 reason: reason.clone(),
             },
+            Error::GraphRegistration { rank, reason } => Error::GraphRegistration {
+                rank: *rank,
+                reason: reason.clone(),
+            },
             Error::Nvrtc { kernel, arch, log } => Error::Nvrtc {
                 kernel: kernel.clone(),
                 arch: arch.clone(),

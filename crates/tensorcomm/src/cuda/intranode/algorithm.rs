@@ -236,15 +236,22 @@ pub struct AlgoUsage {
     pub large: u64,
     /// Calls that fell back (counted by callers that fall back).
     pub none: u64,
+    /// Of the one-shot and two-shot calls, those captured on registered
+    /// tensors ([`IntraNodeComm::capture_registered`](super::IntraNodeComm::capture_registered)).
+    pub registered: u64,
 }
 
 /// The counters behind [`AlgoUsage`].
 #[derive(Default)]
-pub(crate) struct UsageCounters([AtomicU64; 5]);
+pub(crate) struct UsageCounters([AtomicU64; 5], AtomicU64);
 
 impl UsageCounters {
     pub(crate) fn count(&self, algo: AllReduceAlgo) {
         self.0[algo.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_registered(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> AlgoUsage {
@@ -255,6 +262,7 @@ impl UsageCounters {
             two_shot: get(AllReduceAlgo::TwoShot),
             large: get(AllReduceAlgo::Large),
             none: get(AllReduceAlgo::None),
+            registered: self.1.load(Ordering::Relaxed),
         }
     }
 }
@@ -325,11 +333,13 @@ mod tests {
         c.count(AllReduceAlgo::TwoShot);
         c.count(AllReduceAlgo::TwoShot);
         c.count(AllReduceAlgo::None);
+        c.count_registered();
         assert_eq!(
             c.snapshot(),
             AlgoUsage {
                 two_shot: 2,
                 none: 1,
+                registered: 1,
                 ..AlgoUsage::default()
             }
         );

@@ -6,13 +6,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
+use super::graph_inputs::{GraphInputs, Registration};
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
     large_slot_bytes, peer_all_reduce, peer_dtype_supported, peer_max_blocks, push_grid, PeerArgs,
-    PeerOp, Shot, PEER_STOPPED, PUSH_SLOT_BYTES,
+    PeerOp, Shot, PEER_STOPPED, PUSH_SLOT_BYTES, REG_UNREGISTERED,
 };
-use crate::cuda::runtime::{self, current_stream, Context, DevicePtr, Event, MappedWords, Stream};
+use crate::cuda::runtime::{
+    self, current_stream, CapturedGraph, Context, DevicePtr, Event, MappedWords, Stream,
+};
 use crate::group::ReduceOp;
 use crate::store::Store;
 use crate::tensor::{Device, Tensor};
@@ -128,6 +131,13 @@ pub struct IntraNodeComm {
     words: MappedWords,
     last: Mutex<LastCall>,
     usage: UsageCounters,
+    /// The store keys' prefix, and how long a registration waits for the
+    /// other ranks.
+    prefix: String,
+    timeout: Duration,
+    /// Registered captured calls: their table and the peers' tensors
+    /// mapped (dropped after the kernels using them have finished).
+    graph_inputs: Mutex<GraphInputs>,
     /// Declared last: dropped after the kernels using it have finished.
     memory: SymmetricMemory,
 }
@@ -196,6 +206,9 @@ impl IntraNodeComm {
             words,
             last: Mutex::default(),
             usage: UsageCounters::default(),
+            prefix,
+            timeout: options.timeout,
+            graph_inputs: Mutex::default(),
             memory,
         })
     }
@@ -295,6 +308,7 @@ impl IntraNodeComm {
                 NOT_QUEUED => {
                     "a call failed to queue on this rank, so its peers may wait for it".into()
                 }
+                REG_UNREGISTERED => "a graph captured with capture_registered replayed before its tensors were registered (its registration failed)".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -329,6 +343,97 @@ impl IntraNodeComm {
             s.synchronize()?;
         }
         self.check()
+    }
+
+    /// Captures into a CUDA graph what `queue` queues on `stream`, where
+    /// this communicator's one-shot and two-shot all-reduces read and
+    /// write the ranks' tensors themselves at replay, with no copy through
+    /// the buffers (as vLLM's registered graph buffers do). Collective:
+    /// every rank calls it and captures the same calls in the same order;
+    /// once the capture has ended the ranks exchange their captured
+    /// tensors through `store` (the one the communicator was set up with)
+    /// and map each other's. Push calls (the smallest messages) and the
+    /// large kernel are captured as [`Stream::begin_capture`] would; so is
+    /// every call beyond the first [`GRAPH_INPUT_SLOTS`](super::GRAPH_INPUT_SLOTS)
+    /// registered ones of a communicator. The captured tensors must stay
+    /// allocated while the graph may replay (their mappings are kept until
+    /// the communicator is dropped). A rank whose tensor CUDA IPC cannot
+    /// share (a stream-ordered pool) copies it through its graph region
+    /// instead. A rank that fails to capture makes the others fail with
+    /// its reason ([`Error::GraphRegistration`]); a graph whose
+    /// registration failed stops at replay with [`Error::IntraNodeFailed`]
+    /// instead of reading unmapped memory.
+    ///
+    /// ```no_run
+    /// # use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
+    /// # use tensorcomm::cuda::runtime::Stream;
+    /// # use tensorcomm::group::ReduceOp;
+    /// # use tensorcomm::tensor::{DType, Device, Tensor};
+    /// # fn f(comm: &IntraNodeComm, store: &dyn tensorcomm::store::Store) -> tensorcomm::Result<()> {
+    /// let t = Tensor::zeros_on(&[1 << 16], DType::BF16, Device::Cuda(comm.device()))?;
+    /// let s = Stream::new(comm.device())?;
+    /// let graph = comm.capture_registered(store, &s, |s| {
+    ///     comm.all_reduce_on(&t, ReduceOp::Sum, s).map(|_| ())
+    /// })?;
+    /// // ... write the next input into `t`, then:
+    /// graph.launch(&s)?;
+    /// comm.synchronize()?;
+    /// assert_eq!(comm.usage().registered, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn capture_registered(
+        &self,
+        store: &dyn Store,
+        stream: &Stream,
+        queue: impl FnOnce(&Stream) -> Result<()>,
+    ) -> Result<CapturedGraph> {
+        let begun = self.check().and_then(|()| {
+            if stream.device() != self.device {
+                return Err(Error::InvalidCollective {
+                    op: "intra-node capture_registered".into(),
+                    reason: format!(
+                        "expected a stream on cuda:{}, found one on cuda:{}",
+                        self.device,
+                        stream.device()
+                    ),
+                });
+            }
+            self.inputs().begin(self.device)
+        });
+        let began = begun.is_ok();
+        let graph = begun.and_then(|()| {
+            stream.begin_capture()?;
+            let queued = queue(stream);
+            let ended = stream.end_capture();
+            queued.and(ended)
+        });
+        let calls = if began {
+            self.inputs().end()
+        } else {
+            Vec::new()
+        };
+        let registered = self.inputs().register(
+            &Registration {
+                store,
+                prefix: &self.prefix,
+                rank: self.rank,
+                world: self.world,
+                device: self.device,
+                memory: &self.memory,
+                timeout: self.timeout,
+            },
+            &calls,
+            graph.as_ref().err(),
+        );
+        let graph = graph?;
+        registered?;
+        Ok(graph)
+    }
+
+    fn inputs(&self) -> std::sync::MutexGuard<'_, GraphInputs> {
+        self.graph_inputs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// All-reduces `tensor` in place with `op` across the ranks, queued on
@@ -372,11 +477,17 @@ impl IntraNodeComm {
         }
         let (_, ptr) = tensor.cuda_ptr()?;
         let peer_op = peer_op(op).expect("checked by why_not");
-        if let Err(e) = self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
-            self.refuse_later_calls(&e);
-            return Err(e);
-        }
+        let registered = match self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
+            Ok(registered) => registered,
+            Err(e) => {
+                self.refuse_later_calls(&e);
+                return Err(e);
+            }
+        };
         self.usage.count(algo);
+        if registered {
+            self.usage.count_registered();
+        }
         Ok(algo)
     }
 
@@ -395,7 +506,8 @@ impl IntraNodeComm {
         }
     }
 
-    /// Queues the kernels of one call.
+    /// Queues the kernels of one call; true when it is a registered one
+    /// (see [`capture_registered`](IntraNodeComm::capture_registered)).
     fn launch(
         &self,
         stream: &Stream,
@@ -403,7 +515,7 @@ impl IntraNodeComm {
         tensor: &Tensor<'_>,
         addr: u64,
         op: PeerOp,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let capturing = stream.is_capturing()?;
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let one_at_a_time = !capturing && self.memory.shares_context();
@@ -439,7 +551,16 @@ impl IntraNodeComm {
         let dtype = tensor.dtype();
         // One kernel a call, whatever the size: large calls loop over
         // chunks of the region inside the kernel.
+        // Inside a registering capture, one-shot and two-shot calls take
+        // a slot of the graph-input table.
+        let table = match algo {
+            AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot if capturing => {
+                self.inputs().take(addr, tensor.nbytes())
+            }
+            _ => None,
+        };
         let shot = match algo {
+            _ if table.is_some() => Shot::Registered,
             AllReduceAlgo::Push => Shot::Push {
                 blocks: push_grid(self.memory.ranks_per_gpu()),
             },
@@ -451,6 +572,8 @@ impl IntraNodeComm {
         let (buf, slot, next_eager) = match shot {
             // The inboxes: no region, and no end barrier in graphs.
             Shot::Push { .. } => (self.memory.inboxes(), PUSH_SLOT_BYTES, last.eager),
+            // The ranks' tensors; the graph regions for ranks that stage.
+            Shot::Registered => (self.memory.regions(GRAPH_REGION), 0, last.eager),
             // Captured calls: the graph region, and an end barrier.
             _ if capturing => (
                 self.memory.regions(GRAPH_REGION),
@@ -484,6 +607,7 @@ impl IntraNodeComm {
             abort_flag: self.words.device_ptr(ABORT).addr(),
             status: self.words.device_ptr(STATUS).addr(),
             timeout_ns,
+            table: table.unwrap_or(0),
             rank: self.rank as u32,
             world: self.world as u32,
             op: op as u32,
@@ -506,7 +630,7 @@ impl IntraNodeComm {
                 last.done = None;
             }
         }
-        Ok(())
+        Ok(table.is_some())
     }
 }
 

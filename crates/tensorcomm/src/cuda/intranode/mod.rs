@@ -11,6 +11,9 @@
 //!   NVLink (or, when asked, ranks sharing a GPU),
 //! - `algorithm`: push, one-shot, two-shot or the large kernel by size
 //!   ([`AllReduceAlgo`], [`AlgoChoice`]), with usage counters,
+//! - `graph_inputs`: the tensors of captured calls, registered once the
+//!   capture has ended, so that replays need no copy
+//!   ([`IntraNodeComm::capture_registered`]),
 //! - `intranode_comm`: [`IntraNodeComm`], the communicator.
 //!
 //! The kernels are in [`cuda::kernels`](crate::cuda::kernels)
@@ -18,6 +21,7 @@
 //! CUDA tensors through this when its ranks qualify.
 
 mod algorithm;
+mod graph_inputs;
 mod intranode_comm;
 mod symmetric_memory;
 mod topology;
@@ -25,5 +29,6 @@ mod topology;
 pub use algorithm::{
     large_beats_nccl, one_shot_max, push_max, two_shot_max, AlgoChoice, AlgoUsage, AllReduceAlgo,
 };
+pub use graph_inputs::GRAPH_INPUT_SLOTS;
 pub use intranode_comm::{IntraNodeComm, IntraNodeOptions};
 pub use topology::PeerPolicy;

@@ -343,6 +343,12 @@ impl SymmetricMemory {
         self.ranks_per_gpu
     }
 
+    /// Whether rank `rank` is this rank or a thread of this process (its
+    /// addresses are this process's).
+    pub(crate) fn same_process(&self, rank: usize) -> bool {
+        matches!(self.peers.get(rank), Some(Peer::Own | Peer::SameProcess(_)))
+    }
+
     /// Whether another rank is a thread of this process on this rank's GPU.
     pub(crate) fn shares_context(&self) -> bool {
         self.shares_context

@@ -1,0 +1,444 @@
+//! Tensors of captured calls, registered once the capture has ended (as
+//! vLLM's custom all-reduce does), so that replays reduce the ranks'
+//! tensors in place with no copy through the buffers.
+//!
+//! During a capture begun by
+//! [`IntraNodeComm::capture_registered`](super::IntraNodeComm::capture_registered),
+//! each one-shot or two-shot call takes a slot of a device table and
+//! captures the registered kernel, which reads from that slot, at replay,
+//! where every rank's tensor lies. Once the capture has ended, each rank
+//! posts its captured tensors (IPC handle and offset of each allocation)
+//! through the store, opens its peers' (once per allocation) and writes
+//! the slots. A rank whose tensor CUDA IPC cannot share (a stream-ordered
+//! pool, a virtual-memory mapping) while a peer is another process
+//! "stages" that call: its slot points every rank at its graph region, and
+//! its kernel copies the tensor in before and out after.
+
+use std::time::Duration;
+
+use super::symmetric_memory::{SymmetricMemory, GRAPH_REGION};
+use super::topology::{to_hex, unhex};
+use crate::cuda::kernels::{PEER_MAX, REG_ALIGNED, REG_REGISTERED, REG_STAGED, REG_WORDS};
+use crate::cuda::runtime::{self, export_address, DeviceBuffer, DevicePtr, IpcHandle, PeerMapping};
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// Registered captured calls a communicator holds in all: later captured
+/// calls copy through the graph region, as unregistered ones do.
+pub const GRAPH_INPUT_SLOTS: usize = 4096;
+
+/// Bytes of one slot of the table.
+const SLOT_BYTES: usize = REG_WORDS * 8;
+
+/// A call captured on a registered tensor, waiting for registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Captured {
+    /// Its slot of the table.
+    pub(crate) slot: usize,
+    /// The tensor's device address on this rank.
+    pub(crate) addr: u64,
+    /// The tensor's bytes.
+    pub(crate) bytes: usize,
+}
+
+/// How a rank's tensor of one captured call is reached, as it posts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Through the allocation's IPC handle, at this offset.
+    Ipc(IpcHandle, u64),
+    /// Only at its address, by ranks of its own process (it could not be
+    /// exported, and every rank is a thread of one process).
+    Direct,
+    /// Through the rank's graph region (it could not be exported).
+    Staged,
+}
+
+/// One captured call as a rank posts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Posted {
+    bytes: usize,
+    addr: u64,
+    reach: Reach,
+}
+
+/// The slots of one communicator and the calls captured since the last
+/// registration.
+#[derive(Default)]
+pub(crate) struct GraphInputs {
+    /// [`GRAPH_INPUT_SLOTS`] slots, allocated at the first registering
+    /// capture (never during one: allocating there is not allowed).
+    table: Option<DeviceBuffer>,
+    /// The table's device address.
+    base: Option<u64>,
+    /// Slots taken so far.
+    taken: usize,
+    /// Whether a registering capture is under way.
+    capturing: bool,
+    pending: Vec<Captured>,
+    /// Registrations so far: names each one's store keys.
+    generation: u64,
+    /// Peers' allocations opened so far, by peer and handle: kept until
+    /// the communicator is dropped (the graphs read them).
+    opened: Vec<(usize, IpcHandle, PeerMapping)>,
+}
+
+/// What a registration needs of its communicator.
+pub(crate) struct Registration<'a> {
+    pub(crate) store: &'a dyn Store,
+    pub(crate) prefix: &'a str,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: usize,
+    pub(crate) memory: &'a SymmetricMemory,
+    pub(crate) timeout: Duration,
+}
+
+impl GraphInputs {
+    /// Begins a registering capture on GPU `device`.
+    pub(crate) fn begin(&mut self, device: usize) -> Result<()> {
+        if self.capturing {
+            return Err(Error::InvalidArgument(
+                "capture_registered: expected no other registering capture on this communicator, found one under way"
+                    .into(),
+            ));
+        }
+        if self.table.is_none() {
+            let table = DeviceBuffer::zeros(device, GRAPH_INPUT_SLOTS * SLOT_BYTES)?;
+            self.base = Some(table.ptr().addr());
+            self.table = Some(table);
+        }
+        self.capturing = true;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// During a registering capture, the device address of a new slot for
+    /// a call on the `bytes` at `addr`; `None` outside one or when every
+    /// slot is taken (every rank captures the same calls, so all of them
+    /// run out at the same call).
+    pub(crate) fn take(&mut self, addr: u64, bytes: usize) -> Option<u64> {
+        let base = self.base?;
+        if !self.capturing || self.taken == GRAPH_INPUT_SLOTS {
+            return None;
+        }
+        let slot = self.taken;
+        self.taken += 1;
+        self.pending.push(Captured { slot, addr, bytes });
+        Some(base + (slot * SLOT_BYTES) as u64)
+    }
+
+    /// Ends the registering capture: the calls it captured.
+    pub(crate) fn end(&mut self) -> Vec<Captured> {
+        self.capturing = false;
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Registers `captured` with every rank (each calls this with its own
+    /// calls of the same capture), or, with `failed`, tells them this rank
+    /// could not capture. Returns how many calls were registered.
+    pub(crate) fn register(
+        &mut self,
+        r: &Registration<'_>,
+        captured: &[Captured],
+        failed: Option<&Error>,
+    ) -> Result<usize> {
+        let generation = self.generation;
+        self.generation += 1;
+        let key = |rank: usize| format!("{}/graph/{generation}/{rank}", r.prefix);
+        let remote_peer = (0..r.world).any(|p| !r.memory.same_process(p));
+        let mine: Vec<Posted> = captured
+            .iter()
+            .map(|c| Posted {
+                bytes: c.bytes,
+                addr: c.addr,
+                reach: match export_address(r.device, DevicePtr(c.addr)) {
+                    Ok((handle, offset)) => Reach::Ipc(handle, offset),
+                    Err(e) if remote_peer => {
+                        tracing::debug!(rank = r.rank, %e, "a captured tensor cannot be shared: its calls stage through the graph region");
+                        Reach::Staged
+                    }
+                    Err(_) => Reach::Direct,
+                },
+            })
+            .collect();
+        let text = match failed {
+            Some(e) => format!("failed {e}"),
+            None => encode(&mine),
+        };
+        r.store.set(&key(r.rank), text.as_bytes())?;
+        if let Some(e) = failed {
+            return Err(Error::GraphRegistration {
+                rank: r.rank,
+                reason: format!("this rank could not capture: {e}"),
+            });
+        }
+        let keys: Vec<String> = (0..r.world).map(key).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let answers = r.store.multi_get_timeout(&refs, r.timeout)?;
+        let mut every: Vec<Vec<Posted>> = Vec::with_capacity(r.world);
+        for (p, answer) in answers.iter().enumerate() {
+            let posted = if p == r.rank {
+                mine.clone()
+            } else {
+                decode(p, answer).map_err(|e| match e {
+                    Error::GraphRegistration { reason, .. } => Error::GraphRegistration {
+                        rank: r.rank,
+                        reason,
+                    },
+                    other => other,
+                })?
+            };
+            if posted.len() != mine.len() {
+                return Err(Error::GraphRegistration {
+                    rank: r.rank,
+                    reason: format!(
+                        "expected every rank to have captured {} calls on this communicator (as this rank did), found {} on rank {p}",
+                        mine.len(),
+                        posted.len()
+                    ),
+                });
+            }
+            for (i, (theirs, ours)) in posted.iter().zip(&mine).enumerate() {
+                if theirs.bytes != ours.bytes {
+                    return Err(Error::GraphRegistration {
+                        rank: r.rank,
+                        reason: format!(
+                            "captured call {i}: expected {} bytes on every rank (as on this one), found {} on rank {p}",
+                            ours.bytes, theirs.bytes
+                        ),
+                    });
+                }
+            }
+            every.push(posted);
+        }
+        let graph_regions = r.memory.regions(GRAPH_REGION);
+        let mut words = vec![0u64; captured.len() * REG_WORDS];
+        for (i, c) in captured.iter().enumerate() {
+            let slot = &mut words[i * REG_WORDS..(i + 1) * REG_WORDS];
+            let mut flags = REG_REGISTERED;
+            for (p, posted) in every.iter().enumerate() {
+                let call = &posted[i];
+                slot[p] = if call.reach == Reach::Staged {
+                    graph_regions[p]
+                } else if p == r.rank || r.memory.same_process(p) {
+                    call.addr
+                } else if let Reach::Ipc(handle, offset) = &call.reach {
+                    self.open(p, handle, r.device)? + offset
+                } else {
+                    return Err(Error::PeerProtocol {
+                        peer: p,
+                        expected: "an IPC handle for a tensor of another process".into(),
+                        found: "none (it could only be reached in its own process)".into(),
+                    });
+                };
+            }
+            if every[r.rank][i].reach == Reach::Staged {
+                flags |= REG_STAGED;
+            }
+            let aligned = slot[..r.world].iter().all(|a| a % 16 == 0) && c.addr % 16 == 0;
+            if aligned {
+                flags |= REG_ALIGNED;
+            }
+            slot[PEER_MAX] = flags;
+        }
+        if let (Some(first), Some(table)) = (captured.first(), &self.table) {
+            // Consecutive slots (one registering capture at a time).
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            let at = table.ptr().offset(first.slot * SLOT_BYTES);
+            runtime::copy_htod_sync(table.context(), at, &bytes)?;
+        }
+        Ok(captured.len())
+    }
+
+    /// Peer `peer`'s allocation `handle`, mapped on `device` (once).
+    fn open(&mut self, peer: usize, handle: &IpcHandle, device: usize) -> Result<u64> {
+        if let Some((_, _, m)) = self
+            .opened
+            .iter()
+            .find(|(p, h, _)| *p == peer && h == handle)
+        {
+            return Ok(m.ptr().addr());
+        }
+        let mapping = PeerMapping::open(device, handle)?;
+        let addr = mapping.ptr().addr();
+        self.opened.push((peer, *handle, mapping));
+        Ok(addr)
+    }
+}
+
+/// A rank's captured calls as it posts them: `ok <n>`, then a line a call,
+/// `<bytes> <addr> ipc <handle> <offset>`, `<bytes> <addr> direct` or
+/// `<bytes> <addr> staged`.
+fn encode(calls: &[Posted]) -> String {
+    let mut out = format!("ok {}", calls.len());
+    for c in calls {
+        out.push('\n');
+        out.push_str(&format!("{} {} ", c.bytes, c.addr));
+        match &c.reach {
+            Reach::Ipc(h, offset) => out.push_str(&format!("ipc {} {offset}", to_hex(&h.0))),
+            Reach::Direct => out.push_str("direct"),
+            Reach::Staged => out.push_str("staged"),
+        }
+    }
+    out
+}
+
+/// Rank `peer`'s posted calls; its failure to capture as
+/// [`Error::GraphRegistration`], anything unreadable as
+/// [`Error::PeerProtocol`].
+fn decode(peer: usize, raw: &[u8]) -> Result<Vec<Posted>> {
+    let bad = |what: &str| {
+        Error::PeerProtocol {
+        peer,
+        expected: "`ok <n>` and a line `<bytes> <addr> ipc <handle> <offset>`, `... direct` or `... staged` per captured call".into(),
+        found: format!("{what} in {:?}", String::from_utf8_lossy(raw)),
+    }
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| bad("bytes that are not UTF-8"))?;
+    if let Some(reason) = text.strip_prefix("failed ") {
+        return Err(Error::GraphRegistration {
+            rank: peer,
+            reason: format!("rank {peer} could not capture: {reason}"),
+        });
+    }
+    let mut lines = text.lines();
+    let count: usize = lines
+        .next()
+        .and_then(|l| l.strip_prefix("ok "))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| bad("no `ok <n>` line"))?;
+    let calls: Vec<Posted> = lines
+        .map(|line| {
+            let w: Vec<&str> = line.split(' ').collect();
+            let bytes = w.first().and_then(|v| v.parse().ok());
+            let addr = w.get(1).and_then(|v| v.parse().ok());
+            let reach = match w.get(2..) {
+                Some(["ipc", handle, offset]) => unhex::<64>(handle)
+                    .zip(offset.parse().ok())
+                    .map(|(h, o)| Reach::Ipc(IpcHandle(h), o)),
+                Some(["direct"]) => Some(Reach::Direct),
+                Some(["staged"]) => Some(Reach::Staged),
+                _ => None,
+            };
+            match (bytes, addr, reach) {
+                (Some(bytes), Some(addr), Some(reach)) => Ok(Posted { bytes, addr, reach }),
+                _ => Err(bad(&format!("the line {line:?}"))),
+            }
+        })
+        .collect::<Result<_>>()?;
+    if calls.len() != count {
+        return Err(bad(&format!("{} call lines for `ok {count}`", calls.len())));
+    }
+    Ok(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls() -> Vec<Posted> {
+        vec![
+            Posted {
+                bytes: 4096,
+                addr: 0x7f00_0000_1000,
+                reach: Reach::Ipc(IpcHandle([7; 64]), 512),
+            },
+            Posted {
+                bytes: 12,
+                addr: 0x7f00_0000_2004,
+                reach: Reach::Staged,
+            },
+            Posted {
+                bytes: 8,
+                addr: 16,
+                reach: Reach::Direct,
+            },
+        ]
+    }
+
+    #[test]
+    fn posted_calls_read_back_as_they_were() {
+        assert_eq!(decode(1, encode(&calls()).as_bytes()).unwrap(), calls());
+        assert_eq!(decode(1, encode(&[]).as_bytes()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_peer_that_could_not_capture_is_named_and_garbage_is_refused() {
+        let e = decode(3, b"failed the stream was not capturing").unwrap_err();
+        match e {
+            Error::GraphRegistration { rank, reason } => {
+                assert_eq!(rank, 3);
+                assert!(
+                    reason.contains("rank 3 could not capture: the stream"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other}"),
+        }
+        let mut text = encode(&calls());
+        text = text.replace("ok 3", "ok 4");
+        for raw in [
+            text.as_bytes().to_vec(),
+            b"ok 1\n12 34 ipc nothex 5".to_vec(),
+            b"ok 1\n12 34 teleport".to_vec(),
+            b"ok x".to_vec(),
+            b"\xff\xfe".to_vec(),
+            b"".to_vec(),
+        ] {
+            let e = decode(2, &raw).unwrap_err();
+            assert!(
+                matches!(&e, Error::PeerProtocol { peer: 2, .. }),
+                "{:?}: {e}",
+                String::from_utf8_lossy(&raw)
+            );
+            assert!(e.to_string().contains("<bytes> <addr>"), "{e}");
+        }
+    }
+
+    #[test]
+    fn slots_are_taken_only_during_a_capture_until_the_table_is_full() {
+        // No table yet (`begin` allocates it on a GPU): nothing is taken.
+        let mut g = GraphInputs {
+            capturing: true,
+            ..GraphInputs::default()
+        };
+        assert_eq!(g.take(0x100, 4), None);
+        g.base = Some(0x10_0000);
+        g.capturing = false;
+        assert_eq!(g.take(0x100, 4), None, "outside a capture");
+        g.capturing = true;
+        assert_eq!(g.take(0x100, 4), Some(0x10_0000));
+        assert_eq!(g.take(0x200, 8), Some(0x10_0000 + SLOT_BYTES as u64));
+        let first = g.end();
+        assert_eq!(
+            first,
+            vec![
+                Captured {
+                    slot: 0,
+                    addr: 0x100,
+                    bytes: 4
+                },
+                Captured {
+                    slot: 1,
+                    addr: 0x200,
+                    bytes: 8
+                },
+            ]
+        );
+        assert!(!g.capturing);
+        // A second capture goes on after the first one's slots; the last
+        // slot is the table's end, and then every later call is refused
+        // (on every rank at the same call: they capture the same calls).
+        g.capturing = true;
+        for k in 2..GRAPH_INPUT_SLOTS {
+            assert_eq!(
+                g.take(k as u64, 4),
+                Some(0x10_0000 + (k * SLOT_BYTES) as u64)
+            );
+        }
+        assert_eq!(g.take(0x300, 4), None);
+        let second = g.end();
+        assert_eq!(second.len(), GRAPH_INPUT_SLOTS - 2);
+        assert_eq!(second[0].slot, 2);
+    }
+}
