@@ -43,8 +43,9 @@ def title(ranks, dtype, iters, warmup):
     return (f"# all_reduce, reduce op SUM, {ranks} ranks, {dtype}; us per call, the slowest "
             f"rank's medians, in both: device time of one eager call (CUDA events around it; "
             f"{iters} calls after {warmup} warm-up, queued back to back), _g = a replay of a CUDA "
-            f"graph of 20 calls / 20; ratio = tensorcomm / best PyTorch (one_shot, two_shot, "
-            f"nccl; _g: one_shot, two_shot)")
+            f"graph of 20 calls / 20; _rg = ours in a graph captured with registered tensors "
+            f"(capture_registered: no copy through the buffers); ratio = tensorcomm / best "
+            f"PyTorch (one_shot, two_shot, nccl; _g and _rg: one_shot, two_shot graphs)")
 
 
 def main():
@@ -76,7 +77,7 @@ def main():
             continue
         by.setdefault(int(r["size"]), {})[r["impl"]] = r
     print(f"{'bytes':>11} {'algo':>9} {'ours':>8} {'one_shot':>9} {'two_shot':>9} {'nccl':>8} {'ratio':>6}"
-          f" {'ours_g':>8} {'1shot_g':>8} {'2shot_g':>8} {'ratio_g':>7} ok")
+          f" {'ours_g':>8} {'1shot_g':>8} {'2shot_g':>8} {'ratio_g':>7} {'ours_rg':>8} {'ratio_rg':>8} ok")
     for r in ours:
         size = int(r["size"])
         t = by.get(size, {})
@@ -85,10 +86,12 @@ def main():
                                 get("nccl", "time_us")) if v == v] or [float("nan")])
         best_g = min([v for v in (get("one_shot", "graph_us"), get("two_shot", "graph_us"))
                       if v == v] or [float("nan")])
+        reg = r.get("registered_graph_us", float("nan"))
         print(f"{size:>11} {r.get('algo', '?'):>9} {r['time_us']:>8.2f} {get('one_shot', 'time_us'):>9.2f}"
               f" {get('two_shot', 'time_us'):>9.2f} {get('nccl', 'time_us'):>8.2f}"
               f" {r['time_us'] / best:>6.2f} {r['graph_us']:>8.2f} {get('one_shot', 'graph_us'):>8.2f}"
               f" {get('two_shot', 'graph_us'):>8.2f} {r['graph_us'] / best_g:>7.2f}"
+              f" {reg:>8.2f} {reg / best_g:>8.2f}"
               f" {'yes' if r.get('correct', True) else 'NO'}")
     sys.exit(0 if ok_ours and ok_theirs else 1)
 

@@ -10,7 +10,11 @@
 //! an event, the call, an event. `time` is the median device time of one
 //! call (eager), `host` the median host time of queueing one, `graph` the
 //! device time of one call inside a CUDA graph of 20 calls replayed (the
-//! graph's time over 20; its input is refreshed before each replay), and
+//! graph's time over 20; its input is refreshed before each replay), `reg`
+//! the same for a graph captured with `IntraNodeComm::capture_registered`
+//! (one-shot and two-shot calls then read and write the ranks' tensors in
+//! place, with no copy through the buffers; other sizes capture as in
+//! `graph`), and
 //! `sync` the median host time of one call its caller waits for (the call,
 //! then its stream synchronized), the way `bench --backend cpu --device
 //! cuda --peer-memory` times the CPU group's device path, so the two
@@ -28,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
 use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
-use tensorcomm::cuda::runtime::{self, Event, MappedWords, Stream};
+use tensorcomm::cuda::runtime::{self, CapturedGraph, Event, MappedWords, Stream};
 use tensorcomm::rendezvous::rendezvous;
 use tensorcomm::store::{HashStore, Store};
 use tensorcomm::tensor::{DType, Device, Tensor};
@@ -144,16 +148,17 @@ fn rank_body(
     let mut stdout = Stdout::new(rank == 0);
     if rank == 0 && !args.json {
         stdout.line(format_args!(
-            "# tensorcomm bench: all_reduce {dtype} on {} {} (peer memory, cuda:{device} of {count} GPUs), {} iterations after {} warm-up; time = device time per eager call, graph = per call in a CUDA graph of {GRAPH_CALLS} (medians)",
+            "# tensorcomm bench: all_reduce {dtype} on {} {} (peer memory, cuda:{device} of {count} GPUs), {} iterations after {} warm-up; time = device time per eager call, graph = per call in a CUDA graph of {GRAPH_CALLS}, reg = the same with registered tensors (medians)",
             super::rank_count(ranks),
             if args.in_process { "as threads" } else { "as processes" },
             args.iters,
             args.warmup
         ));
         stdout.line(format_args!(
-            "{} {:>10} {:>9} {:>9} {:>9}",
+            "{} {:>10} {:>9} {:>9} {:>9} {:>9}",
             Row::header(),
             "graph(us)",
+            "reg(us)",
             "host(us)",
             "sync(us)",
             "algo"
@@ -230,7 +235,8 @@ fn rank_body(
             done += batch;
         }
         correct &= all_equal(&data, want)?;
-        // Graph replays, GRAPH_CALLS calls each, gated the same way.
+        // Graph replays, GRAPH_CALLS calls each, gated the same way: a
+        // plain capture, then a registered one.
         stream.begin_capture()?;
         for _ in 0..GRAPH_CALLS {
             comm.all_reduce_on(&data, ReduceOp::Sum, &stream)?;
@@ -238,24 +244,36 @@ fn rank_body(
         let graph = stream.end_capture()?;
         let replays_n = args.warmup + args.iters.div_ceil(GRAPH_CALLS).max(5);
         let per_gate = if one_at_a_time { 1 } else { replays_n };
-        let mut events: Vec<(Event, Event)> = Vec::new();
-        while events.len() < replays_n {
-            stream.wait_word(&gate, 0, released + 1)?;
-            for _ in 0..per_gate.min(replays_n - events.len()) {
-                data.copy_from_on(&fresh, &stream)?;
-                let start = stream.record_timed()?;
-                graph.launch(&stream)?;
-                events.push((start, stream.record_timed()?));
+        let mut time_replays = |graph: &CapturedGraph| -> tensorcomm::Result<Vec<f64>> {
+            let mut events: Vec<(Event, Event)> = Vec::new();
+            while events.len() < replays_n {
+                stream.wait_word(&gate, 0, released + 1)?;
+                for _ in 0..per_gate.min(replays_n - events.len()) {
+                    data.copy_from_on(&fresh, &stream)?;
+                    let start = stream.record_timed()?;
+                    graph.launch(&stream)?;
+                    events.push((start, stream.record_timed()?));
+                }
+                pg.barrier(None)?.wait()?;
+                released += 1;
+                gate.store(0, released);
+                stream.synchronize()?;
             }
-            pg.barrier(None)?.wait()?;
-            released += 1;
-            gate.store(0, released);
-            stream.synchronize()?;
-        }
-        let mut replays = Vec::new();
-        for (start, end) in &events[args.warmup..] {
-            replays.push(f64::from(start.elapsed_ms(end)?) * 1e3 / GRAPH_CALLS as f64);
-        }
+            let mut per_call = Vec::new();
+            for (start, end) in &events[args.warmup..] {
+                per_call.push(f64::from(start.elapsed_ms(end)?) * 1e3 / GRAPH_CALLS as f64);
+            }
+            Ok(per_call)
+        };
+        let replays = time_replays(&graph)?;
+        comm.check()?;
+        let registered = comm.capture_registered(&*store, &stream, |s| {
+            for _ in 0..GRAPH_CALLS {
+                comm.all_reduce_on(&data, ReduceOp::Sum, s)?;
+            }
+            Ok(())
+        })?;
+        let registered_replays = time_replays(&registered)?;
         comm.check()?;
         // Calls the host waits for one by one, as a synchronous caller
         // (and the CPU group's device path) does; the ranks start together.
@@ -282,8 +300,9 @@ fn rank_body(
                 if correct { 0.0 } else { 1.0 },
                 median(host),
                 median(sync),
+                median(registered_replays),
             ],
-            &[5],
+            &[6],
         )?;
         pg.all_reduce(&agreed, ReduceOp::Max, None)?.wait()?;
         let v = agreed.to_vec::<f64>()?;
@@ -305,6 +324,7 @@ fn rank_body(
                     "{}",
                     row.json_with(&[
                         ("graph_us", serde_json::json!(v[1])),
+                        ("registered_graph_us", serde_json::json!(v[5])),
                         ("host_us", serde_json::json!(v[3])),
                         ("sync_us", serde_json::json!(v[4])),
                         ("algo", serde_json::json!(algo.name())),
@@ -312,9 +332,10 @@ fn rank_body(
                 ));
             } else {
                 stdout.line(format_args!(
-                    "{} {:>10.2} {:>9.2} {:>9.2} {:>9}",
+                    "{} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9}",
                     row.text(),
                     v[1],
+                    v[5],
                     v[3],
                     v[4],
                     algo.name()
