@@ -772,34 +772,44 @@ enum Inputs {
     F32FromPool,
 }
 
-/// One rank of the registered-capture tests: captures the calls of
-/// [`registered_calls`] (as `inputs` says), then replays them on new
-/// inputs with an eager call between replays, checking every result bit
-/// for bit; `first_call` numbers the inputs.
+/// One rank of the registered-capture tests: captures, in one graph, a
+/// push call, the calls of [`registered_calls`] and a call for the large
+/// kernel (tensors as `inputs` says), then replays it on new inputs with
+/// eager push and one-shot calls between replays, checking every result
+/// bit for bit; `first_call` numbers the inputs. With `back_to_back`
+/// (ranks that are processes), three replays at a time are queued before
+/// the stream is waited for, each on inputs copied in on the stream and
+/// its results copied out.
 fn registered_rank_calls(
     c: &IntraNodeComm,
     s: &Stream,
     store: &dyn Store,
     first_call: usize,
     inputs: Inputs,
+    back_to_back: bool,
 ) {
     let world = c.world();
     let before = c.usage();
-    let tensors: Vec<Tensor<'static>> = registered_calls(world)
-        .into_iter()
-        .map(|(dtype, numel, offset)| {
-            match inputs {
-                Inputs::F32FromPool => {
-                    let (t, shareable) = pool_input(s, c.rank(), numel, first_call);
-                    assert!(
-                        !shareable,
-                        "expected cudarc's tensors to come from a stream-ordered pool that CUDA IPC cannot share"
-                    );
-                    t
-                }
-                Inputs::F32 => gpu_input(DType::F32, c.rank(), numel, 0, first_call),
-                Inputs::Mixed => gpu_input(dtype, c.rank(), numel, offset, first_call),
+    let mut calls = vec![(DType::F32, push_max(world) / 8, 0)];
+    calls.extend(registered_calls(world));
+    calls.push((DType::F32, 1_100_001, 0)); // beyond the 4 MiB region
+    let dtype_of = |dtype| match inputs {
+        Inputs::Mixed => dtype,
+        Inputs::F32 | Inputs::F32FromPool => DType::F32,
+    };
+    let tensors: Vec<Tensor<'static>> = calls
+        .iter()
+        .map(|&(dtype, numel, offset)| match inputs {
+            Inputs::F32FromPool => {
+                let (t, shareable) = pool_input(s, c.rank(), numel, first_call);
+                assert!(
+                    !shareable,
+                    "expected cudarc's tensors to come from a stream-ordered pool that CUDA IPC cannot share"
+                );
+                t
             }
+            Inputs::F32 => gpu_input(DType::F32, c.rank(), numel, 0, first_call),
+            Inputs::Mixed => gpu_input(dtype, c.rank(), numel, offset, first_call),
         })
         .collect();
     let algos = std::cell::RefCell::new(Vec::new());
@@ -813,39 +823,98 @@ fn registered_rank_calls(
             Ok(())
         })
         .unwrap();
-    for a in algos.borrow().iter() {
+    let algos = algos.into_inner();
+    assert_eq!(algos.first(), Some(&AllReduceAlgo::Push), "{algos:?}");
+    assert_eq!(algos.last(), Some(&AllReduceAlgo::Large), "{algos:?}");
+    for a in &algos[1..algos.len() - 1] {
         assert!(
             matches!(a, AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot),
-            "{a:?}"
+            "{algos:?}"
         );
     }
     let after = c.usage();
     assert_eq!(
         after.registered - before.registered,
-        tensors.len() as u64,
-        "{after:?}"
+        (algos.len() - 2) as u64,
+        "only one-shot and two-shot calls register: {after:?}"
     );
     let mut failures = Vec::new();
-    for call in first_call + 1..first_call + 21 {
-        for t in &tensors {
-            refill(t, c.rank(), call);
+    let mut check = |t: &Tensor<'_>, call: usize, what: String| {
+        if let Err(e) =
+            std::panic::catch_unwind(|| assert_reference(t, ReduceOp::Sum, world, call, &what))
+        {
+            failures.push(e);
         }
-        graph.launch(s).unwrap();
-        s.synchronize().unwrap();
-        c.check().unwrap();
-        for (k, t) in tensors.iter().enumerate() {
-            let what = format!("rank {} of {world}: replay {call}, call {k}", c.rank());
-            if let Err(e) =
-                std::panic::catch_unwind(|| assert_reference(t, ReduceOp::Sum, world, call, &what))
-            {
-                failures.push(e);
+    };
+    let per_round = if back_to_back { 3 } else { 1 };
+    let mut call = first_call + 1;
+    while call <= first_call + 21 {
+        let round: Vec<usize> = (call..call + per_round).collect();
+        if back_to_back {
+            // Inputs made before anything is queued (making a tensor
+            // copies on the legacy stream, which would wait for the
+            // replays).
+            let fresh: Vec<Vec<Tensor<'static>>> = round
+                .iter()
+                .map(|&n| {
+                    calls
+                        .iter()
+                        .map(|&(dtype, numel, _)| gpu_input(dtype_of(dtype), c.rank(), numel, 0, n))
+                        .collect()
+                })
+                .collect();
+            let outs: Vec<Vec<Tensor<'static>>> = round
+                .iter()
+                .map(|_| {
+                    tensors
+                        .iter()
+                        .map(|t| Tensor::zeros_on(t.shape(), t.dtype(), GPU).unwrap())
+                        .collect()
+                })
+                .collect();
+            for (ins, outs) in fresh.iter().zip(&outs) {
+                for (t, f) in tensors.iter().zip(ins) {
+                    t.copy_from_on(f, s).unwrap();
+                }
+                graph.launch(s).unwrap();
+                for (o, t) in outs.iter().zip(&tensors) {
+                    o.copy_from_on(t, s).unwrap();
+                }
+            }
+            s.synchronize().unwrap();
+            c.check().unwrap();
+            for (&n, outs) in round.iter().zip(&outs) {
+                for (k, o) in outs.iter().enumerate() {
+                    check(
+                        o,
+                        n,
+                        format!("rank {} of {world}: replay {n}, call {k}", c.rank()),
+                    );
+                }
+            }
+        } else {
+            for t in &tensors {
+                refill(t, c.rank(), call);
+            }
+            graph.launch(s).unwrap();
+            s.synchronize().unwrap();
+            c.check().unwrap();
+            for (k, t) in tensors.iter().enumerate() {
+                check(
+                    t,
+                    call,
+                    format!("rank {} of {world}: replay {call}, call {k}", c.rank()),
+                );
             }
         }
-        // An eager call between replays.
-        let e = gpu_input(DType::F32, c.rank(), 1001, 0, call);
-        c.all_reduce_on(&e, ReduceOp::Sum, s).unwrap();
-        s.synchronize().unwrap();
-        assert_reference(&e, ReduceOp::Sum, world, call, "eager between replays");
+        // Eager push and one-shot calls between replays.
+        for numel in [1001, push_max(world) / 4 + 3] {
+            let e = gpu_input(DType::F32, c.rank(), numel, 0, call);
+            c.all_reduce_on(&e, ReduceOp::Sum, s).unwrap();
+            s.synchronize().unwrap();
+            check(&e, call, format!("eager {numel} between replays"));
+        }
+        call += per_round;
     }
     // Every rank replays every time before any reports (a rank that
     // stopped early would leave the others waiting in a kernel).
@@ -875,9 +944,13 @@ fn registered_captures_replay_in_place_on_new_inputs_at_2_and_4_ranks() {
             let t = gpu_input(DType::F32, c.rank(), 3001, 0, 0);
             c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
             s.synchronize().unwrap();
-            registered_rank_calls(c, s, &*store, 0, Inputs::Mixed);
+            registered_rank_calls(c, s, &*store, 0, Inputs::Mixed, false);
             // A second capture takes the next slots.
-            registered_rank_calls(c, s, &*store, 100, Inputs::Mixed);
+            registered_rank_calls(c, s, &*store, 100, Inputs::Mixed, false);
+            // Tensors from cudarc's stream-ordered pool (which CUDA IPC
+            // cannot share) are reached at their addresses: every rank
+            // shares this process's context.
+            registered_rank_calls(c, s, &*store, 300, Inputs::F32FromPool, false);
         });
     }
 }
@@ -914,7 +987,7 @@ fn registered_captures_reach_ranks_in_other_processes_and_a_rank_whose_memory_ip
         } else {
             Inputs::Mixed
         };
-        registered_rank_calls(&c, &s, &store, 0, inputs);
+        registered_rank_calls(&c, &s, &store, 0, inputs, true);
         for mut child in children {
             assert!(
                 child.wait().unwrap().success(),
@@ -963,6 +1036,32 @@ fn a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_n
         "{}",
         errors[0]
     );
+    // Rank 1's closure panics mid-capture: rank 0 is told, and rank 1's
+    // stream stops capturing.
+    let errors = on_every_rank(&ranks, |c, s| {
+        let t = gpu_input(DType::F32, c.rank(), n, 0, 0);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            c.capture_registered(&*store, s, |s| {
+                c.all_reduce_on(&t, ReduceOp::Sum, s)?;
+                assert!(c.rank() != 1, "the test's closure panics");
+                Ok(())
+            })
+            .map(|_| ())
+        }));
+        match outcome {
+            Ok(r) => r.unwrap_err().to_string(),
+            Err(_) => {
+                assert!(!s.is_capturing().unwrap(), "the stream still captures");
+                "panicked".to_string()
+            }
+        }
+    });
+    assert_eq!(errors[1], "panicked");
+    assert!(
+        errors[0].contains("rank 1 could not capture") && errors[0].contains("panicked"),
+        "{}",
+        errors[0]
+    );
     // Then rank 0 captures two calls and rank 1 one.
     let errors = on_every_rank(&ranks, |c, s| {
         let a = gpu_input(DType::F32, c.rank(), n, 0, 0);
@@ -997,7 +1096,7 @@ fn a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_n
         c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
         s.synchronize().unwrap();
         assert_reference(&t, ReduceOp::Sum, 2, 7, "eager after the failed captures");
-        registered_rank_calls(c, s, &*store, 200, Inputs::Mixed);
+        registered_rank_calls(c, s, &*store, 200, Inputs::Mixed, false);
     });
 }
 
@@ -1089,8 +1188,8 @@ fn child_rank_entry() {
     let s = Stream::new(0).unwrap();
     match scenario.as_str() {
         "calls" => process_rank_calls(&c, &s),
-        "registered" => registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed),
-        "registered-pool" => registered_rank_calls(&c, &s, &store, 0, Inputs::F32FromPool),
+        "registered" => registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed, true),
+        "registered-pool" => registered_rank_calls(&c, &s, &store, 0, Inputs::F32FromPool, true),
         "late" => {
             // The gave-up test's rank 1: comes 5 s late, and must fail.
             std::thread::sleep(Duration::from_secs(5));

@@ -14,6 +14,8 @@
 //! "stages" that call: its slot points every rank at its graph region, and
 //! its kernel copies the tensor in before and out after.
 
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use super::symmetric_memory::{SymmetricMemory, GRAPH_REGION};
@@ -65,22 +67,31 @@ struct Posted {
 /// registration.
 #[derive(Default)]
 pub(crate) struct GraphInputs {
-    /// [`GRAPH_INPUT_SLOTS`] slots, allocated at the first registering
-    /// capture (never during one: allocating there is not allowed).
+    /// [`GRAPH_INPUT_SLOTS`] slots, allocated when the first registering
+    /// capture begins (never during one: allocating there is not allowed).
     table: Option<DeviceBuffer>,
     /// The table's device address.
     base: Option<u64>,
     /// Slots taken so far.
     taken: usize,
-    /// Whether a registering capture is under way.
-    capturing: bool,
+    /// Slots taken when the registering capture under way began (a failed
+    /// one gives its slots back, so that every rank's next capture takes
+    /// the same slots as the others').
+    taken_at_begin: usize,
+    /// The thread of the registering capture under way: only its calls
+    /// take slots (captures are thread-local).
+    capturing: Option<ThreadId>,
     pending: Vec<Captured>,
     /// Registrations so far: names each one's store keys.
     generation: u64,
-    /// Peers' allocations opened so far, by peer and handle: kept until
-    /// the communicator is dropped (the graphs read them).
-    opened: Vec<(usize, IpcHandle, PeerMapping)>,
+    /// Peers' allocations opened so far: kept until the communicator is
+    /// dropped (the graphs read them).
+    opened: Vec<Arc<PeerMapping>>,
 }
+
+/// Peers' allocations this process has opened, by GPU and handle: a
+/// process opens each once, whichever communicators use it.
+static OPENED: Mutex<Vec<(usize, IpcHandle, Weak<PeerMapping>)>> = Mutex::new(Vec::new());
 
 /// What a registration needs of its communicator.
 pub(crate) struct Registration<'a> {
@@ -94,9 +105,10 @@ pub(crate) struct Registration<'a> {
 }
 
 impl GraphInputs {
-    /// Begins a registering capture on GPU `device`.
+    /// Begins a registering capture on this thread, allocating the table
+    /// on GPU `device` the first time.
     pub(crate) fn begin(&mut self, device: usize) -> Result<()> {
-        if self.capturing {
+        if self.capturing.is_some() {
             return Err(Error::InvalidArgument(
                 "capture_registered: expected no other registering capture on this communicator, found one under way"
                     .into(),
@@ -107,18 +119,20 @@ impl GraphInputs {
             self.base = Some(table.ptr().addr());
             self.table = Some(table);
         }
-        self.capturing = true;
+        self.capturing = Some(std::thread::current().id());
+        self.taken_at_begin = self.taken;
         self.pending.clear();
         Ok(())
     }
 
-    /// During a registering capture, the device address of a new slot for
-    /// a call on the `bytes` at `addr`; `None` outside one or when every
-    /// slot is taken (every rank captures the same calls, so all of them
-    /// run out at the same call).
+    /// During a registering capture, on its thread, the device address of
+    /// a new slot for a call on the `bytes` at `addr`; `None` otherwise or
+    /// when every slot is taken (every rank captures the same calls and
+    /// gives back the slots of failed captures, so all of them run out at
+    /// the same call).
     pub(crate) fn take(&mut self, addr: u64, bytes: usize) -> Option<u64> {
         let base = self.base?;
-        if !self.capturing || self.taken == GRAPH_INPUT_SLOTS {
+        if self.capturing != Some(std::thread::current().id()) || self.taken == GRAPH_INPUT_SLOTS {
             return None;
         }
         let slot = self.taken;
@@ -129,13 +143,23 @@ impl GraphInputs {
 
     /// Ends the registering capture: the calls it captured.
     pub(crate) fn end(&mut self) -> Vec<Captured> {
-        self.capturing = false;
+        self.capturing = None;
         std::mem::take(&mut self.pending)
+    }
+
+    /// Gives back the slots of the last capture, which failed (its graph
+    /// is gone: nothing reads them).
+    pub(crate) fn give_back(&mut self) {
+        self.taken = self.taken_at_begin;
     }
 
     /// Registers `captured` with every rank (each calls this with its own
     /// calls of the same capture), or, with `failed`, tells them this rank
-    /// could not capture. Returns how many calls were registered.
+    /// could not capture. Two rounds through the store: every rank posts
+    /// its calls; then, once it has written its slots (or failed to),
+    /// every rank posts whether it did, so that no rank keeps a graph
+    /// whose peers could not register theirs. Returns how many calls were
+    /// registered.
     pub(crate) fn register(
         &mut self,
         r: &Registration<'_>,
@@ -144,8 +168,15 @@ impl GraphInputs {
     ) -> Result<usize> {
         let generation = self.generation;
         self.generation += 1;
-        let key = |rank: usize| format!("{}/graph/{generation}/{rank}", r.prefix);
-        let remote_peer = (0..r.world).any(|p| !r.memory.same_process(p));
+        let key =
+            |round: &str, rank: usize| format!("{}/graph/{generation}/{round}/{rank}", r.prefix);
+        let keys = |round: &str| -> Vec<String> { (0..r.world).map(|p| key(round, p)).collect() };
+        // Whether every rank shares this rank's CUDA context (threads of
+        // one process on one GPU): only then can a tensor that cannot be
+        // exported be reached at its address (pool memory follows no
+        // peer access between GPUs).
+        let one_context =
+            r.memory.ranks_per_gpu() == r.world && (0..r.world).all(|p| r.memory.same_process(p));
         let mine: Vec<Posted> = captured
             .iter()
             .map(|c| Posted {
@@ -153,11 +184,11 @@ impl GraphInputs {
                 addr: c.addr,
                 reach: match export_address(r.device, DevicePtr(c.addr)) {
                     Ok((handle, offset)) => Reach::Ipc(handle, offset),
-                    Err(e) if remote_peer => {
+                    Err(_) if one_context => Reach::Direct,
+                    Err(e) => {
                         tracing::debug!(rank = r.rank, %e, "a captured tensor cannot be shared: its calls stage through the graph region");
                         Reach::Staged
                     }
-                    Err(_) => Reach::Direct,
                 },
             })
             .collect();
@@ -165,20 +196,54 @@ impl GraphInputs {
             Some(e) => format!("failed {e}"),
             None => encode(&mine),
         };
-        r.store.set(&key(r.rank), text.as_bytes())?;
-        if let Some(e) = failed {
-            return Err(Error::GraphRegistration {
+        r.store.set(&key("calls", r.rank), text.as_bytes())?;
+        let written = match failed {
+            Some(e) => Err(Error::GraphRegistration {
                 rank: r.rank,
                 reason: format!("this rank could not capture: {e}"),
-            });
+            }),
+            None => r
+                .store
+                .multi_get_timeout(
+                    &keys("calls").iter().map(String::as_str).collect::<Vec<_>>(),
+                    r.timeout,
+                )
+                .and_then(|answers| self.write_slots(r, captured, &mine, &answers)),
+        };
+        let verdict = match &written {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("failed {e}"),
+        };
+        r.store.set(&key("done", r.rank), verdict.as_bytes())?;
+        written?;
+        let verdicts = r.store.multi_get_timeout(
+            &keys("done").iter().map(String::as_str).collect::<Vec<_>>(),
+            r.timeout,
+        )?;
+        for (p, v) in verdicts.iter().enumerate() {
+            if let Some(reason) = String::from_utf8_lossy(v).strip_prefix("failed ") {
+                return Err(Error::GraphRegistration {
+                    rank: r.rank,
+                    reason: format!("rank {p} could not register its tensors: {reason}"),
+                });
+            }
         }
-        let keys: Vec<String> = (0..r.world).map(key).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let answers = r.store.multi_get_timeout(&refs, r.timeout)?;
+        Ok(captured.len())
+    }
+
+    /// Checks every rank's posted calls (`answers`) against this rank's
+    /// (`mine`, of `captured`) and writes their slots.
+    fn write_slots(
+        &mut self,
+        r: &Registration<'_>,
+        captured: &[Captured],
+        mine: &[Posted],
+        answers: &[Vec<u8>],
+    ) -> Result<()> {
         let mut every: Vec<Vec<Posted>> = Vec::with_capacity(r.world);
         for (p, answer) in answers.iter().enumerate() {
             let posted = if p == r.rank {
-                mine.clone()
+                mine.to_vec()
             } else {
                 decode(p, answer).map_err(|e| match e {
                     Error::GraphRegistration { reason, .. } => Error::GraphRegistration {
@@ -198,7 +263,7 @@ impl GraphInputs {
                     ),
                 });
             }
-            for (i, (theirs, ours)) in posted.iter().zip(&mine).enumerate() {
+            for (i, (theirs, ours)) in posted.iter().zip(mine).enumerate() {
                 if theirs.bytes != ours.bytes {
                     return Err(Error::GraphRegistration {
                         rank: r.rank,
@@ -235,8 +300,7 @@ impl GraphInputs {
             if every[r.rank][i].reach == Reach::Staged {
                 flags |= REG_STAGED;
             }
-            let aligned = slot[..r.world].iter().all(|a| a % 16 == 0) && c.addr % 16 == 0;
-            if aligned {
+            if slot[..r.world].iter().all(|a| a % 16 == 0) && c.addr % 16 == 0 {
                 flags |= REG_ALIGNED;
             }
             slot[PEER_MAX] = flags;
@@ -247,22 +311,44 @@ impl GraphInputs {
             let at = table.ptr().offset(first.slot * SLOT_BYTES);
             runtime::copy_htod_sync(table.context(), at, &bytes)?;
         }
-        Ok(captured.len())
+        Ok(())
     }
 
-    /// Peer `peer`'s allocation `handle`, mapped on `device` (once).
+    /// Peer `peer`'s allocation `handle`, mapped on `device` (once per
+    /// process).
     fn open(&mut self, peer: usize, handle: &IpcHandle, device: usize) -> Result<u64> {
-        if let Some((_, _, m)) = self
-            .opened
+        let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
+        opened.retain(|(_, _, m)| m.strong_count() > 0);
+        let found = opened
             .iter()
-            .find(|(p, h, _)| *p == peer && h == handle)
-        {
-            return Ok(m.ptr().addr());
-        }
-        let mapping = PeerMapping::open(device, handle)?;
+            .filter(|(d, h, _)| *d == device && h == handle)
+            .find_map(|(_, _, m)| m.upgrade());
+        let mapping = match found {
+            Some(m) => m,
+            None => {
+                let m = Arc::new(PeerMapping::open(device, handle).map_err(|e| {
+                    Error::GraphRegistration {
+                        rank: peer,
+                        reason: format!("opening rank {peer}'s captured tensor failed: {e}"),
+                    }
+                })?);
+                opened.push((device, *handle, Arc::downgrade(&m)));
+                m
+            }
+        };
+        drop(opened);
         let addr = mapping.ptr().addr();
-        self.opened.push((peer, *handle, mapping));
+        if !self.opened.iter().any(|m| Arc::ptr_eq(m, &mapping)) {
+            self.opened.push(mapping);
+        }
         Ok(addr)
+    }
+
+    /// What must outlive every kernel of the communicator: given to the
+    /// caller to drop where freeing cannot wait on a peer.
+    pub(crate) fn take_memory(&mut self) -> (Option<DeviceBuffer>, Vec<Arc<PeerMapping>>) {
+        self.base = None;
+        (self.table.take(), std::mem::take(&mut self.opened))
     }
 }
 
@@ -399,14 +485,18 @@ mod tests {
     fn slots_are_taken_only_during_a_capture_until_the_table_is_full() {
         // No table yet (`begin` allocates it on a GPU): nothing is taken.
         let mut g = GraphInputs {
-            capturing: true,
+            capturing: Some(std::thread::current().id()),
             ..GraphInputs::default()
         };
         assert_eq!(g.take(0x100, 4), None);
         g.base = Some(0x10_0000);
-        g.capturing = false;
+        g.capturing = None;
         assert_eq!(g.take(0x100, 4), None, "outside a capture");
-        g.capturing = true;
+        g.capturing = Some(std::thread::current().id());
+        // Another thread's calls take nothing (captures are thread-local).
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(g.take(0x100, 4), None, "another thread"));
+        });
         assert_eq!(g.take(0x100, 4), Some(0x10_0000));
         assert_eq!(g.take(0x200, 8), Some(0x10_0000 + SLOT_BYTES as u64));
         let first = g.end();
@@ -425,11 +515,17 @@ mod tests {
                 },
             ]
         );
-        assert!(!g.capturing);
+        assert!(g.capturing.is_none());
+        // A failed capture gives its slots back.
+        g.capturing = Some(std::thread::current().id());
+        g.taken_at_begin = g.taken;
+        assert_eq!(g.take(0x900, 4), Some(0x10_0000 + 2 * SLOT_BYTES as u64));
+        g.end();
+        g.give_back();
         // A second capture goes on after the first one's slots; the last
         // slot is the table's end, and then every later call is refused
         // (on every rank at the same call: they capture the same calls).
-        g.capturing = true;
+        g.capturing = Some(std::thread::current().id());
         for k in 2..GRAPH_INPUT_SLOTS {
             assert_eq!(
                 g.take(k as u64, 4),

@@ -308,7 +308,7 @@ impl IntraNodeComm {
                 NOT_QUEUED => {
                     "a call failed to queue on this rank, so its peers may wait for it".into()
                 }
-                REG_UNREGISTERED => "a graph captured with capture_registered replayed before its tensors were registered (its registration failed)".into(),
+                REG_UNREGISTERED => "a registered call ran whose tensors were never registered (a graph captured on this communicator outside capture_registered's own capture took its slot)".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -356,13 +356,14 @@ impl IntraNodeComm {
     /// large kernel are captured as [`Stream::begin_capture`] would; so is
     /// every call beyond the first [`GRAPH_INPUT_SLOTS`](super::GRAPH_INPUT_SLOTS)
     /// registered ones of a communicator. The captured tensors must stay
-    /// allocated while the graph may replay (their mappings are kept until
-    /// the communicator is dropped). A rank whose tensor CUDA IPC cannot
-    /// share (a stream-ordered pool) copies it through its graph region
-    /// instead. A rank that fails to capture makes the others fail with
-    /// its reason ([`Error::GraphRegistration`]); a graph whose
-    /// registration failed stops at replay with [`Error::IntraNodeFailed`]
-    /// instead of reading unmapped memory.
+    /// allocated until every rank's communicator is dropped (the peers keep
+    /// them mapped). A rank whose tensor CUDA IPC cannot share (a
+    /// stream-ordered pool) while a peer is another process or GPU copies
+    /// it through its graph region instead. A rank that fails to capture
+    /// or to register makes every rank fail with its reason
+    /// ([`Error::GraphRegistration`]), and no rank keeps its graph; its
+    /// slots are given back. One registering capture at a time per
+    /// communicator: another is refused at once.
     ///
     /// ```no_run
     /// # use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
@@ -377,7 +378,8 @@ impl IntraNodeComm {
     /// })?;
     /// // ... write the next input into `t`, then:
     /// graph.launch(&s)?;
-    /// comm.synchronize()?;
+    /// s.synchronize()?;
+    /// comm.check()?;
     /// assert_eq!(comm.usage().registered, 1);
     /// # Ok(()) }
     /// ```
@@ -387,44 +389,18 @@ impl IntraNodeComm {
         stream: &Stream,
         queue: impl FnOnce(&Stream) -> Result<()>,
     ) -> Result<CapturedGraph> {
-        let begun = self.check().and_then(|()| {
-            if stream.device() != self.device {
-                return Err(Error::InvalidCollective {
-                    op: "intra-node capture_registered".into(),
-                    reason: format!(
-                        "expected a stream on cuda:{}, found one on cuda:{}",
-                        self.device,
-                        stream.device()
-                    ),
-                });
-            }
-            self.inputs().begin(self.device)
-        });
-        let began = begun.is_ok();
-        let graph = begun.and_then(|()| {
-            stream.begin_capture()?;
-            let queued = queue(stream);
-            let ended = stream.end_capture();
-            queued.and(ended)
-        });
-        let calls = if began {
-            self.inputs().end()
-        } else {
-            Vec::new()
+        // Refused at once, on this rank alone: the capture under way will
+        // register with the peers.
+        self.inputs().begin(self.device)?;
+        let mut capture = RegisteringCapture {
+            comm: self,
+            store,
+            stream,
+            capturing: false,
+            registered: false,
         };
-        let registered = self.inputs().register(
-            &Registration {
-                store,
-                prefix: &self.prefix,
-                rank: self.rank,
-                world: self.world,
-                device: self.device,
-                memory: &self.memory,
-                timeout: self.timeout,
-            },
-            &calls,
-            graph.as_ref().err(),
-        );
+        let graph = capture.run(queue);
+        let registered = capture.register(graph.as_ref().err());
         let graph = graph?;
         registered?;
         Ok(graph)
@@ -434,6 +410,20 @@ impl IntraNodeComm {
         self.graph_inputs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What [`capture_registered`](IntraNodeComm::capture_registered)
+    /// registers with the peers.
+    fn registration<'a>(&'a self, store: &'a dyn Store) -> Registration<'a> {
+        Registration {
+            store,
+            prefix: &self.prefix,
+            rank: self.rank,
+            world: self.world,
+            device: self.device,
+            memory: &self.memory,
+            timeout: self.timeout,
+        }
     }
 
     /// All-reduces `tensor` in place with `op` across the ranks, queued on
@@ -634,6 +624,74 @@ impl IntraNodeComm {
     }
 }
 
+/// A registering capture under way (see
+/// [`IntraNodeComm::capture_registered`]): registers exactly once, also
+/// when the caller's closure panics (the peers are then told this rank
+/// could not capture, instead of waiting for it).
+struct RegisteringCapture<'a> {
+    comm: &'a IntraNodeComm,
+    store: &'a dyn Store,
+    stream: &'a Stream,
+    /// The stream is capturing.
+    capturing: bool,
+    registered: bool,
+}
+
+impl RegisteringCapture<'_> {
+    /// Captures what `queue` queues.
+    fn run(&mut self, queue: impl FnOnce(&Stream) -> Result<()>) -> Result<CapturedGraph> {
+        let comm = self.comm;
+        comm.check()?;
+        if self.stream.device() != comm.device {
+            return Err(Error::InvalidCollective {
+                op: "intra-node capture_registered".into(),
+                reason: format!(
+                    "expected a stream on cuda:{}, found one on cuda:{}",
+                    comm.device,
+                    self.stream.device()
+                ),
+            });
+        }
+        self.stream.begin_capture()?;
+        self.capturing = true;
+        let queued = queue(self.stream);
+        self.capturing = false;
+        let ended = self.stream.end_capture();
+        queued.and(ended)
+    }
+
+    /// Registers this rank's captured calls, or its failure `failed`.
+    fn register(&mut self, failed: Option<&Error>) -> Result<()> {
+        self.registered = true;
+        let comm = self.comm;
+        let mut inputs = comm.inputs();
+        let calls = inputs.end();
+        let done = inputs.register(&comm.registration(self.store), &calls, failed);
+        if failed.is_some() || done.is_err() {
+            inputs.give_back();
+        }
+        done.map(|_| ())
+    }
+}
+
+impl Drop for RegisteringCapture<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            return;
+        }
+        if self.capturing {
+            // The closure panicked mid-capture: end it, so that the stream
+            // is usable again.
+            drop(self.stream.end_capture());
+        }
+        let panicked =
+            Error::InvalidArgument("capture_registered: the capturing closure panicked".into());
+        if let Err(e) = self.register(Some(&panicked)) {
+            tracing::debug!(rank = self.comm.rank, %e, "registering capture abandoned");
+        }
+    }
+}
+
 impl IntraNodeComm {
     /// Waits (at most `limit`) for the calls this rank queued outside
     /// graphs, then raises the abort word if they are not done (their
@@ -684,6 +742,21 @@ impl Drop for IntraNodeComm {
                 rank = self.rank,
                 "intra-node calls still queued when the communicator was dropped were aborted"
             );
+        }
+        // Unmapping peers' tensors may wait for the device, which a rank
+        // of this process sharing it may keep busy waiting for this one.
+        let graph_memory = self
+            .graph_inputs
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take_memory();
+        if self.memory.shares_context() {
+            let spawned = std::thread::Builder::new()
+                .name("tensorcomm-free".into())
+                .spawn(move || drop(graph_memory));
+            if let Err(e) = spawned {
+                tracing::debug!(%e, "no thread to unmap registered tensors on: unmapped here");
+            }
         }
     }
 }
