@@ -357,10 +357,10 @@ pub enum Error {
     #[error("the peer-memory communicator of rank {rank} is unusable: {reason}")]
     IntraNodeFailed { rank: usize, reason: String },
     /// Registering the tensors of a graph captured with
-    /// `IntraNodeComm::capture_registered` failed on rank `rank` (a rank
-    /// could not capture, or the ranks' captured calls differ); replays
-    /// of that graph stop with [`Error::IntraNodeFailed`], other calls
-    /// are unaffected.
+    /// `IntraNodeComm::capture_registered` failed, as rank `rank` reports
+    /// (a rank could not capture or register, or the ranks' captured
+    /// calls differ): no rank keeps that graph; other calls are
+    /// unaffected.
     #[error("registering the tensors of a captured graph failed on rank {rank}: {reason}")]
     GraphRegistration { rank: usize, reason: String },
     /// NVRTC could not compile a kernel.

@@ -774,12 +774,13 @@ enum Inputs {
 
 /// One rank of the registered-capture tests: captures, in one graph, a
 /// push call, the calls of [`registered_calls`] and a call for the large
-/// kernel (tensors as `inputs` says), then replays it on new inputs with
-/// eager push and one-shot calls between replays, checking every result
-/// bit for bit; `first_call` numbers the inputs. With `back_to_back`
+/// kernel (tensors as `inputs` says), all with `op`, then replays it on
+/// new inputs with eager push and one-shot SUM calls between replays,
+/// checking every result bit for bit; `first_call` numbers the inputs. With `back_to_back`
 /// (ranks that are processes), three replays at a time are queued before
 /// the stream is waited for, each on inputs copied in on the stream and
-/// its results copied out.
+/// its results copied out. Gives the captured tensors back: they must
+/// stay allocated until every rank's communicator is dropped.
 fn registered_rank_calls(
     c: &IntraNodeComm,
     s: &Stream,
@@ -787,7 +788,8 @@ fn registered_rank_calls(
     first_call: usize,
     inputs: Inputs,
     back_to_back: bool,
-) {
+    op: ReduceOp,
+) -> Vec<Tensor<'static>> {
     let world = c.world();
     let before = c.usage();
     let mut calls = vec![(DType::F32, push_max(world) / 8, 0)];
@@ -816,9 +818,7 @@ fn registered_rank_calls(
     let graph = c
         .capture_registered(store, s, |s| {
             for t in &tensors {
-                algos
-                    .borrow_mut()
-                    .push(c.all_reduce_on(t, ReduceOp::Sum, s)?);
+                algos.borrow_mut().push(c.all_reduce_on(t, op, s)?);
             }
             Ok(())
         })
@@ -839,10 +839,8 @@ fn registered_rank_calls(
         "only one-shot and two-shot calls register: {after:?}"
     );
     let mut failures = Vec::new();
-    let mut check = |t: &Tensor<'_>, call: usize, what: String| {
-        if let Err(e) =
-            std::panic::catch_unwind(|| assert_reference(t, ReduceOp::Sum, world, call, &what))
-        {
+    let mut check = |t: &Tensor<'_>, op: ReduceOp, call: usize, what: String| {
+        if let Err(e) = std::panic::catch_unwind(|| assert_reference(t, op, world, call, &what)) {
             failures.push(e);
         }
     };
@@ -887,6 +885,7 @@ fn registered_rank_calls(
                 for (k, o) in outs.iter().enumerate() {
                     check(
                         o,
+                        op,
                         n,
                         format!("rank {} of {world}: replay {n}, call {k}", c.rank()),
                     );
@@ -902,6 +901,7 @@ fn registered_rank_calls(
             for (k, t) in tensors.iter().enumerate() {
                 check(
                     t,
+                    op,
                     call,
                     format!("rank {} of {world}: replay {call}, call {k}", c.rank()),
                 );
@@ -912,7 +912,12 @@ fn registered_rank_calls(
             let e = gpu_input(DType::F32, c.rank(), numel, 0, call);
             c.all_reduce_on(&e, ReduceOp::Sum, s).unwrap();
             s.synchronize().unwrap();
-            check(&e, call, format!("eager {numel} between replays"));
+            check(
+                &e,
+                ReduceOp::Sum,
+                call,
+                format!("eager {numel} between replays"),
+            );
         }
         call += per_round;
     }
@@ -926,6 +931,7 @@ fn registered_rank_calls(
         after.registered,
         "replays are not calls"
     );
+    tensors
 }
 
 #[test]
@@ -939,19 +945,40 @@ fn registered_captures_replay_in_place_on_new_inputs_at_2_and_4_ranks() {
             &format!("registered-{world}"),
             &options(AlgoChoice::Auto, 4 << 20),
         );
-        on_every_rank(&ranks, |c, s| {
+        let kept = on_every_rank(&ranks, |c, s| {
             // An eager call first, so eager and captured calls interleave.
             let t = gpu_input(DType::F32, c.rank(), 3001, 0, 0);
             c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
             s.synchronize().unwrap();
-            registered_rank_calls(c, s, &*store, 0, Inputs::Mixed, false);
-            // A second capture takes the next slots.
-            registered_rank_calls(c, s, &*store, 100, Inputs::Mixed, false);
+            let mut kept =
+                registered_rank_calls(c, s, &*store, 0, Inputs::Mixed, false, ReduceOp::Sum);
+            // A second capture takes the next slots (and averages).
+            kept.extend(registered_rank_calls(
+                c,
+                s,
+                &*store,
+                100,
+                Inputs::Mixed,
+                false,
+                ReduceOp::Avg,
+            ));
             // Tensors from cudarc's stream-ordered pool (which CUDA IPC
             // cannot share) are reached at their addresses: every rank
             // shares this process's context.
-            registered_rank_calls(c, s, &*store, 300, Inputs::F32FromPool, false);
+            kept.extend(registered_rank_calls(
+                c,
+                s,
+                &*store,
+                300,
+                Inputs::F32FromPool,
+                false,
+                ReduceOp::Max,
+            ));
+            kept
         });
+        // The captured tensors outlive the communicators.
+        drop(ranks);
+        drop(kept);
     }
 }
 
@@ -987,13 +1014,16 @@ fn registered_captures_reach_ranks_in_other_processes_and_a_rank_whose_memory_ip
         } else {
             Inputs::Mixed
         };
-        registered_rank_calls(&c, &s, &store, 0, inputs, true);
+        let kept = registered_rank_calls(&c, &s, &store, 0, inputs, true, ReduceOp::Sum);
         for mut child in children {
             assert!(
                 child.wait().unwrap().success(),
                 "a child rank of {world} ({scenario}) failed"
             );
         }
+        // The captured tensors outlive the communicator.
+        drop(c);
+        drop(kept);
     }
 }
 
@@ -1091,13 +1121,16 @@ fn a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_n
     );
     // The communicators still all-reduce, eagerly and in registered
     // captures (none of the graphs above ever ran).
-    on_every_rank(&ranks, |c, s| {
+    let kept = on_every_rank(&ranks, |c, s| {
         let t = gpu_input(DType::F32, c.rank(), n, 0, 7);
         c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
         s.synchronize().unwrap();
         assert_reference(&t, ReduceOp::Sum, 2, 7, "eager after the failed captures");
-        registered_rank_calls(c, s, &*store, 200, Inputs::Mixed, false);
+        registered_rank_calls(c, s, &*store, 200, Inputs::Mixed, false, ReduceOp::Min)
     });
+    // The captured tensors outlive the communicators.
+    drop(ranks);
+    drop(kept);
 }
 
 // ---- ranks as processes (CUDA IPC) ----------------------------------------
@@ -1184,12 +1217,19 @@ fn child_rank_entry() {
         "registered" | "registered-pool" => options(AlgoChoice::Auto, 4 << 20),
         _ => options(AlgoChoice::Auto, 1 << 20),
     };
+    // The captured tensors outlive the communicator (dropped below).
+    let mut kept = Vec::new();
     let c = IntraNodeComm::new(&store, "procs", rank, world, 0, &opts).unwrap();
     let s = Stream::new(0).unwrap();
     match scenario.as_str() {
         "calls" => process_rank_calls(&c, &s),
-        "registered" => registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed, true),
-        "registered-pool" => registered_rank_calls(&c, &s, &store, 0, Inputs::F32FromPool, true),
+        "registered" => {
+            kept = registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed, true, ReduceOp::Sum)
+        }
+        "registered-pool" => {
+            kept =
+                registered_rank_calls(&c, &s, &store, 0, Inputs::F32FromPool, true, ReduceOp::Sum)
+        }
         "late" => {
             // The gave-up test's rank 1: comes 5 s late, and must fail.
             std::thread::sleep(Duration::from_secs(5));
@@ -1207,6 +1247,8 @@ fn child_rank_entry() {
         }
         other => panic!("scenario {other}"),
     }
+    drop(c);
+    drop(kept);
 }
 
 fn spawn_child(

@@ -236,8 +236,8 @@ pub struct AlgoUsage {
     pub large: u64,
     /// Calls that fell back (counted by callers that fall back).
     pub none: u64,
-    /// Of the one-shot and two-shot calls, those captured on registered
-    /// tensors ([`IntraNodeComm::capture_registered`](super::IntraNodeComm::capture_registered)).
+    /// Of the one-shot and two-shot calls, those captured on tensors
+    /// registered with every rank ([`IntraNodeComm::capture_registered`](super::IntraNodeComm::capture_registered)).
     pub registered: u64,
 }
 
@@ -250,8 +250,8 @@ impl UsageCounters {
         self.0[algo.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn count_registered(&self) {
-        self.1.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count_registered(&self, calls: u64) {
+        self.1.fetch_add(calls, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> AlgoUsage {
@@ -333,7 +333,7 @@ mod tests {
         c.count(AllReduceAlgo::TwoShot);
         c.count(AllReduceAlgo::TwoShot);
         c.count(AllReduceAlgo::None);
-        c.count_registered();
+        c.count_registered(1);
         assert_eq!(
             c.snapshot(),
             AlgoUsage {

@@ -10,9 +10,11 @@
 //! posts its captured tensors (IPC handle and offset of each allocation)
 //! through the store, opens its peers' (once per allocation) and writes
 //! the slots. A rank whose tensor CUDA IPC cannot share (a stream-ordered
-//! pool, a virtual-memory mapping) while a peer is another process
-//! "stages" that call: its slot points every rank at its graph region, and
-//! its kernel copies the tensor in before and out after.
+//! pool, a virtual-memory mapping), unless every rank is a thread of one
+//! process on one GPU, "stages" that call: its slot points every rank at
+//! its graph region, and its kernel copies the tensor in before and out
+//! after. Registrations happen under the communicator's lock, so a
+//! capture begun meanwhile waits for the registration under way.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::ThreadId;
@@ -48,8 +50,8 @@ pub(crate) struct Captured {
 enum Reach {
     /// Through the allocation's IPC handle, at this offset.
     Ipc(IpcHandle, u64),
-    /// Only at its address, by ranks of its own process (it could not be
-    /// exported, and every rank is a thread of one process).
+    /// Only at its address (it could not be exported, and every rank is a
+    /// thread of one process on one GPU, sharing its context).
     Direct,
     /// Through the rank's graph region (it could not be exported).
     Staged,
@@ -68,7 +70,8 @@ struct Posted {
 #[derive(Default)]
 pub(crate) struct GraphInputs {
     /// [`GRAPH_INPUT_SLOTS`] slots, allocated when the first registering
-    /// capture begins (never during one: allocating there is not allowed).
+    /// capture begins (before its capture: allocating during one is not
+    /// allowed).
     table: Option<DeviceBuffer>,
     /// The table's device address.
     base: Option<u64>,
@@ -105,23 +108,29 @@ pub(crate) struct Registration<'a> {
 }
 
 impl GraphInputs {
-    /// Begins a registering capture on this thread, allocating the table
-    /// on GPU `device` the first time.
-    pub(crate) fn begin(&mut self, device: usize) -> Result<()> {
+    /// Begins a registering capture on this thread (refused while another
+    /// one captures).
+    pub(crate) fn begin(&mut self) -> Result<()> {
         if self.capturing.is_some() {
             return Err(Error::InvalidArgument(
                 "capture_registered: expected no other registering capture on this communicator, found one under way"
                     .into(),
             ));
         }
+        self.capturing = Some(std::thread::current().id());
+        self.taken_at_begin = self.taken;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Allocates the table on GPU `device`, the first time (before the
+    /// capture: allocating during one is not allowed).
+    pub(crate) fn ensure_table(&mut self, device: usize) -> Result<()> {
         if self.table.is_none() {
             let table = DeviceBuffer::zeros(device, GRAPH_INPUT_SLOTS * SLOT_BYTES)?;
             self.base = Some(table.ptr().addr());
             self.table = Some(table);
         }
-        self.capturing = Some(std::thread::current().id());
-        self.taken_at_begin = self.taken;
-        self.pending.clear();
         Ok(())
     }
 
@@ -168,9 +177,6 @@ impl GraphInputs {
     ) -> Result<usize> {
         let generation = self.generation;
         self.generation += 1;
-        let key =
-            |round: &str, rank: usize| format!("{}/graph/{generation}/{round}/{rank}", r.prefix);
-        let keys = |round: &str| -> Vec<String> { (0..r.world).map(|p| key(round, p)).collect() };
         // Whether every rank shares this rank's CUDA context (threads of
         // one process on one GPU): only then can a tensor that cannot be
         // exported be reached at its address (pool memory follows no
@@ -196,38 +202,20 @@ impl GraphInputs {
             Some(e) => format!("failed {e}"),
             None => encode(&mine),
         };
-        r.store.set(&key("calls", r.rank), text.as_bytes())?;
-        let written = match failed {
+        let round = Rounds {
+            store: r.store,
+            prefix: format!("{}/graph/{generation}", r.prefix),
+            rank: r.rank,
+            world: r.world,
+            timeout: r.timeout,
+        };
+        round.exchange(&text, |answers| match failed {
             Some(e) => Err(Error::GraphRegistration {
                 rank: r.rank,
                 reason: format!("this rank could not capture: {e}"),
             }),
-            None => r
-                .store
-                .multi_get_timeout(
-                    &keys("calls").iter().map(String::as_str).collect::<Vec<_>>(),
-                    r.timeout,
-                )
-                .and_then(|answers| self.write_slots(r, captured, &mine, &answers)),
-        };
-        let verdict = match &written {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("failed {e}"),
-        };
-        r.store.set(&key("done", r.rank), verdict.as_bytes())?;
-        written?;
-        let verdicts = r.store.multi_get_timeout(
-            &keys("done").iter().map(String::as_str).collect::<Vec<_>>(),
-            r.timeout,
-        )?;
-        for (p, v) in verdicts.iter().enumerate() {
-            if let Some(reason) = String::from_utf8_lossy(v).strip_prefix("failed ") {
-                return Err(Error::GraphRegistration {
-                    rank: r.rank,
-                    reason: format!("rank {p} could not register its tensors: {reason}"),
-                });
-            }
-        }
+            None => self.write_slots(r, captured, &mine, answers),
+        })?;
         Ok(captured.len())
     }
 
@@ -327,9 +315,11 @@ impl GraphInputs {
             Some(m) => m,
             None => {
                 let m = Arc::new(PeerMapping::open(device, handle).map_err(|e| {
-                    Error::GraphRegistration {
-                        rank: peer,
-                        reason: format!("opening rank {peer}'s captured tensor failed: {e}"),
+                    Error::PeerProtocol {
+                        peer,
+                        expected: "the IPC handle of a captured tensor this process can open"
+                            .into(),
+                        found: format!("one that failed to open: {e}"),
                     }
                 })?);
                 opened.push((device, *handle, Arc::downgrade(&m)));
@@ -349,6 +339,58 @@ impl GraphInputs {
     pub(crate) fn take_memory(&mut self) -> (Option<DeviceBuffer>, Vec<Arc<PeerMapping>>) {
         self.base = None;
         (self.table.take(), std::mem::take(&mut self.opened))
+    }
+}
+
+/// The two store rounds of one registration.
+struct Rounds<'a> {
+    store: &'a dyn Store,
+    /// This registration's keys.
+    prefix: String,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+}
+
+impl Rounds<'_> {
+    fn keys(&self, round: &str) -> Vec<String> {
+        (0..self.world)
+            .map(|p| format!("{}/{round}/{p}", self.prefix))
+            .collect()
+    }
+
+    /// Posts `mine` and gives every rank's posts to `write`; then posts
+    /// whether `write` succeeded and fails unless every rank's did, so
+    /// that no rank keeps a graph whose peers could not register theirs.
+    /// Every rank posts both rounds whatever happens to it between them
+    /// (only a store that fails can leave the peers waiting, for the
+    /// timeout).
+    fn exchange(&self, mine: &str, write: impl FnOnce(&[Vec<u8>]) -> Result<()>) -> Result<()> {
+        let calls = self.keys("calls");
+        self.store.set(&calls[self.rank], mine.as_bytes())?;
+        let refs: Vec<&str> = calls.iter().map(String::as_str).collect();
+        let written = self
+            .store
+            .multi_get_timeout(&refs, self.timeout)
+            .and_then(|answers| write(&answers));
+        let verdict = match &written {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("failed {e}"),
+        };
+        let done = self.keys("done");
+        self.store.set(&done[self.rank], verdict.as_bytes())?;
+        written?;
+        let refs: Vec<&str> = done.iter().map(String::as_str).collect();
+        let verdicts = self.store.multi_get_timeout(&refs, self.timeout)?;
+        for (p, v) in verdicts.iter().enumerate() {
+            if let Some(reason) = String::from_utf8_lossy(v).strip_prefix("failed ") {
+                return Err(Error::GraphRegistration {
+                    rank: self.rank,
+                    reason: format!("rank {p} could not register its tensors: {reason}"),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -440,6 +482,72 @@ mod tests {
                 reach: Reach::Direct,
             },
         ]
+    }
+
+    /// Runs `exchange` on `world` threads over one store; rank `bad`'s
+    /// write fails.
+    fn exchange_with_one_failing_write(world: usize, bad: usize) -> Vec<Result<()>> {
+        let store = crate::store::HashStore::new();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let rounds = Rounds {
+                            store,
+                            prefix: "t/graph/0".into(),
+                            rank,
+                            world,
+                            timeout: Duration::from_secs(20),
+                        };
+                        rounds.exchange(&format!("ok {rank}"), |answers| {
+                            let seen: Vec<String> = answers
+                                .iter()
+                                .map(|a| String::from_utf8_lossy(a).into_owned())
+                                .collect();
+                            assert_eq!(
+                                seen,
+                                (0..world).map(|p| format!("ok {p}")).collect::<Vec<_>>()
+                            );
+                            if rank == bad {
+                                Err(Error::InvalidArgument(
+                                    "the slots could not be written".into(),
+                                ))
+                            } else {
+                                Ok(())
+                            }
+                        })
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_rank_that_fails_after_the_first_round_fails_every_rank_by_name_without_waiting() {
+        let started = std::time::Instant::now();
+        let results = exchange_with_one_failing_write(3, 2);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        for (rank, r) in results.iter().enumerate() {
+            let e = r.as_ref().unwrap_err().to_string();
+            if rank == 2 {
+                assert!(e.contains("the slots could not be written"), "{e}");
+            } else {
+                assert!(
+                    e.contains("rank 2 could not register its tensors")
+                        && e.contains("the slots could not be written"),
+                    "rank {rank}: {e}"
+                );
+            }
+        }
+        // And when every write succeeds, every rank does.
+        let results = exchange_with_one_failing_write(3, 99);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
     }
 
     #[test]

@@ -357,13 +357,19 @@ impl IntraNodeComm {
     /// every call beyond the first [`GRAPH_INPUT_SLOTS`](super::GRAPH_INPUT_SLOTS)
     /// registered ones of a communicator. The captured tensors must stay
     /// allocated until every rank's communicator is dropped (the peers keep
-    /// them mapped). A rank whose tensor CUDA IPC cannot share (a
-    /// stream-ordered pool) while a peer is another process or GPU copies
-    /// it through its graph region instead. A rank that fails to capture
-    /// or to register makes every rank fail with its reason
-    /// ([`Error::GraphRegistration`]), and no rank keeps its graph; its
-    /// slots are given back. One registering capture at a time per
-    /// communicator: another is refused at once.
+    /// them mapped: a process maps each peer allocation once, for all its
+    /// communicators). A rank whose tensor CUDA IPC cannot share (a
+    /// stream-ordered pool) copies it through its graph region instead,
+    /// unless every rank is a thread of one process on one GPU. A rank
+    /// that fails to capture or to register makes every rank fail with
+    /// its reason ([`Error::GraphRegistration`]), and no rank keeps its
+    /// graph; its slots are given back. (Only a store that fails between
+    /// the two rounds of a registration can leave ranks disagreeing: a
+    /// rank that kept its graph then stops its replays at the kernel
+    /// timeout.) One registering capture at a time per communicator:
+    /// another begun while one captures is refused at once; one begun
+    /// while one registers waits for it. Every capture begun on this
+    /// thread inside `queue` registers its calls too.
     ///
     /// ```no_run
     /// # use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
@@ -391,7 +397,7 @@ impl IntraNodeComm {
     ) -> Result<CapturedGraph> {
         // Refused at once, on this rank alone: the capture under way will
         // register with the peers.
-        self.inputs().begin(self.device)?;
+        self.inputs().begin()?;
         let mut capture = RegisteringCapture {
             comm: self,
             store,
@@ -467,17 +473,13 @@ impl IntraNodeComm {
         }
         let (_, ptr) = tensor.cuda_ptr()?;
         let peer_op = peer_op(op).expect("checked by why_not");
-        let registered = match self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
-            Ok(registered) => registered,
-            Err(e) => {
-                self.refuse_later_calls(&e);
-                return Err(e);
-            }
-        };
-        self.usage.count(algo);
-        if registered {
-            self.usage.count_registered();
+        if let Err(e) = self.launch(stream, algo, tensor, ptr.addr(), peer_op) {
+            self.refuse_later_calls(&e);
+            return Err(e);
         }
+        // Registered calls are counted once registered too (see
+        // `RegisteringCapture::register`).
+        self.usage.count(algo);
         Ok(algo)
     }
 
@@ -496,8 +498,9 @@ impl IntraNodeComm {
         }
     }
 
-    /// Queues the kernels of one call; true when it is a registered one
-    /// (see [`capture_registered`](IntraNodeComm::capture_registered)).
+    /// Queues the kernels of one call (a registered one inside a
+    /// registering capture, see
+    /// [`capture_registered`](IntraNodeComm::capture_registered)).
     fn launch(
         &self,
         stream: &Stream,
@@ -505,7 +508,7 @@ impl IntraNodeComm {
         tensor: &Tensor<'_>,
         addr: u64,
         op: PeerOp,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let capturing = stream.is_capturing()?;
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let one_at_a_time = !capturing && self.memory.shares_context();
@@ -620,7 +623,7 @@ impl IntraNodeComm {
                 last.done = None;
             }
         }
-        Ok(table.is_some())
+        Ok(())
     }
 }
 
@@ -642,6 +645,7 @@ impl RegisteringCapture<'_> {
     fn run(&mut self, queue: impl FnOnce(&Stream) -> Result<()>) -> Result<CapturedGraph> {
         let comm = self.comm;
         comm.check()?;
+        comm.inputs().ensure_table(comm.device)?;
         if self.stream.device() != comm.device {
             return Err(Error::InvalidCollective {
                 op: "intra-node capture_registered".into(),
@@ -669,6 +673,8 @@ impl RegisteringCapture<'_> {
         let done = inputs.register(&comm.registration(self.store), &calls, failed);
         if failed.is_some() || done.is_err() {
             inputs.give_back();
+        } else {
+            comm.usage.count_registered(calls.len() as u64);
         }
         done.map(|_| ())
     }
@@ -743,8 +749,9 @@ impl Drop for IntraNodeComm {
                 "intra-node calls still queued when the communicator was dropped were aborted"
             );
         }
-        // Unmapping peers' tensors may wait for the device, which a rank
-        // of this process sharing it may keep busy waiting for this one.
+        // Unmapping peers' tensors (ranks in other processes) may wait for
+        // the device, which a rank of this process sharing it may keep
+        // busy waiting for this one.
         let graph_memory = self
             .graph_inputs
             .get_mut()
