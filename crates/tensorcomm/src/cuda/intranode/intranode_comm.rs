@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::algorithm::{AlgoChoice, AlgoUsage, AllReduceAlgo, UsageCounters};
 use super::graph_inputs::{GraphInputs, Registration};
+use super::registering_capture::RegisteringCapture;
 use super::symmetric_memory::{Rendezvous, SymmetricMemory, GRAPH_REGION};
 use super::topology::{settings_line, PeerPolicy};
 use crate::cuda::kernels::{
@@ -238,6 +239,11 @@ impl IntraNodeComm {
         self.usage.snapshot()
     }
 
+    /// Counts `calls` registered captured calls.
+    pub(super) fn count_registered(&self, calls: u64) {
+        self.usage.count_registered(calls);
+    }
+
     /// Counts a call its caller sent elsewhere (shows as `none` in
     /// [`usage`](IntraNodeComm::usage)).
     pub(crate) fn count_fallback(&self) {
@@ -398,13 +404,7 @@ impl IntraNodeComm {
         // Refused at once, on this rank alone: the capture under way will
         // register with the peers.
         self.inputs().begin()?;
-        let mut capture = RegisteringCapture {
-            comm: self,
-            store,
-            stream,
-            capturing: false,
-            registered: false,
-        };
+        let mut capture = RegisteringCapture::new(self, store, stream);
         let graph = capture.run(queue);
         let registered = capture.register(graph.as_ref().err());
         let graph = graph?;
@@ -412,7 +412,7 @@ impl IntraNodeComm {
         Ok(graph)
     }
 
-    fn inputs(&self) -> std::sync::MutexGuard<'_, GraphInputs> {
+    pub(super) fn inputs(&self) -> std::sync::MutexGuard<'_, GraphInputs> {
         self.graph_inputs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -420,7 +420,7 @@ impl IntraNodeComm {
 
     /// What [`capture_registered`](IntraNodeComm::capture_registered)
     /// registers with the peers.
-    fn registration<'a>(&'a self, store: &'a dyn Store) -> Registration<'a> {
+    pub(super) fn registration<'a>(&'a self, store: &'a dyn Store) -> Registration<'a> {
         Registration {
             store,
             prefix: &self.prefix,
@@ -624,77 +624,6 @@ impl IntraNodeComm {
             }
         }
         Ok(())
-    }
-}
-
-/// A registering capture under way (see
-/// [`IntraNodeComm::capture_registered`]): registers exactly once, also
-/// when the caller's closure panics (the peers are then told this rank
-/// could not capture, instead of waiting for it).
-struct RegisteringCapture<'a> {
-    comm: &'a IntraNodeComm,
-    store: &'a dyn Store,
-    stream: &'a Stream,
-    /// The stream is capturing.
-    capturing: bool,
-    registered: bool,
-}
-
-impl RegisteringCapture<'_> {
-    /// Captures what `queue` queues.
-    fn run(&mut self, queue: impl FnOnce(&Stream) -> Result<()>) -> Result<CapturedGraph> {
-        let comm = self.comm;
-        comm.check()?;
-        comm.inputs().ensure_table(comm.device)?;
-        if self.stream.device() != comm.device {
-            return Err(Error::InvalidCollective {
-                op: "intra-node capture_registered".into(),
-                reason: format!(
-                    "expected a stream on cuda:{}, found one on cuda:{}",
-                    comm.device,
-                    self.stream.device()
-                ),
-            });
-        }
-        self.stream.begin_capture()?;
-        self.capturing = true;
-        let queued = queue(self.stream);
-        self.capturing = false;
-        let ended = self.stream.end_capture();
-        queued.and(ended)
-    }
-
-    /// Registers this rank's captured calls, or its failure `failed`.
-    fn register(&mut self, failed: Option<&Error>) -> Result<()> {
-        self.registered = true;
-        let comm = self.comm;
-        let mut inputs = comm.inputs();
-        let calls = inputs.end();
-        let done = inputs.register(&comm.registration(self.store), &calls, failed);
-        if failed.is_some() || done.is_err() {
-            inputs.give_back();
-        } else {
-            comm.usage.count_registered(calls.len() as u64);
-        }
-        done.map(|_| ())
-    }
-}
-
-impl Drop for RegisteringCapture<'_> {
-    fn drop(&mut self) {
-        if self.registered {
-            return;
-        }
-        if self.capturing {
-            // The closure panicked mid-capture: end it, so that the stream
-            // is usable again.
-            drop(self.stream.end_capture());
-        }
-        let panicked =
-            Error::InvalidArgument("capture_registered: the capturing closure panicked".into());
-        if let Err(e) = self.register(Some(&panicked)) {
-            tracing::debug!(rank = self.comm.rank, %e, "registering capture abandoned");
-        }
     }
 }
 

@@ -14,6 +14,8 @@
 //! - `graph_inputs`: the tensors of captured calls, registered once the
 //!   capture has ended, so that replays need no copy
 //!   ([`IntraNodeComm::capture_registered`]),
+//! - `registering_capture`: one call of
+//!   [`IntraNodeComm::capture_registered`], registering exactly once,
 //! - `intranode_comm`: [`IntraNodeComm`], the communicator.
 //!
 //! The kernels are in [`cuda::kernels`](crate::cuda::kernels)
@@ -23,6 +25,7 @@
 mod algorithm;
 mod graph_inputs;
 mod intranode_comm;
+mod registering_capture;
 mod symmetric_memory;
 mod topology;
 
