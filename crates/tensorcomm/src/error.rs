@@ -361,7 +361,9 @@ pub enum Error {
     /// (a rank could not capture or register, or the ranks' captured
     /// calls differ): no rank keeps that graph; other calls are
     /// unaffected.
-    #[error("registering the tensors of a captured graph failed on rank {rank}: {reason}")]
+    #[error(
+        "registering the tensors of a captured graph failed (as rank {rank} reports): {reason}"
+    )]
     GraphRegistration { rank: usize, reason: String },
     /// NVRTC could not compile a kernel.
     #[error("NVRTC could not compile {kernel} for {arch}: {log}")]

@@ -1110,15 +1110,35 @@ fn a_registering_capture_that_fails_or_differs_on_one_rank_fails_every_rank_by_n
         e.to_string()
     });
     assert!(
-        errors[0].contains("captured 2 calls") && errors[0].contains("found 1 on rank 1"),
+        errors[0].contains("captured 2 one-shot or two-shot calls")
+            && errors[0].contains("found 1 on rank 1"),
         "{}",
         errors[0]
     );
     assert!(
-        errors[1].contains("captured 1 calls") && errors[1].contains("found 2 on rank 0"),
+        errors[1].contains("captured 1 one-shot or two-shot calls")
+            && errors[1].contains("found 2 on rank 0"),
         "{}",
         errors[1]
     );
+    // Then the same size, but rank 1 takes the maximum.
+    let errors = on_every_rank(&ranks, |c, s| {
+        let a = gpu_input(DType::F32, c.rank(), n, 0, 0);
+        let op = if c.rank() == 0 {
+            ReduceOp::Sum
+        } else {
+            ReduceOp::Max
+        };
+        let e = c
+            .capture_registered(&*store, s, |s| c.all_reduce_on(&a, op, s).map(|_| ()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, Error::GraphRegistration { .. }), "{e}");
+        e.to_string()
+    });
+    for e in &errors {
+        assert!(e.contains("f32/Sum") && e.contains("f32/Max"), "{e}");
+    }
     // The communicators still all-reduce, eagerly and in registered
     // captures (none of the graphs above ever ran).
     let kept = on_every_rank(&ranks, |c, s| {

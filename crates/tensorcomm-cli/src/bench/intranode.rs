@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tensorcomm::cpu::backend::{CpuOptions, ProcessGroupCpu};
-use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
+use tensorcomm::cuda::intranode::{
+    AllReduceAlgo, IntraNodeComm, IntraNodeOptions, GRAPH_INPUT_SLOTS,
+};
 use tensorcomm::cuda::runtime::{self, CapturedGraph, Event, MappedWords, Stream};
 use tensorcomm::rendezvous::rendezvous;
 use tensorcomm::store::{HashStore, Store};
@@ -135,6 +137,9 @@ fn rank_body(
         ranks,
         &CpuOptions::default(),
     )?;
+    // Tensors of registered graphs, kept until the communicator is gone
+    // (declared first, dropped last).
+    let mut kept: Vec<Tensor<'static>> = Vec::new();
     let comm = IntraNodeComm::new(
         &*store,
         "bench",
@@ -267,14 +272,42 @@ fn rank_body(
         };
         let replays = time_replays(&graph)?;
         comm.check()?;
+        let before = comm.usage().registered;
         let registered = comm.capture_registered(&*store, &stream, |s| {
             for _ in 0..GRAPH_CALLS {
                 comm.all_reduce_on(&data, ReduceOp::Sum, s)?;
             }
             Ok(())
         })?;
+        let took = comm.usage().registered - before;
+        if took > 0 {
+            // Peers keep registered tensors mapped: they must outlive
+            // the communicator.
+            kept.push(data.clone());
+        }
+        if took < GRAPH_CALLS as u64
+            && matches!(algo, AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot)
+        {
+            stdout.line(format_args!(
+                "# reg at {} B: {took} of {GRAPH_CALLS} calls registered (the communicator's {GRAPH_INPUT_SLOTS} slots ran out), the rest captured as in graph",
+                n * dtype.size()
+            ));
+        }
         let registered_replays = time_replays(&registered)?;
         comm.check()?;
+        // One more replay, checked: GRAPH_CALLS sums in place, each after
+        // the first multiplying every element by the number of ranks.
+        data.copy_from_on(&fresh, &stream)?;
+        registered.launch(&stream)?;
+        stream.synchronize()?;
+        comm.check()?;
+        let mut after_replay = want;
+        for _ in 1..GRAPH_CALLS {
+            // Rounded to the dtype, as the kernel stores each result.
+            after_replay =
+                data::decode(&data::make(dtype, 1, |_| after_replay * ranks as f64)?)?[0];
+        }
+        correct &= all_equal(&data, after_replay)?;
         // Calls the host waits for one by one, as a synchronous caller
         // (and the CPU group's device path) does; the ranks start together.
         let mut sync = Vec::new();

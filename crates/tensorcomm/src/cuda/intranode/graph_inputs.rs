@@ -17,7 +17,6 @@
 //! capture begun meanwhile waits for the registration under way.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use super::symmetric_memory::{SymmetricMemory, GRAPH_REGION};
@@ -35,7 +34,7 @@ pub const GRAPH_INPUT_SLOTS: usize = 4096;
 const SLOT_BYTES: usize = REG_WORDS * 8;
 
 /// A call captured on a registered tensor, waiting for registration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Captured {
     /// Its slot of the table.
     pub(crate) slot: usize,
@@ -43,6 +42,9 @@ pub(crate) struct Captured {
     pub(crate) addr: u64,
     /// The tensor's bytes.
     pub(crate) bytes: usize,
+    /// What the call does, as one word: dtype and op (`bf16/Sum`), which
+    /// every rank's call must match.
+    pub(crate) what: String,
 }
 
 /// How a rank's tensor of one captured call is reached, as it posts it.
@@ -61,6 +63,7 @@ enum Reach {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Posted {
     bytes: usize,
+    what: String,
     addr: u64,
     reach: Reach,
 }
@@ -81,9 +84,9 @@ pub(crate) struct GraphInputs {
     /// one gives its slots back, so that every rank's next capture takes
     /// the same slots as the others').
     taken_at_begin: usize,
-    /// The thread of the registering capture under way: only its calls
-    /// take slots (captures are thread-local).
-    capturing: Option<ThreadId>,
+    /// The stream of the registering capture under way (its raw handle):
+    /// only calls queued on it take slots.
+    capturing: Option<usize>,
     pending: Vec<Captured>,
     /// Registrations so far: names each one's store keys.
     generation: u64,
@@ -108,16 +111,16 @@ pub(crate) struct Registration<'a> {
 }
 
 impl GraphInputs {
-    /// Begins a registering capture on this thread (refused while another
-    /// one captures).
-    pub(crate) fn begin(&mut self) -> Result<()> {
+    /// Begins a registering capture on the stream whose raw handle is
+    /// `stream` (refused while another one captures).
+    pub(crate) fn begin(&mut self, stream: usize) -> Result<()> {
         if self.capturing.is_some() {
             return Err(Error::InvalidArgument(
                 "capture_registered: expected no other registering capture on this communicator, found one under way"
                     .into(),
             ));
         }
-        self.capturing = Some(std::thread::current().id());
+        self.capturing = Some(stream);
         self.taken_at_begin = self.taken;
         self.pending.clear();
         Ok(())
@@ -134,19 +137,31 @@ impl GraphInputs {
         Ok(())
     }
 
-    /// During a registering capture, on its thread, the device address of
-    /// a new slot for a call on the `bytes` at `addr`; `None` otherwise or
-    /// when every slot is taken (every rank captures the same calls and
-    /// gives back the slots of failed captures, so all of them run out at
-    /// the same call).
-    pub(crate) fn take(&mut self, addr: u64, bytes: usize) -> Option<u64> {
+    /// During a registering capture, for a call queued on its stream
+    /// (`stream`, a raw handle), the device address of a new slot for the
+    /// call (`what`) on the `bytes` at `addr`; `None` otherwise or when
+    /// every slot is taken (every rank captures the same calls and gives
+    /// back the slots of failed captures, so all of them run out at the
+    /// same call).
+    pub(crate) fn take(
+        &mut self,
+        addr: u64,
+        bytes: usize,
+        what: String,
+        stream: usize,
+    ) -> Option<u64> {
         let base = self.base?;
-        if self.capturing != Some(std::thread::current().id()) || self.taken == GRAPH_INPUT_SLOTS {
+        if self.capturing != Some(stream) || self.taken == GRAPH_INPUT_SLOTS {
             return None;
         }
         let slot = self.taken;
         self.taken += 1;
-        self.pending.push(Captured { slot, addr, bytes });
+        self.pending.push(Captured {
+            slot,
+            addr,
+            bytes,
+            what,
+        });
         Some(base + (slot * SLOT_BYTES) as u64)
     }
 
@@ -162,21 +177,28 @@ impl GraphInputs {
         self.taken = self.taken_at_begin;
     }
 
+    /// The number of the next registration (its store keys).
+    fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation - 1
+    }
+
     /// Registers `captured` with every rank (each calls this with its own
     /// calls of the same capture), or, with `failed`, tells them this rank
     /// could not capture. Two rounds through the store: every rank posts
     /// its calls; then, once it has written its slots (or failed to),
     /// every rank posts whether it did, so that no rank keeps a graph
-    /// whose peers could not register theirs. Returns how many calls were
-    /// registered.
+    /// whose peers could not register theirs. `inputs` is locked only to
+    /// write the slots, not while the store waits for the peers. Returns
+    /// how many calls were registered.
     pub(crate) fn register(
-        &mut self,
+        inputs: &Mutex<GraphInputs>,
         r: &Registration<'_>,
         captured: &[Captured],
         failed: Option<&Error>,
     ) -> Result<usize> {
-        let generation = self.generation;
-        self.generation += 1;
+        let lock = || inputs.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = lock().next_generation();
         // Whether every rank shares this rank's CUDA context (threads of
         // one process on one GPU): only then can a tensor that cannot be
         // exported be reached at its address (pool memory follows no
@@ -187,6 +209,7 @@ impl GraphInputs {
             .iter()
             .map(|c| Posted {
                 bytes: c.bytes,
+                what: c.what.clone(),
                 addr: c.addr,
                 reach: match export_address(r.device, DevicePtr(c.addr)) {
                     Ok((handle, offset)) => Reach::Ipc(handle, offset),
@@ -214,7 +237,7 @@ impl GraphInputs {
                 rank: r.rank,
                 reason: format!("this rank could not capture: {e}"),
             }),
-            None => self.write_slots(r, captured, &mine, answers),
+            None => lock().write_slots(r, captured, &mine, answers),
         })?;
         Ok(captured.len())
     }
@@ -245,19 +268,19 @@ impl GraphInputs {
                 return Err(Error::GraphRegistration {
                     rank: r.rank,
                     reason: format!(
-                        "expected every rank to have captured {} calls on this communicator (as this rank did), found {} on rank {p}",
+                        "expected every rank to have captured {} one-shot or two-shot calls (as this rank did), found {} on rank {p}",
                         mine.len(),
                         posted.len()
                     ),
                 });
             }
             for (i, (theirs, ours)) in posted.iter().zip(mine).enumerate() {
-                if theirs.bytes != ours.bytes {
+                if (theirs.bytes, &theirs.what) != (ours.bytes, &ours.what) {
                     return Err(Error::GraphRegistration {
                         rank: r.rank,
                         reason: format!(
-                            "captured call {i}: expected {} bytes on every rank (as on this one), found {} on rank {p}",
-                            ours.bytes, theirs.bytes
+                            "registered call {i}: expected {} bytes, {} on every rank (as on this one), found {} bytes, {} on rank {p}",
+                            ours.bytes, ours.what, theirs.bytes, theirs.what
                         ),
                     });
                 }
@@ -395,13 +418,13 @@ impl Rounds<'_> {
 }
 
 /// A rank's captured calls as it posts them: `ok <n>`, then a line a call,
-/// `<bytes> <addr> ipc <handle> <offset>`, `<bytes> <addr> direct` or
-/// `<bytes> <addr> staged`.
+/// `<bytes> <what> <addr> ipc <handle> <offset>`, `<bytes> <what> <addr>
+/// direct` or `<bytes> <what> <addr> staged`.
 fn encode(calls: &[Posted]) -> String {
     let mut out = format!("ok {}", calls.len());
     for c in calls {
         out.push('\n');
-        out.push_str(&format!("{} {} ", c.bytes, c.addr));
+        out.push_str(&format!("{} {} {} ", c.bytes, c.what, c.addr));
         match &c.reach {
             Reach::Ipc(h, offset) => out.push_str(&format!("ipc {} {offset}", to_hex(&h.0))),
             Reach::Direct => out.push_str("direct"),
@@ -418,7 +441,7 @@ fn decode(peer: usize, raw: &[u8]) -> Result<Vec<Posted>> {
     let bad = |what: &str| {
         Error::PeerProtocol {
         peer,
-        expected: "`ok <n>` and a line `<bytes> <addr> ipc <handle> <offset>`, `... direct` or `... staged` per captured call".into(),
+        expected: "`ok <n>` and a line `<bytes> <what> <addr> ipc <handle> <offset>`, `... direct` or `... staged` per captured call".into(),
         found: format!("{what} in {:?}", String::from_utf8_lossy(raw)),
     }
     };
@@ -439,8 +462,9 @@ fn decode(peer: usize, raw: &[u8]) -> Result<Vec<Posted>> {
         .map(|line| {
             let w: Vec<&str> = line.split(' ').collect();
             let bytes = w.first().and_then(|v| v.parse().ok());
-            let addr = w.get(1).and_then(|v| v.parse().ok());
-            let reach = match w.get(2..) {
+            let what = w.get(1).filter(|v| !v.is_empty()).map(|v| v.to_string());
+            let addr = w.get(2).and_then(|v| v.parse().ok());
+            let reach = match w.get(3..) {
                 Some(["ipc", handle, offset]) => unhex::<64>(handle)
                     .zip(offset.parse().ok())
                     .map(|(h, o)| Reach::Ipc(IpcHandle(h), o)),
@@ -448,8 +472,13 @@ fn decode(peer: usize, raw: &[u8]) -> Result<Vec<Posted>> {
                 Some(["staged"]) => Some(Reach::Staged),
                 _ => None,
             };
-            match (bytes, addr, reach) {
-                (Some(bytes), Some(addr), Some(reach)) => Ok(Posted { bytes, addr, reach }),
+            match (bytes, what, addr, reach) {
+                (Some(bytes), Some(what), Some(addr), Some(reach)) => Ok(Posted {
+                    bytes,
+                    what,
+                    addr,
+                    reach,
+                }),
                 _ => Err(bad(&format!("the line {line:?}"))),
             }
         })
@@ -468,16 +497,19 @@ mod tests {
         vec![
             Posted {
                 bytes: 4096,
+                what: "bf16/Sum".into(),
                 addr: 0x7f00_0000_1000,
                 reach: Reach::Ipc(IpcHandle([7; 64]), 512),
             },
             Posted {
                 bytes: 12,
+                what: "f32/Max".into(),
                 addr: 0x7f00_0000_2004,
                 reach: Reach::Staged,
             },
             Posted {
                 bytes: 8,
+                what: "f16/Avg".into(),
                 addr: 16,
                 reach: Reach::Direct,
             },
@@ -573,8 +605,9 @@ mod tests {
         text = text.replace("ok 3", "ok 4");
         for raw in [
             text.as_bytes().to_vec(),
-            b"ok 1\n12 34 ipc nothex 5".to_vec(),
-            b"ok 1\n12 34 teleport".to_vec(),
+            b"ok 1\n12 f32/Sum 34 ipc nothex 5".to_vec(),
+            b"ok 1\n12 f32/Sum 34 teleport".to_vec(),
+            b"ok 1\n12 34 staged".to_vec(),
             b"ok x".to_vec(),
             b"\xff\xfe".to_vec(),
             b"".to_vec(),
@@ -585,28 +618,31 @@ mod tests {
                 "{:?}: {e}",
                 String::from_utf8_lossy(&raw)
             );
-            assert!(e.to_string().contains("<bytes> <addr>"), "{e}");
+            assert!(e.to_string().contains("<bytes> <what> <addr>"), "{e}");
         }
     }
 
     #[test]
-    fn slots_are_taken_only_during_a_capture_until_the_table_is_full() {
-        // No table yet (`begin` allocates it on a GPU): nothing is taken.
-        let mut g = GraphInputs {
-            capturing: Some(std::thread::current().id()),
-            ..GraphInputs::default()
-        };
-        assert_eq!(g.take(0x100, 4), None);
+    fn slots_are_taken_only_on_the_capturing_stream_until_the_table_is_full() {
+        const S: usize = 0xabc; // the capturing stream's handle
+        let w = || "f32/Sum".to_string();
+        // No table yet (`ensure_table` allocates it on a GPU): nothing.
+        let mut g = GraphInputs::default();
+        g.begin(S).unwrap();
+        assert_eq!(g.take(0x100, 4, w(), S), None);
+        g.end();
         g.base = Some(0x10_0000);
-        g.capturing = None;
-        assert_eq!(g.take(0x100, 4), None, "outside a capture");
-        g.capturing = Some(std::thread::current().id());
-        // Another thread's calls take nothing (captures are thread-local).
-        std::thread::scope(|s| {
-            s.spawn(|| assert_eq!(g.take(0x100, 4), None, "another thread"));
-        });
-        assert_eq!(g.take(0x100, 4), Some(0x10_0000));
-        assert_eq!(g.take(0x200, 8), Some(0x10_0000 + SLOT_BYTES as u64));
+        assert_eq!(g.take(0x100, 4, w(), S), None, "outside a capture");
+        g.begin(S).unwrap();
+        let e = g.begin(S).unwrap_err().to_string();
+        assert!(e.contains("found one under way"), "{e}");
+        // Calls queued on another stream take nothing.
+        assert_eq!(g.take(0x100, 4, w(), 0xdef), None);
+        assert_eq!(g.take(0x100, 4, w(), S), Some(0x10_0000));
+        assert_eq!(
+            g.take(0x200, 8, "bf16/Avg".into(), S),
+            Some(0x10_0000 + SLOT_BYTES as u64)
+        );
         let first = g.end();
         assert_eq!(
             first,
@@ -614,33 +650,37 @@ mod tests {
                 Captured {
                     slot: 0,
                     addr: 0x100,
-                    bytes: 4
+                    bytes: 4,
+                    what: w(),
                 },
                 Captured {
                     slot: 1,
                     addr: 0x200,
-                    bytes: 8
+                    bytes: 8,
+                    what: "bf16/Avg".into(),
                 },
             ]
         );
         assert!(g.capturing.is_none());
         // A failed capture gives its slots back.
-        g.capturing = Some(std::thread::current().id());
-        g.taken_at_begin = g.taken;
-        assert_eq!(g.take(0x900, 4), Some(0x10_0000 + 2 * SLOT_BYTES as u64));
+        g.begin(S).unwrap();
+        assert_eq!(
+            g.take(0x900, 4, w(), S),
+            Some(0x10_0000 + 2 * SLOT_BYTES as u64)
+        );
         g.end();
         g.give_back();
         // A second capture goes on after the first one's slots; the last
         // slot is the table's end, and then every later call is refused
         // (on every rank at the same call: they capture the same calls).
-        g.capturing = Some(std::thread::current().id());
+        g.begin(S).unwrap();
         for k in 2..GRAPH_INPUT_SLOTS {
             assert_eq!(
-                g.take(k as u64, 4),
+                g.take(k as u64, 4, w(), S),
                 Some(0x10_0000 + (k * SLOT_BYTES) as u64)
             );
         }
-        assert_eq!(g.take(0x300, 4), None);
+        assert_eq!(g.take(0x300, 4, w(), S), None);
         let second = g.end();
         assert_eq!(second.len(), GRAPH_INPUT_SLOTS - 2);
         assert_eq!(second[0].slot, 2);

@@ -25,7 +25,9 @@ use crate::{env_vars, Error, Result};
 /// Host word the kernels poll: nonzero stops them.
 const ABORT: usize = 0;
 /// Host word a stopped kernel leaves: `code << 16 | peer` (1 the peer
-/// did not arrive in time, 2 aborted); the host leaves [`NOT_QUEUED`].
+/// did not arrive in time, 2 aborted, 4 a registered call whose slot was
+/// never written, [`REG_UNREGISTERED`]); the host leaves [`NOT_QUEUED`]
+/// (3).
 const STATUS: usize = 1;
 /// [`STATUS`] code of a communicator one of whose calls failed to queue
 /// on this rank: the peers' kernels of that call wait for it, so this
@@ -44,7 +46,9 @@ pub struct IntraNodeOptions {
     /// `TENSORCOMM_INTRANODE_REGION`, else 16 MiB. The large kernel moves
     /// messages in chunks of a region (half a region when captured).
     pub region_bytes: Option<usize>,
-    /// How long set-up waits for the other ranks, and how long a kernel
+    /// How long set-up (and a registration of
+    /// [`capture_registered`](IntraNodeComm::capture_registered)) waits
+    /// for the other ranks, and how long a kernel
     /// waits for a peer before it stops with
     /// [`Error::IntraNodeFailed`]; `None` for the kernel: until
     /// [`IntraNodeComm::abort`].
@@ -314,7 +318,7 @@ impl IntraNodeComm {
                 NOT_QUEUED => {
                     "a call failed to queue on this rank, so its peers may wait for it".into()
                 }
-                REG_UNREGISTERED => "a registered call ran whose tensors were never registered (a graph captured on this communicator outside capture_registered's own capture took its slot)".into(),
+                REG_UNREGISTERED => "a registered call ran whose tensors were never registered".into(),
                 _ => format!("aborted while waiting for peer rank {peer}"),
             };
             return Err(Error::IntraNodeFailed {
@@ -367,15 +371,18 @@ impl IntraNodeComm {
     /// communicators). A rank whose tensor CUDA IPC cannot share (a
     /// stream-ordered pool) copies it through its graph region instead,
     /// unless every rank is a thread of one process on one GPU. A rank
-    /// that fails to capture or to register makes every rank fail with
-    /// its reason ([`Error::GraphRegistration`]), and no rank keeps its
-    /// graph; its slots are given back. (Only a store that fails between
+    /// that fails to capture or to register, or whose registered calls
+    /// differ from the others' (their number, or a call's bytes, dtype or
+    /// op), makes every rank fail with its reason (the others with
+    /// [`Error::GraphRegistration`]), and no rank keeps its graph; its
+    /// slots are given back. (Only a store that fails between
     /// the two rounds of a registration can leave ranks disagreeing: a
     /// rank that kept its graph then stops its replays at the kernel
     /// timeout.) One registering capture at a time per communicator:
     /// another begun while one captures is refused at once; one begun
-    /// while one registers waits for it. Every capture begun on this
-    /// thread inside `queue` registers its calls too.
+    /// while one registers waits for it. Only calls queued on `stream`
+    /// register (calls on streams forked into the capture are captured as
+    /// usual).
     ///
     /// ```no_run
     /// # use tensorcomm::cuda::intranode::{IntraNodeComm, IntraNodeOptions};
@@ -383,7 +390,8 @@ impl IntraNodeComm {
     /// # use tensorcomm::group::ReduceOp;
     /// # use tensorcomm::tensor::{DType, Device, Tensor};
     /// # fn f(comm: &IntraNodeComm, store: &dyn tensorcomm::store::Store) -> tensorcomm::Result<()> {
-    /// let t = Tensor::zeros_on(&[1 << 16], DType::BF16, Device::Cuda(comm.device()))?;
+    /// // 2 MiB: one-shot or two-shot at 2 to 8 ranks (push calls do not register).
+    /// let t = Tensor::zeros_on(&[1 << 20], DType::BF16, Device::Cuda(comm.device()))?;
     /// let s = Stream::new(comm.device())?;
     /// let graph = comm.capture_registered(store, &s, |s| {
     ///     comm.all_reduce_on(&t, ReduceOp::Sum, s).map(|_| ())
@@ -403,7 +411,7 @@ impl IntraNodeComm {
     ) -> Result<CapturedGraph> {
         // Refused at once, on this rank alone: the capture under way will
         // register with the peers.
-        self.inputs().begin()?;
+        self.inputs().begin(stream.raw_id())?;
         let mut capture = RegisteringCapture::new(self, store, stream);
         let graph = capture.run(queue);
         let registered = capture.register(graph.as_ref().err());
@@ -412,10 +420,31 @@ impl IntraNodeComm {
         Ok(graph)
     }
 
+    /// Refuses a stream of another GPU than this rank's.
+    pub(super) fn check_stream(&self, stream: &Stream, op: &str) -> Result<()> {
+        if stream.device() != self.device {
+            return Err(Error::InvalidCollective {
+                op: op.into(),
+                reason: format!(
+                    "expected a stream on cuda:{}, found one on cuda:{}",
+                    self.device,
+                    stream.device()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The registered calls' state, locked.
     pub(super) fn inputs(&self) -> std::sync::MutexGuard<'_, GraphInputs> {
         self.graph_inputs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The registered calls' state.
+    pub(super) fn graph_inputs(&self) -> &Mutex<GraphInputs> {
+        &self.graph_inputs
     }
 
     /// What [`capture_registered`](IntraNodeComm::capture_registered)
@@ -454,16 +483,7 @@ impl IntraNodeComm {
                 reason,
             });
         }
-        if stream.device() != self.device {
-            return Err(Error::InvalidCollective {
-                op: "intra-node all_reduce".into(),
-                reason: format!(
-                    "expected a stream on cuda:{}, found one on cuda:{}",
-                    self.device,
-                    stream.device()
-                ),
-            });
-        }
+        self.check_stream(stream, "intra-node all_reduce")?;
         // Eligible (checked just above): the size alone picks.
         let algo = self
             .algo
@@ -547,9 +567,12 @@ impl IntraNodeComm {
         // Inside a registering capture, one-shot and two-shot calls take
         // a slot of the graph-input table.
         let table = match algo {
-            AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot if capturing => {
-                self.inputs().take(addr, tensor.nbytes())
-            }
+            AllReduceAlgo::OneShot | AllReduceAlgo::TwoShot if capturing => self.inputs().take(
+                addr,
+                tensor.nbytes(),
+                format!("{}/{op:?}", tensor.dtype()),
+                stream.raw_id(),
+            ),
             _ => None,
         };
         let shot = match algo {
@@ -686,7 +709,7 @@ impl Drop for IntraNodeComm {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take_memory();
-        if self.memory.shares_context() {
+        if self.memory.shares_context() && !graph_memory.1.is_empty() {
             let spawned = std::thread::Builder::new()
                 .name("tensorcomm-free".into())
                 .spawn(move || drop(graph_memory));

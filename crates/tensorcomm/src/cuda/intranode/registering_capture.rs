@@ -3,6 +3,7 @@
 //! and then registers the captured tensors with the peers exactly once,
 //! whatever happens in between.
 
+use super::graph_inputs::GraphInputs;
 use super::intranode_comm::IntraNodeComm;
 use crate::cuda::runtime::{CapturedGraph, Stream};
 use crate::store::Store;
@@ -41,17 +42,8 @@ impl<'a> RegisteringCapture<'a> {
     ) -> Result<CapturedGraph> {
         let comm = self.comm;
         comm.check()?;
+        comm.check_stream(self.stream, "intra-node capture_registered")?;
         comm.inputs().ensure_table(comm.device())?;
-        if self.stream.device() != comm.device() {
-            return Err(Error::InvalidCollective {
-                op: "intra-node capture_registered".into(),
-                reason: format!(
-                    "expected a stream on cuda:{}, found one on cuda:{}",
-                    comm.device(),
-                    self.stream.device()
-                ),
-            });
-        }
         self.stream.begin_capture()?;
         self.capturing = true;
         let queued = queue(self.stream);
@@ -64,11 +56,15 @@ impl<'a> RegisteringCapture<'a> {
     pub(super) fn register(&mut self, failed: Option<&Error>) -> Result<()> {
         self.registered = true;
         let comm = self.comm;
-        let mut inputs = comm.inputs();
-        let calls = inputs.end();
-        let done = inputs.register(&comm.registration(self.store), &calls, failed);
+        let calls = comm.inputs().end();
+        let done = GraphInputs::register(
+            comm.graph_inputs(),
+            &comm.registration(self.store),
+            &calls,
+            failed,
+        );
         if failed.is_some() || done.is_err() {
-            inputs.give_back();
+            comm.inputs().give_back();
         } else {
             comm.count_registered(calls.len() as u64);
         }

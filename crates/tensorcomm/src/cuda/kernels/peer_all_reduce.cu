@@ -11,7 +11,9 @@
 // semantics, until rank p's epoch is there. No atomics, no fences, no
 // reset: graph replays count on. Spinning gives up when the host raises
 // `abort_flag` or after `timeout_ns`, and leaves in `status` why
-// (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted. The
+// (code << 16 | peer): 1 the peer did not arrive in time, 2 aborted (3 is
+// the host's, a call that failed to queue; 4 a registered call whose
+// slot was never written, REG_UNREGISTERED). The
 // host words live in host memory: only spinning threads read them, every
 // 256 tries (a read crosses PCIe).
 // Data of peers is read with ld.global.cg (L2, never a stale L1 line).
@@ -171,31 +173,46 @@ __device__ bool peer_barrier(const PeerArgs& a) {
 
 // Vector v (16 bytes) of this rank's tensor at `p`, or the elements of it
 // below numel (the rest left as they were in `out`).
-template <typename Op>
-__device__ __forceinline__ uint4 peer_load_user(const PeerArgs& a, u64 p, u64 v) {
+// Vector v (16 bytes) of the tensor of numel elements at p, or the
+// elements of it below numel (the rest zero): whole when `aligned`,
+// element by element otherwise. With L2, through L2 (data peers write
+// during the call: ld.global.cg, and volatile element loads).
+template <typename Op, bool L2>
+__device__ __forceinline__ uint4 load_vector(u64 p, u64 v, u64 numel, bool aligned) {
   typedef typename Op::S S;
   const int N = 16 / sizeof(S);
   const u64 first = v * N;
-  if (a.io_aligned && first + N <= a.numel) return ((const uint4*)p)[v];
+  if (aligned && first + N <= numel) return L2 ? __ldcg((const uint4*)p + v) : ((const uint4*)p)[v];
   uint4 r = make_uint4(0, 0, 0, 0);
   S* e = (S*)&r;
   for (int j = 0; j < N; ++j)
-    if (first + j < a.numel) e[j] = ((const S*)p)[first + j];
+    if (first + j < numel) e[j] = L2 ? ((const volatile S*)p)[first + j] : ((const S*)p)[first + j];
   return r;
+}
+
+// Stores vector v, or the elements of it below numel, as load_vector reads.
+template <typename Op>
+__device__ __forceinline__ void store_vector(u64 p, u64 v, u64 numel, bool aligned, uint4 x) {
+  typedef typename Op::S S;
+  const int N = 16 / sizeof(S);
+  const u64 first = v * N;
+  if (aligned && first + N <= numel) {
+    ((uint4*)p)[v] = x;
+    return;
+  }
+  const S* e = (const S*)&x;
+  for (int j = 0; j < N; ++j)
+    if (first + j < numel) ((S*)p)[first + j] = e[j];
+}
+
+template <typename Op>
+__device__ __forceinline__ uint4 peer_load_user(const PeerArgs& a, u64 p, u64 v) {
+  return load_vector<Op, false>(p, v, a.numel, a.io_aligned != 0);
 }
 
 template <typename Op>
 __device__ __forceinline__ void peer_store_user(const PeerArgs& a, u64 p, u64 v, uint4 r) {
-  typedef typename Op::S S;
-  const int N = 16 / sizeof(S);
-  const u64 first = v * N;
-  if (a.io_aligned && first + N <= a.numel) {
-    ((uint4*)p)[v] = r;
-    return;
-  }
-  const S* e = (const S*)&r;
-  for (int j = 0; j < N; ++j)
-    if (first + j < a.numel) ((S*)p)[first + j] = e[j];
+  store_vector<Op>(p, v, a.numel, a.io_aligned != 0, r);
 }
 
 // A reduction in f32 of 16-byte vectors, element by element: start with
@@ -594,35 +611,6 @@ __device__ void peer_large(const PeerArgs& a) {
 #define REG_ALIGNED 4u
 #define REG_UNREGISTERED 4u
 
-// Vector v of the tensor of numel elements at p (elements past numel
-// read as zero), through L2 (peers write these during the call).
-template <typename Op>
-__device__ __forceinline__ uint4 reg_load(u64 p, u64 v, u64 numel, bool aligned) {
-  typedef typename Op::S S;
-  const int N = 16 / sizeof(S);
-  const u64 first = v * N;
-  if (aligned && first + N <= numel) return __ldcg((const uint4*)p + v);
-  uint4 r = make_uint4(0, 0, 0, 0);
-  S* e = (S*)&r;
-  for (int j = 0; j < N; ++j)
-    if (first + j < numel) e[j] = ((const volatile S*)p)[first + j];
-  return r;
-}
-
-template <typename Op>
-__device__ __forceinline__ void reg_store(u64 p, u64 v, u64 numel, bool aligned, uint4 x) {
-  typedef typename Op::S S;
-  const int N = 16 / sizeof(S);
-  const u64 first = v * N;
-  if (aligned && first + N <= numel) {
-    ((uint4*)p)[v] = x;
-    return;
-  }
-  const S* e = (const S*)&x;
-  for (int j = 0; j < N; ++j)
-    if (first + j < numel) ((S*)p)[first + j] = e[j];
-}
-
 // Registered: the vectors are cut into `world` slices, and block b of
 // rank r handles part b of slice r. After a barrier (every rank's tensor
 // holds its input), it reads that part of every rank's tensor, reduces it
@@ -671,11 +659,11 @@ __device__ void peer_registered(const PeerArgs& a) {
       uint4 raw[PEER_MAX];
 #pragma unroll
       for (int r = 0; r < PEER_MAX; ++r)
-        if (r < (int)a.world) raw[r] = reg_load<Op>(at[r], v, a.numel, aligned);
+        if (r < (int)a.world) raw[r] = load_vector<Op, true>(at[r], v, a.numel, aligned);
       const uint4 out = peer_reduce_raw<Op>(a, raw);
 #pragma unroll
       for (int r = 0; r < PEER_MAX; ++r)
-        if (r < (int)a.world) reg_store<Op>(at[r], v, a.numel, aligned, out);
+        if (r < (int)a.world) store_vector<Op>(at[r], v, a.numel, aligned, out);
     }
   }
   if (!peer_barrier(a)) return;

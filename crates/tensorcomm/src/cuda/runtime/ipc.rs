@@ -101,13 +101,7 @@ impl SharedAllocation {
     /// The handle another process opens with [`PeerMapping::open`].
     pub fn ipc_handle(&self) -> Result<IpcHandle> {
         self.ctx.bind()?;
-        let mut raw = sys::CUipcMemHandle_st { reserved: [0; 64] };
-        // SAFETY: `raw` is a valid out-pointer; `ptr` is a live cuMemAlloc
-        // block of the current context.
-        check_raw("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(&mut raw, self.ptr)
-        })?;
-        Ok(IpcHandle(raw.reserved.map(|c| c as u8)))
+        handle_of(self.ptr)
     }
 }
 
@@ -147,13 +141,19 @@ pub fn export_address(device: usize, addr: DevicePtr) -> Result<(IpcHandle, u64)
             addr.0,
         )
     })?;
+    Ok((handle_of(base)?, addr.0 - base))
+}
+
+/// The IPC handle of the allocation starting at `base`, in the current
+/// context.
+fn handle_of(base: sys::CUdeviceptr) -> Result<IpcHandle> {
     let mut raw = sys::CUipcMemHandle_st { reserved: [0; 64] };
-    // SAFETY: `raw` is a valid out-pointer; the driver fails cleanly on
-    // memory it cannot export.
+    // SAFETY: `raw` is a valid out-pointer; the driver fails cleanly on an
+    // address that starts no allocation it can export.
     check_raw("cuIpcGetMemHandle", unsafe {
         sys::cuIpcGetMemHandle(&mut raw, base)
     })?;
-    Ok((IpcHandle(raw.reserved.map(|c| c as u8)), addr.0 - base))
+    Ok(IpcHandle(raw.reserved.map(|c| c as u8)))
 }
 
 /// Another process's [`SharedAllocation`], mapped into this process on one

@@ -155,6 +155,12 @@ impl Stream {
     pub(super) fn cu_stream(&self) -> sys::CUstream {
         self.inner.cu_stream()
     }
+
+    /// The driver's handle as a number: equal for every `Stream` of one
+    /// CUDA stream.
+    pub(crate) fn raw_id(&self) -> usize {
+        self.cu_stream() as usize
+    }
 }
 
 /// A point in a stream's work, for ordering other streams after it or for
