@@ -644,33 +644,30 @@ __device__ void peer_registered(const PeerArgs& a) {
   const u64 slice = (nvec + a.world - 1) / a.world;
   const u64 per = (slice + gridDim.x - 1) / gridDim.x;
   uint4* region = (uint4*)a.buf[a.rank];
+  // Block b's part of slice j: [lo, hi) (large_part's cut, one chunk).
+  u64 lo, hi, start;
   if (staged) {
     for (u32 j = 0; j < a.world; ++j) {
-      const u64 lo = j * slice + blockIdx.x * per;
-      const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+      large_part(nvec, slice, per, j, &lo, &hi, &start);
       for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) region[v] = peer_load_user<Op>(a, a.input, v);
     }
   }
   if (!peer_barrier(a)) return;
-  {
-    const u64 lo = a.rank * slice + blockIdx.x * per;
-    const u64 hi = min(min(lo + per, (a.rank + 1) * slice), nvec);
-    for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
-      uint4 raw[PEER_MAX];
+  large_part(nvec, slice, per, a.rank, &lo, &hi, &start);
+  for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+    uint4 raw[PEER_MAX];
 #pragma unroll
-      for (int r = 0; r < PEER_MAX; ++r)
-        if (r < (int)a.world) raw[r] = load_vector<Op, true>(at[r], v, a.numel, aligned);
-      const uint4 out = peer_reduce_raw<Op>(a, raw);
+    for (int r = 0; r < PEER_MAX; ++r)
+      if (r < (int)a.world) raw[r] = load_vector<Op, true>(at[r], v, a.numel, aligned);
+    const uint4 out = peer_reduce_raw<Op>(a, raw);
 #pragma unroll
-      for (int r = 0; r < PEER_MAX; ++r)
-        if (r < (int)a.world) store_vector<Op>(at[r], v, a.numel, aligned, out);
-    }
+    for (int r = 0; r < PEER_MAX; ++r)
+      if (r < (int)a.world) store_vector<Op>(at[r], v, a.numel, aligned, out);
   }
   if (!peer_barrier(a)) return;
   if (staged) {
     for (u32 j = 0; j < a.world; ++j) {
-      const u64 lo = j * slice + blockIdx.x * per;
-      const u64 hi = min(min(lo + per, (j + 1) * slice), nvec);
+      large_part(nvec, slice, per, j, &lo, &hi, &start);
       for (u64 v = lo + threadIdx.x; v < hi; v += blockDim.x) peer_store_user<Op>(a, a.input, v, __ldcg(region + v));
     }
   }
