@@ -52,6 +52,7 @@ pub(crate) fn class_name(error: &Error) -> &'static str {
         },
         Error::GroupBroken { .. }
         | Error::PeerClosed { .. }
+        | Error::LinkShutDownHere { .. }
         | Error::PeerIo { .. }
         | Error::PeerProtocol { .. }
         | Error::MessageSizeMismatch { .. }

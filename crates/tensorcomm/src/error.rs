@@ -189,6 +189,12 @@ pub enum Error {
         during: String,
         reason: String,
     },
+    /// This rank's own side of its connection to `peer` was shut down (by
+    /// this process: its group's abort after an earlier failure, or its
+    /// sockets closed under it), so the transfer failed here, not because
+    /// the peer left. The TCP state says which side closed first.
+    #[error("this rank's connection to rank {peer} was shut down on this rank's side, not by the peer, while {during}")]
+    LinkShutDownHere { peer: usize, during: String },
     /// A peer did not send or accept bytes before the deadline; `timeout`
     /// is how long this rank waited.
     #[error("peer rank {peer} did not respond within {timeout:?} while {during}")]

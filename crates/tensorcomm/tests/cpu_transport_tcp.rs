@@ -696,3 +696,41 @@ fn abort_fails_a_peer_blocked_on_this_rank_at_once() {
     });
     assert!(transports[0].send(1, b"x", soon()).is_err());
 }
+
+/// A rank whose own sockets were shut down (its abort, or something in its
+/// process closing them) must not blame the peer: a write after a local
+/// shutdown fails with a broken pipe and a read ends, just as when the peer
+/// left, and a report naming the peer would send every rank after the
+/// wrong one. The TCP state tells the two apart; the peer still names it.
+#[test]
+fn a_rank_whose_own_side_was_shut_down_says_so_and_its_peer_names_it() {
+    let transports = mesh(3);
+    transports[0].abort();
+    let mut buf = [0u8; 8];
+    for peer in [1, 2] {
+        match transports[0].send(peer, b"x", soon()) {
+            Err(Error::LinkShutDownHere { peer: p, during }) => {
+                assert_eq!(p, peer);
+                assert!(during.contains("sending"), "{during}");
+            }
+            other => panic!("expected LinkShutDownHere naming rank {peer}, got {other:?}"),
+        }
+        match transports[0].recv(peer, &mut buf, soon()) {
+            Err(Error::LinkShutDownHere { peer: p, .. }) => assert_eq!(p, peer),
+            other => panic!("expected LinkShutDownHere naming rank {peer}, got {other:?}"),
+        }
+    }
+    for rank in [1, 2] {
+        match transports[rank].recv(0, &mut buf, soon()) {
+            Err(Error::PeerClosed { peer: 0, .. }) => {}
+            other => panic!("rank {rank}: expected PeerClosed naming rank 0, got {other:?}"),
+        }
+    }
+    // The survivors' own connection is untouched.
+    thread::scope(|s| {
+        s.spawn(|| transports[1].send(2, b"ok", soon()).unwrap());
+        let mut got = [0u8; 2];
+        transports[2].recv(1, &mut got, soon()).unwrap();
+        assert_eq!(&got, b"ok");
+    });
+}

@@ -180,6 +180,10 @@ impl Clone for Error {
                 during: during.clone(),
                 reason: reason.clone(),
             },
+            Error::LinkShutDownHere { peer, during } => Error::LinkShutDownHere {
+                peer: *peer,
+                during: during.clone(),
+            },
             Error::PeerTimeout {
                 peer,
                 during,

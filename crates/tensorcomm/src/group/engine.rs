@@ -507,6 +507,8 @@ fn named(shared: &Shared, fp: &Fingerprint, source: Error) -> Error {
         | Error::PeerIo { peer, .. }
         | Error::PeerProtocol { peer, .. }
         | Error::CollectiveMismatch { peer, .. } => vec![*peer],
+        // The fault is this rank's own.
+        Error::LinkShutDownHere { .. } => vec![shared.rank],
         Error::RanksMissing { missing, .. } => missing.clone(),
         Error::CollectiveTimeout { lagging, .. } => lagging.clone(),
         _ => Vec::new(),

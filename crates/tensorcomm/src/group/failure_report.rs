@@ -414,7 +414,10 @@ impl FailureReport {
 fn may_be_secondary(err: &Error) -> bool {
     matches!(
         err,
-        Error::PeerClosed { .. } | Error::PeerTimeout { .. } | Error::PeerIo { .. }
+        Error::PeerClosed { .. }
+            | Error::PeerTimeout { .. }
+            | Error::PeerIo { .. }
+            | Error::LinkShutDownHere { .. }
     )
 }
 
@@ -552,7 +555,12 @@ impl FailureBoard {
             // peer ran another collective) is most often another rank's
             // doing, which that rank is about to post: it is waited for a
             // little.
-            if is_aborted(&err) {
+            //
+            // A link this rank's own side shut down (its abort after an
+            // earlier failure, or its sockets closed under it) is not a
+            // peer's doing either: it is posted by no one, and the cause
+            // another rank posted, if any, is the one to tell.
+            if is_aborted(&err) || matches!(err, Error::LinkShutDownHere { .. }) {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }

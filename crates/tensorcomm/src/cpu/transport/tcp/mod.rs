@@ -209,6 +209,12 @@ impl TcpTransport {
                     }
                 }
             };
+            if io::shut_down_here(&p.lanes[0].control) {
+                return Err(Error::LinkShutDownHere {
+                    peer,
+                    during: during.into(),
+                });
+            }
             Err(Error::PeerClosed {
                 peer,
                 during: during.into(),
