@@ -88,9 +88,13 @@
 //! `close-sockets` once failed in CI (seed 0x5eed0007, 1 of 18; 60 of 60
 //! from 0x77000 passed before and after the fix): the victim, its sockets
 //! shut down, wrote to rank 4, got a broken pipe, blamed rank 4 and posted
-//! that first, and the survivors told its report. A transfer on a socket
-//! whose own side sent its FIN first now fails with
-//! `LinkShutDownHere`, which posts nothing (`cpu/transport/tcp/io.rs`).
+//! that first, and the survivors told its report. A broken connection
+//! now fails with `LinkShutDownHere`, which posts nothing, when the
+//! transport was aborted or any of its sockets is shut on this side only
+//! (TCP state FIN-WAIT or CLOSING; `whose` in `cpu/transport/tcp/mod.rs`).
+//! Not covered: a rank with a single socket (two ranks, one lane) whose
+//! peer's data reset it before the failure was classified, which reads as
+//! the peer's reset.
 //!
 //! The default seed is fixed so that CI checks the same set every time;
 //! long runs (`clock`, other seeds) explore.

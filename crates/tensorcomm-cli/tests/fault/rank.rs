@@ -73,6 +73,7 @@ fn variant(err: &Error) -> String {
 fn peer_of(err: &Error) -> Option<usize> {
     match err {
         Error::PeerClosed { peer, .. }
+        | Error::LinkShutDownHere { peer, .. }
         | Error::PeerTimeout { peer, .. }
         | Error::PeerIo { peer, .. }
         | Error::PeerProtocol { peer, .. }

@@ -556,11 +556,22 @@ impl FailureBoard {
             // doing, which that rank is about to post: it is waited for a
             // little.
             //
-            // A link this rank's own side shut down (its abort after an
-            // earlier failure, or its sockets closed under it) is not a
-            // peer's doing either: it is posted by no one, and the cause
-            // another rank posted, if any, is the one to tell.
-            if is_aborted(&err) || matches!(err, Error::LinkShutDownHere { .. }) {
+            // A link this rank's own side shut down (its abort after a
+            // failure, or its sockets shut under it) is no peer's doing
+            // either: nothing is posted, and the cause another rank (or
+            // this one, before its abort) settled for this collective, if
+            // any, is the one to tell. An earlier collective's cause is
+            // `earlier_cause`'s, told with that collective's fingerprint.
+            if matches!(err, Error::LinkShutDownHere { .. }) {
+                if let Some(first) = self.posted_up_to(fp.seq).filter(|f| f.seq == fp.seq) {
+                    return first.to_error(fp, rank);
+                }
+                if let Some(own) = self.own_first.get().filter(|own| own.seq == fp.seq) {
+                    return own.to_error(fp, rank);
+                }
+                return err;
+            }
+            if is_aborted(&err) {
                 if let Some(first) = self.posted_up_to(fp.seq) {
                     return first.to_error(fp, rank);
                 }

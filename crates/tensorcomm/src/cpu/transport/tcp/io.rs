@@ -81,16 +81,7 @@ impl Context<'_> {
         }
     }
 
-    /// The error for a connection that ended: the peer closed it or it
-    /// broke, unless `stream`'s own side was shut down first (see
-    /// [`shut_down_here`]).
-    fn closed(&self, done: usize, kind: ErrorKind, stream: &TcpStream) -> Error {
-        if shut_down_here(stream) {
-            return Error::LinkShutDownHere {
-                peer: self.peer,
-                during: self.during(done),
-            };
-        }
+    fn closed(&self, done: usize, kind: ErrorKind) -> Error {
         let reason = match kind {
             ErrorKind::UnexpectedEof => "it closed its TCP connection".to_string(),
             kind => format!("its TCP connection broke ({kind})"),
@@ -103,13 +94,13 @@ impl Context<'_> {
     }
 
     /// Maps an I/O error to a typed error; `None` means "retry".
-    fn classify(&self, err: std::io::Error, done: usize, stream: &TcpStream) -> Option<Error> {
+    fn classify(&self, err: std::io::Error, done: usize) -> Option<Error> {
         match err.kind() {
             ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut => None,
             ErrorKind::BrokenPipe
             | ErrorKind::ConnectionReset
             | ErrorKind::ConnectionAborted
-            | ErrorKind::UnexpectedEof => Some(self.closed(done, err.kind(), stream)),
+            | ErrorKind::UnexpectedEof => Some(self.closed(done, err.kind())),
             _ => Some(Error::PeerIo {
                 peer: self.peer,
                 during: self.during(done),
@@ -119,14 +110,14 @@ impl Context<'_> {
     }
 }
 
-/// True when this end of `stream` sent its FIN before the peer did: its
-/// TCP state is FIN-WAIT-1 or -2, CLOSING or TIME-WAIT. Then a failed
-/// transfer is this process's doing (its own shutdown of the socket), not
-/// the peer's, however the system call reported it (a write after a local
-/// shutdown fails with a broken pipe, a read returns end of stream, just
-/// as when the peer left). A peer that closed first leaves CLOSE-WAIT or
-/// LAST-ACK, a reset CLOSED: those, and any state that cannot be read, say
-/// nothing here.
+/// True when this end of `stream` sent its FIN and the peer has not closed
+/// or reset the connection since: its TCP state is FIN-WAIT-1 or -2 or
+/// CLOSING. Then this process shut the socket down (a write after that
+/// fails with a broken pipe, a read returns end of stream, just as when the
+/// peer left). A peer that closed first leaves CLOSE-WAIT or LAST-ACK; a
+/// reset, and a FIN from the peer after this side's (TIME-WAIT moves to a
+/// separate entry), leave CLOSED, which says nothing: a reset also follows
+/// data a peer sends after this side shut down reading.
 pub(super) fn shut_down_here(stream: &TcpStream) -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -134,7 +125,6 @@ pub(super) fn shut_down_here(stream: &TcpStream) -> bool {
         // Linux's TCP states (include/net/tcp_states.h).
         const FIN_WAIT1: u8 = 4;
         const FIN_WAIT2: u8 = 5;
-        const TIME_WAIT: u8 = 6;
         const CLOSING: u8 = 11;
         // SAFETY: an all-zero tcp_info is a valid value of the plain C
         // struct, which getsockopt fills up to `len` bytes.
@@ -150,9 +140,7 @@ pub(super) fn shut_down_here(stream: &TcpStream) -> bool {
                 &mut len,
             )
         };
-        rc == 0
-            && len >= 1
-            && matches!(info.tcpi_state, FIN_WAIT1 | FIN_WAIT2 | TIME_WAIT | CLOSING)
+        rc == 0 && len >= 1 && matches!(info.tcpi_state, FIN_WAIT1 | FIN_WAIT2 | CLOSING)
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -170,15 +158,13 @@ pub(super) fn write_all(half: &mut Half, data: &[u8], cx: &Context<'_>) -> Resul
             return Err(cx.timeout(done));
         }
         if let Err(e) = half.arm(Direction::Write, remaining) {
-            return Err(cx
-                .classify(e, done, &half.stream)
-                .unwrap_or_else(|| cx.timeout(done)));
+            return Err(cx.classify(e, done).unwrap_or_else(|| cx.timeout(done)));
         }
         match half.stream.write(&data[done..]) {
-            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof, &half.stream)),
+            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof)),
             Ok(n) => done += n,
             Err(e) => {
-                if let Some(err) = cx.classify(e, done, &half.stream) {
+                if let Some(err) = cx.classify(e, done) {
                     return Err(err);
                 }
             }
@@ -196,15 +182,13 @@ pub(super) fn read_exact(half: &mut Half, buf: &mut [u8], cx: &Context<'_>) -> R
             return Err(cx.timeout(done));
         }
         if let Err(e) = half.arm(Direction::Read, remaining) {
-            return Err(cx
-                .classify(e, done, &half.stream)
-                .unwrap_or_else(|| cx.timeout(done)));
+            return Err(cx.classify(e, done).unwrap_or_else(|| cx.timeout(done)));
         }
         match half.stream.read(&mut buf[done..]) {
-            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof, &half.stream)),
+            Ok(0) => return Err(cx.closed(done, ErrorKind::UnexpectedEof)),
             Ok(n) => done += n,
             Err(e) => {
-                if let Some(err) = cx.classify(e, done, &half.stream) {
+                if let Some(err) = cx.classify(e, done) {
                     return Err(err);
                 }
             }
@@ -248,15 +232,13 @@ pub(super) fn exchange_without_blocking(
         let mut progress = false;
         if sent < data.len() {
             match writer.stream.write(&data[sent..]) {
-                Ok(0) => {
-                    break Some(send_cx.closed(sent, ErrorKind::UnexpectedEof, &writer.stream))
-                }
+                Ok(0) => break Some(send_cx.closed(sent, ErrorKind::UnexpectedEof)),
                 Ok(n) => {
                     sent += n;
                     progress = true;
                 }
                 Err(e) => {
-                    if let Some(err) = send_cx.classify(e, sent, &writer.stream) {
+                    if let Some(err) = send_cx.classify(e, sent) {
                         break Some(err);
                     }
                 }
@@ -264,15 +246,13 @@ pub(super) fn exchange_without_blocking(
         }
         if received < buf.len() {
             match reader.stream.read(&mut buf[received..]) {
-                Ok(0) => {
-                    break Some(recv_cx.closed(received, ErrorKind::UnexpectedEof, &reader.stream))
-                }
+                Ok(0) => break Some(recv_cx.closed(received, ErrorKind::UnexpectedEof)),
                 Ok(n) => {
                     received += n;
                     progress = true;
                 }
                 Err(e) => {
-                    if let Some(err) = recv_cx.classify(e, received, &reader.stream) {
+                    if let Some(err) = recv_cx.classify(e, received) {
                         break Some(err);
                     }
                 }

@@ -12,7 +12,10 @@ mod io;
 mod pending_hellos;
 pub(crate) mod setup;
 mod striped;
+#[cfg(test)]
+mod whose_fault_tests;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -163,6 +166,9 @@ pub struct TcpTransport {
     lanes: usize,
     /// The threads that move the stripes of large messages.
     helpers: HelperThreads,
+    /// Set by [`Transport::abort`] before it shuts the connections down:
+    /// a transfer that fails after it failed here, not at the peer.
+    aborted: AtomicBool,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -175,6 +181,35 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
+    /// `err`, a connection to a peer that ended or broke, as
+    /// [`Error::LinkShutDownHere`] when this side shut it down: this
+    /// transport was aborted, or one of its sockets is shut down on this
+    /// side (see [`io::shut_down_here`]; something in this process shut
+    /// them, as a fault may shut every socket of a process). The failing
+    /// socket alone may not tell: once the peer sends to a socket that no
+    /// longer reads, the connection is reset, as when the peer died. Other
+    /// errors are returned as they are.
+    fn whose(&self, err: Error) -> Error {
+        let (Error::PeerClosed { peer, during, .. } | Error::PeerIo { peer, during, .. }) = &err
+        else {
+            return err;
+        };
+        let here = self.aborted.load(Ordering::Acquire)
+            || self
+                .peers
+                .iter()
+                .flatten()
+                .flat_map(|p| &p.lanes)
+                .any(|lane| io::shut_down_here(&lane.control));
+        if !here {
+            return err;
+        }
+        Error::LinkShutDownHere {
+            peer: *peer,
+            during: during.clone(),
+        }
+    }
+
     /// Whether bytes from `peer` wait on the first connection, without
     /// blocking or consuming them; [`Error::PeerClosed`] (saying it was
     /// found `during` something) when the peer closed that connection or
@@ -209,17 +244,11 @@ impl TcpTransport {
                     }
                 }
             };
-            if io::shut_down_here(&p.lanes[0].control) {
-                return Err(Error::LinkShutDownHere {
-                    peer,
-                    during: during.into(),
-                });
-            }
-            Err(Error::PeerClosed {
+            Err(self.whose(Error::PeerClosed {
                 peer,
                 during: during.into(),
                 reason: closed,
-            })
+            }))
         }
         #[cfg(not(unix))]
         {
@@ -277,6 +306,7 @@ impl TcpTransport {
             peers,
             lanes,
             helpers: HelperThreads::new(&format!("tcp-rank{rank}")),
+            aborted: AtomicBool::new(false),
         })
     }
 
@@ -433,6 +463,7 @@ impl Transport for TcpTransport {
             1 => write_all(&mut peer.lanes[0].writer(), data, &cx),
             n => striped::send(&self.helpers, &peer.lanes, data, n, &cx),
         }
+        .map_err(|e| self.whose(e))
     }
 
     fn recv(&self, from: usize, buf: &mut [u8], deadline: Instant) -> Result<()> {
@@ -448,6 +479,7 @@ impl Transport for TcpTransport {
             1 => read_exact(&mut peer.lanes[0].reader(), buf, &cx),
             n => striped::recv(&self.helpers, &peer.lanes, buf, n, &cx),
         }
+        .map_err(|e| self.whose(e))
     }
 
     fn send_recv(
@@ -480,7 +512,8 @@ impl Transport for TcpTransport {
         let world = self.world_size;
         if send_count == 1 && recv_count == 1 {
             let (o, i) = (&out.lanes[0], &inp.lanes[0]);
-            return exchange(&self.helpers, world, o, data, &send_cx, i, buf, &recv_cx);
+            return exchange(&self.helpers, world, o, data, &send_cx, i, buf, &recv_cx)
+                .map_err(|e| self.whose(e));
         }
         striped::send_recv(
             &self.helpers,
@@ -499,6 +532,7 @@ impl Transport for TcpTransport {
                 exchange(&self.helpers, world, o, data, scx, n, buf, rcx)
             },
         )
+        .map_err(|e| self.whose(e))
     }
 
     /// Peeks at the first connection without blocking: end of stream or a
@@ -516,6 +550,7 @@ impl Transport for TcpTransport {
     }
 
     fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
         for peer in self.peers.iter().flatten() {
             for lane in &peer.lanes {
                 // Already closed by the peer is fine: it is closed either way.
