@@ -38,6 +38,7 @@ mod element;
 mod layout;
 mod raw;
 mod sparse;
+mod split_copy;
 mod storage;
 mod views;
 
