@@ -288,6 +288,9 @@ fn launch_self(args: &BenchArgs) -> ExitCode {
     if args.grad_as_bucket_view {
         rank_args.push("--grad-as-bucket-view".into());
     }
+    if let Some(threads) = args.copy_threads {
+        rank_args.push(format!("--copy-threads={threads}"));
+    }
     if args.backend == BenchBackend::Nccl {
         rank_args.push("--backend=nccl".into());
     }
@@ -418,8 +421,13 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
         bucket_cap_bytes: args.bucket_cap,
         first_bucket_bytes: DEFAULT_FIRST_BUCKET_BYTES.min(args.bucket_cap),
         gradient_as_bucket_view: args.grad_as_bucket_view,
+        copy_threads: args
+            .copy_threads
+            .unwrap_or_else(tensorcomm::ddp::default_copy_threads)
+            .max(1),
         ..ReducerOptions::default()
     };
+    let copy_threads = options.copy_threads;
     let specs = shapes
         .iter()
         .map(|s| TensorSpec::new(s, DType::F32).on(device))
@@ -515,11 +523,14 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
     };
     let (views_text, views_json) = if args.grad_as_bucket_view {
         (
-            ", gradients written into their bucket views",
-            ",\"grad_as_bucket_view\":true",
+            ", gradients written into their bucket views".to_string(),
+            ",\"grad_as_bucket_view\":true".to_string(),
         )
     } else {
-        ("", "")
+        (
+            format!(", gradients copied in and out on {copy_threads} thread(s) per rank"),
+            format!(",\"copy_threads\":{copy_threads}"),
+        )
     };
     // Rank 0's stdout, until a write to it fails (`bench | head`). Its
     // lines come after every collective but the final barrier, so the

@@ -308,6 +308,11 @@ pub struct BenchArgs {
     /// layer's --compute-us: nothing is copied into the buckets or back.
     #[arg(long)]
     grad_as_bucket_view: bool,
+    /// ddp: threads per rank that copy a large gradient into its bucket
+    /// and the average back (`ReducerOptions::copy_threads`); default the
+    /// rank's share of this host's cores, at most 4.
+    #[arg(long)]
+    copy_threads: Option<usize>,
     /// cpu with --device cuda: give the group peer memory (the device path:
     /// all_reduce on the GPUs when every rank can; TENSORCOMM_INTRANODE
     /// says which groups qualify, `shared` for ranks sharing a GPU).

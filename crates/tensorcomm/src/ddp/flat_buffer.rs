@@ -39,7 +39,9 @@ pub(crate) fn zero_fill(t: &Tensor<'_>) -> Result<()> {
 /// view). Then nothing is copied; for a CUDA tensor the host only waits,
 /// as the copy would have, for the calling thread's work on its GPU (the
 /// work that wrote it), so a GPU buffer is never copied onto itself.
-pub(crate) fn copy_unless_same(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()> {
+/// A large host copy is split across up to `threads` threads (see
+/// `Tensor::copy_from_split`).
+pub(crate) fn copy_unless_same(dst: &Tensor<'_>, src: &Tensor<'_>, threads: usize) -> Result<()> {
     let same = dst.shares_storage(src)
         && dst.dtype() == src.dtype()
         && dst.device() == src.device()
@@ -47,7 +49,7 @@ pub(crate) fn copy_unless_same(dst: &Tensor<'_>, src: &Tensor<'_>) -> Result<()>
     if same {
         return settle(dst);
     }
-    dst.copy_from(src)
+    dst.copy_from_split(src, threads)
 }
 
 /// The elements `offset..offset + numel(shape)` of the flat `buffer`,

@@ -62,5 +62,5 @@ pub use compression::CompressHook;
 pub use grad_bucket::GradBucket;
 pub use power_sgd::{PowerSgdHook, PowerSgdOptions, PowerSgdStats};
 pub use quantization::QuantizePerTensorHook;
-pub use reducer::{Reducer, ReducerOptions};
+pub use reducer::{default_copy_threads, Reducer, ReducerOptions};
 pub use tensor_spec::TensorSpec;

@@ -285,3 +285,70 @@ fn hook_failures_and_bad_results_surface_in_finish() {
         "{e}"
     );
 }
+
+/// Hands back a new buffer holding twice the bucket's values.
+struct DoublingHook;
+
+impl CommHook for DoublingHook {
+    fn run(
+        &self,
+        _: &Arc<dyn ProcessGroup>,
+        bucket: GradBucket,
+    ) -> Result<WorkFuture<Tensor<'static>>> {
+        let doubled: Vec<f32> = bucket
+            .buffer()
+            .to_vec::<f32>()?
+            .into_iter()
+            .map(|v| 2.0 * v)
+            .collect();
+        let n = doubled.len();
+        Ok(WorkFuture::ready(Tensor::from_vec(doubled, &[n])?))
+    }
+}
+
+#[test]
+fn large_gradients_copied_on_several_threads_arrive_whole_and_come_back_in_place() {
+    // Two 3 MiB gradients (split into parts when copied) around a small
+    // one, every element distinct, so a part copied to the wrong place or
+    // not at all shows.
+    let big = 3 << 18;
+    let params = vec![
+        TensorSpec::new(&[big], DType::F32),
+        TensorSpec::new(&[5], DType::F32),
+        TensorSpec::new(&[big / 2, 2], DType::F32),
+    ];
+    for threads in [1, 3, 8] {
+        let options = ReducerOptions {
+            copy_threads: threads,
+            ..ReducerOptions::default()
+        };
+        let mut reducer = Reducer::new(
+            single_rank(),
+            params.clone(),
+            Arc::new(DoublingHook),
+            options,
+        )
+        .unwrap();
+        for step in 0..2 {
+            let ramp = |p: usize, n: usize| -> Vec<f32> {
+                (0..n).map(|i| (i + 7 * p + step) as f32).collect()
+            };
+            let grads = [
+                Tensor::from_vec(ramp(0, big), &[big]).unwrap(),
+                Tensor::from_vec(ramp(1, 5), &[5]).unwrap(),
+                Tensor::from_vec(ramp(2, big), &[big / 2, 2]).unwrap(),
+            ];
+            for p in (0..3).rev() {
+                reducer.mark_ready(p, &grads[p]).unwrap();
+            }
+            reducer.finish().unwrap();
+            for (p, g) in grads.iter().enumerate() {
+                let want: Vec<f32> = ramp(p, g.numel()).into_iter().map(|v| 2.0 * v).collect();
+                assert!(
+                    g.to_vec::<f32>().unwrap() == want,
+                    "threads {threads}, step {step}: parameter {p}'s gradient is not twice its input"
+                );
+            }
+        }
+    }
+}
