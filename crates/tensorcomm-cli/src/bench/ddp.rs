@@ -526,11 +526,13 @@ fn run_rank(args: &BenchArgs) -> tensorcomm::Result<()> {
             ", gradients written into their bucket views".to_string(),
             ",\"grad_as_bucket_view\":true".to_string(),
         )
-    } else {
+    } else if device.is_cpu() {
         (
             format!(", gradients copied in and out on {copy_threads} thread(s) per rank"),
             format!(",\"copy_threads\":{copy_threads}"),
         )
+    } else {
+        (String::new(), String::new())
     };
     // Rank 0's stdout, until a write to it fails (`bench | head`). Its
     // lines come after every collective but the final barrier, so the

@@ -49,7 +49,7 @@ pub(crate) fn copy_unless_same(dst: &Tensor<'_>, src: &Tensor<'_>, threads: usiz
     if same {
         return settle(dst);
     }
-    dst.copy_from_split(src, threads)
+    dst.copy_from_split(src, threads).map(|_| ())
 }
 
 /// The elements `offset..offset + numel(shape)` of the flat `buffer`,

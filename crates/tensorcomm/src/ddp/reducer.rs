@@ -38,8 +38,10 @@ pub struct ReducerOptions {
     /// out.
     pub gradient_as_bucket_view: bool,
     /// How many threads (the caller's included) copy a large host gradient
-    /// into its bucket and the average back (at least 1 MiB a thread;
-    /// CUDA gradients copy on the GPU). The default,
+    /// into its bucket and the average back: a copy of 2 MiB or more is cut
+    /// into up to this many parts of at least about 1 MiB, and each such
+    /// copy starts that many threads less one for its duration (0 counts
+    /// as 1; CUDA gradients copy on the GPU). The default,
     /// [`default_copy_threads`], is this process's share of the host's
     /// cores, at most 4.
     pub copy_threads: usize,
@@ -488,7 +490,9 @@ impl Reducer {
             // would be an overlapping copy).
             return Ok(());
         }
-        buffer.copy_from(reduced)
+        buffer
+            .copy_from_split(reduced, self.options.copy_threads)
+            .map(|_| ())
     }
 
     /// Sums every rank's used-mask: a parameter is globally used when some

@@ -1,8 +1,6 @@
 //! Reading and writing elements by logical index: `to_vec`, `copy_from`,
 //! `contiguous`, `fill`.
 
-use std::sync::Arc;
-
 use super::dense::Tensor;
 use super::layout::Layout;
 use super::storage;
@@ -126,18 +124,7 @@ impl<'a> Tensor<'a> {
             );
             return Ok(());
         }
-        // Two locks: take them in address order so that a copy a -> b on one
-        // thread and b -> a on another cannot deadlock.
-        let dst_first =
-            Arc::as_ptr(&self.storage).cast::<()>() < Arc::as_ptr(&src.storage).cast::<()>();
-        let (src_guard, mut dst_guard);
-        if dst_first {
-            dst_guard = storage::write(&self.storage);
-            src_guard = storage::read(&src.storage);
-        } else {
-            src_guard = storage::read(&src.storage);
-            dst_guard = storage::write(&self.storage);
-        }
+        let (mut dst_guard, src_guard) = storage::write_and_read(&self.storage, &src.storage);
         copy_elements(
             dst_guard.bytes_mut()?,
             &self.layout,

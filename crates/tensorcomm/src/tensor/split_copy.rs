@@ -3,7 +3,7 @@
 //! memory gives several cores at once (DDP's gradient copies into and out
 //! of the buckets, ~100 MB a step, are the user).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use super::data::same_dense_order;
 use super::dense::Tensor;
@@ -18,11 +18,13 @@ impl Tensor<'_> {
     /// [`copy_from`](Tensor::copy_from) on up to `threads` threads (this
     /// one included) when both tensors are on the host in separate
     /// storages, dense in the same order, and the copy is at least two
-    /// parts of [`MIN_PART_BYTES`]; otherwise, and where a thread cannot
-    /// be started, on this thread alone. The storages' locks are taken once
-    /// (in address order, as `copy_from` does), and each thread copies one
-    /// contiguous part of the span.
-    pub(crate) fn copy_from_split(&self, src: &Tensor<'_>, threads: usize) -> Result<()> {
+    /// parts of [`MIN_PART_BYTES`]; otherwise, and where no thread can be
+    /// started, on this thread alone. The storages' locks are taken once
+    /// (in address order, as `copy_from` does); the span is cut into
+    /// `threads` parts (multiples of 64 bytes, the last one shorter), which
+    /// this thread and the helpers take from a queue. Returns how many
+    /// parts the copy was cut into (1: one plain copy).
+    pub(crate) fn copy_from_split(&self, src: &Tensor<'_>, threads: usize) -> Result<usize> {
         let parts = threads.min(self.nbytes() / MIN_PART_BYTES);
         let plain = parts >= 2
             && self.device().is_cpu()
@@ -33,26 +35,19 @@ impl Tensor<'_> {
             && same_dense_order(self.layout(), src.layout());
         let spans = (self.layout().span(), src.layout().span());
         let (true, (Some(dst_span), Some(src_span))) = (plain, spans) else {
-            return self.copy_from(src);
+            return self.copy_from(src).map(|()| 1);
         };
         self.check_writable("copy_from")?;
         let size = self.dtype().size();
-        let dst_first =
-            Arc::as_ptr(&self.storage).cast::<()>() < Arc::as_ptr(&src.storage).cast::<()>();
-        let (src_guard, mut dst_guard);
-        if dst_first {
-            dst_guard = storage::write(&self.storage);
-            src_guard = storage::read(&src.storage);
-        } else {
-            src_guard = storage::read(&src.storage);
-            dst_guard = storage::write(&self.storage);
-        }
+        let (mut dst_guard, src_guard) = storage::write_and_read(&self.storage, &src.storage);
         let to = &mut dst_guard.bytes_mut()?[dst_span.start * size..dst_span.end * size];
         let from = &src_guard.bytes()?[src_span.start * size..src_span.end * size];
-        // Parts of whole cache lines, the last one shorter, taken from a
-        // queue by this thread and the helpers: a helper that cannot be
-        // started leaves its parts to the others.
+        // Parts of a multiple of 64 bytes (whole cache lines when the span
+        // starts on one), the last one shorter, taken from a queue by this
+        // thread and the helpers: a helper that cannot be started leaves
+        // its parts to the others.
         let part = to.len().div_ceil(parts).next_multiple_of(64);
+        let count = to.len().div_ceil(part);
         let queue = Mutex::new(to.chunks_mut(part).zip(from.chunks(part)));
         let work = || loop {
             let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
@@ -70,7 +65,7 @@ impl Tensor<'_> {
             }
             work();
         });
-        Ok(())
+        Ok(count)
     }
 }
 
@@ -98,7 +93,10 @@ mod tests {
             for threads in [1, 2, 3, 8] {
                 let src = ramp(n);
                 let dst = Tensor::zeros(&[n], DType::F32).unwrap();
-                dst.copy_from_split(&src, threads).unwrap();
+                let parts = dst.copy_from_split(&src, threads).unwrap();
+                let expected = threads.min(4 * n / MIN_PART_BYTES).max(1);
+                let expected = if expected < 2 { 1 } else { expected };
+                assert_eq!(parts, expected, "{n} elements on {threads} threads");
                 assert_eq!(dst.to_vec::<f32>().unwrap(), src.to_vec::<f32>().unwrap());
             }
         }
@@ -109,7 +107,7 @@ mod tests {
         let n = 3 * MIN_PART_BYTES / 4;
         let buffer = Tensor::from_vec(vec![-1.0f32; n + 10], &[n + 10]).unwrap();
         let view = buffer.narrow(0, 5, n).unwrap();
-        view.copy_from_split(&ramp(n), 4).unwrap();
+        assert_eq!(view.copy_from_split(&ramp(n), 4).unwrap(), 3);
         let all = buffer.to_vec::<f32>().unwrap();
         assert_eq!(all[..5], [-1.0; 5]);
         assert_eq!(all[n + 5..], [-1.0; 5]);
@@ -129,7 +127,7 @@ mod tests {
         // Overlapping copies inside one storage still go through copy_from.
         let both = ramp(2 * n);
         let (a, b) = (both.narrow(0, 0, n).unwrap(), both.narrow(0, 1, n).unwrap());
-        a.copy_from_split(&b, 4).unwrap();
+        assert_eq!(a.copy_from_split(&b, 4).unwrap(), 1);
         assert_eq!(a.to_vec::<f32>().unwrap()[..3], [1.0, 2.0, 3.0]);
     }
 }

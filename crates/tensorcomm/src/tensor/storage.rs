@@ -197,6 +197,25 @@ pub(crate) fn write<'s, 'a>(storage: &'s SharedStorage<'a>) -> RwLockWriteGuard<
     storage.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Write access to `dst` and read access to `src`, two different
+/// storages, locked in address order so that a copy a -> b on one thread
+/// and b -> a on another cannot deadlock.
+pub(crate) fn write_and_read<'s, 'a, 'b>(
+    dst: &'s SharedStorage<'a>,
+    src: &'s SharedStorage<'b>,
+) -> (
+    RwLockWriteGuard<'s, Storage<'a>>,
+    RwLockReadGuard<'s, Storage<'b>>,
+) {
+    if Arc::as_ptr(dst).cast::<()>() < Arc::as_ptr(src).cast::<()>() {
+        let dst = write(dst);
+        (dst, read(src))
+    } else {
+        let src = read(src);
+        (write(dst), src)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -286,8 +286,17 @@ fn hook_failures_and_bad_results_surface_in_finish() {
     );
 }
 
-/// Hands back a new buffer holding twice the bucket's values.
-struct DoublingHook;
+/// The value the test below gives element `i` of parameter `p`'s
+/// gradient at `step`.
+fn ramp_value(p: usize, i: usize, step: usize) -> f32 {
+    (i + 7 * p + step) as f32
+}
+
+/// Checks that every gradient arrived whole in its bucket slot, then hands
+/// back a new buffer holding twice the bucket's values.
+struct DoublingHook {
+    step: std::sync::atomic::AtomicUsize,
+}
 
 impl CommHook for DoublingHook {
     fn run(
@@ -295,6 +304,12 @@ impl CommHook for DoublingHook {
         _: &Arc<dyn ProcessGroup>,
         bucket: GradBucket,
     ) -> Result<WorkFuture<Tensor<'static>>> {
+        let step = self.step.load(std::sync::atomic::Ordering::Relaxed);
+        for (&p, slot) in bucket.parameter_indices().iter().zip(bucket.gradients()?) {
+            let got = slot.to_vec::<f32>()?;
+            let wrong = (0..got.len()).find(|&i| got[i] != ramp_value(p, i, step));
+            assert!(wrong.is_none(), "parameter {p}'s slot differs at {wrong:?}");
+        }
         let doubled: Vec<f32> = bucket
             .buffer()
             .to_vec::<f32>()?
@@ -309,29 +324,28 @@ impl CommHook for DoublingHook {
 #[test]
 fn large_gradients_copied_on_several_threads_arrive_whole_and_come_back_in_place() {
     // Two 3 MiB gradients (split into parts when copied) around a small
-    // one, every element distinct, so a part copied to the wrong place or
-    // not at all shows.
+    // one, every element distinct, checked in the buckets and after the
+    // copy back, so a part copied to the wrong place or not at all shows.
     let big = 3 << 18;
     let params = vec![
         TensorSpec::new(&[big], DType::F32),
         TensorSpec::new(&[5], DType::F32),
         TensorSpec::new(&[big / 2, 2], DType::F32),
     ];
-    for threads in [1, 3, 8] {
+    for threads in [0, 1, 3, 8] {
         let options = ReducerOptions {
             copy_threads: threads,
             ..ReducerOptions::default()
         };
-        let mut reducer = Reducer::new(
-            single_rank(),
-            params.clone(),
-            Arc::new(DoublingHook),
-            options,
-        )
-        .unwrap();
+        let hook = Arc::new(DoublingHook {
+            step: Default::default(),
+        });
+        let mut reducer =
+            Reducer::new(single_rank(), params.clone(), hook.clone(), options).unwrap();
         for step in 0..2 {
+            hook.step.store(step, std::sync::atomic::Ordering::Relaxed);
             let ramp = |p: usize, n: usize| -> Vec<f32> {
-                (0..n).map(|i| (i + 7 * p + step) as f32).collect()
+                (0..n).map(|i| ramp_value(p, i, step)).collect()
             };
             let grads = [
                 Tensor::from_vec(ramp(0, big), &[big]).unwrap(),
