@@ -19,6 +19,10 @@ tail = last gradient ready to finish() returning (also the write-back).
 writing gradients straight into their bucket views: PyTorch DDP with
 gradient_as_bucket_view=True, tensorcomm with --grad-as-bucket-view (the
 default rows copy gradients into the buckets and back on both sides).
+--copy-threads T sets tensorcomm's threads per rank for the copies in
+the copying rows (ReducerOptions::copy_threads; default the rank's share
+of the host's cores, at most 4); 1 is the single-threaded copy PyTorch's
+rows also do.
 PyTorch comes from the Python running this script.
 """
 import argparse
@@ -63,6 +67,8 @@ def main():
     p.add_argument("--steps", default="10")
     p.add_argument("--grad-as-bucket-view", action="store_true",
                    help="also run both sides with gradients as bucket views")
+    p.add_argument("--copy-threads", type=int, default=None,
+                   help="tensorcomm's copy threads per rank (default: its own choice)")
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "ddp_torch.py")
@@ -90,7 +96,9 @@ def main():
             c = run([a.tensorcomm, "bench", "--op", "ddp", "-n", str(n), "--model", "mlp",
                      "--hook", "allreduce", "--compute-us", str(compute_us), "--iters", a.steps,
                      "--warmup", "3", "--json"]
-                    + (["--grad-as-bucket-view"] if view else []))
+                    + (["--grad-as-bucket-view"] if view else [])
+                    + ([f"--copy-threads={a.copy_threads}"]
+                       if a.copy_threads is not None and not view else []))
             if not t or not c:
                 ok = False
                 continue
