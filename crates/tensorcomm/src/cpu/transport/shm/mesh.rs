@@ -187,10 +187,11 @@ impl ShmTransport {
                 Error::InvalidArgument(format!("{op}: no shared-memory link to rank {peer}"))
             })?;
         if self.aborted.load(Ordering::Relaxed) {
-            return Err(Error::PeerClosed {
+            // This rank's doing, not the peer's (as the TCP transport says
+            // after its abort).
+            return Err(Error::LinkShutDownHere {
                 peer,
-                during: format!("{op} was called"),
-                reason: format!("rank {} aborted its transport", self.rank),
+                during: format!("{op} was called after this rank aborted its transport"),
             });
         }
         Ok(link)
