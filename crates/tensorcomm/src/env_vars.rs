@@ -265,7 +265,7 @@ pub const INTRANODE_ALGO: EnvVar = EnvVar {
 pub const INTRANODE_REGION: EnvVar = EnvVar {
     name: "TENSORCOMM_INTRANODE_REGION",
     default: "16M",
-    doc: "bytes of each of the three peer-memory buffer regions a rank maps (4K to 1024G, suffixes K, M, G); the large kernel moves a message in chunks of a region (half a region in a CUDA graph), so larger regions mean fewer barriers per byte",
+    doc: "bytes of each of the two eager peer-memory buffer regions a rank maps, beside a graph region twice as large (4K to 1024G, suffixes K, M, G); the large kernel moves a message in chunks of a region, eager or in a CUDA graph, so larger regions mean fewer barriers per byte",
     agreed: true,
 };
 

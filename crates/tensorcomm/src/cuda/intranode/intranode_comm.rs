@@ -41,10 +41,10 @@ pub struct IntraNodeOptions {
     pub policy: Option<PeerPolicy>,
     /// How algorithms are chosen; `None`: `TENSORCOMM_INTRANODE_ALGO`.
     pub algo: Option<AlgoChoice>,
-    /// Bytes of each of the three buffer regions of every rank (two for
-    /// eager calls, one for captured ones); `None`:
+    /// Bytes of each of the two buffer regions of every rank for eager
+    /// calls (captured ones use a third, twice as large); `None`:
     /// `TENSORCOMM_INTRANODE_REGION`, else 16 MiB. The large kernel moves
-    /// messages in chunks of a region (half a region when captured).
+    /// messages in chunks of a region, eager or captured.
     pub region_bytes: Option<usize>,
     /// How long set-up (and a registration of
     /// [`capture_registered`](IntraNodeComm::capture_registered)) waits
@@ -590,10 +590,11 @@ impl IntraNodeComm {
             Shot::Push { .. } => (self.memory.inboxes(), PUSH_SLOT_BYTES, last.eager),
             // The ranks' tensors; the graph regions for ranks that stage.
             Shot::Registered => (self.memory.regions(GRAPH_REGION), 0, last.eager),
-            // Captured calls: the graph region, and an end barrier.
+            // Captured calls: the graph region (as large as both eager
+            // regions: the same chunks), and an end barrier.
             _ if capturing => (
                 self.memory.regions(GRAPH_REGION),
-                large_slot_bytes(region, self.world),
+                large_slot_bytes(self.memory.graph_region_bytes(), self.world),
                 last.eager,
             ),
             // Eager large calls begin with a barrier (every rank has

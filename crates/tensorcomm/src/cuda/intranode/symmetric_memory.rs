@@ -27,11 +27,16 @@ use crate::{Error, Result};
 const PAD_AREA: usize = PEER_PAD_BYTES.div_ceil(4096) * 4096;
 
 /// Regions of the block: two that eager calls alternate between, and one
-/// for calls captured in CUDA graphs.
+/// for calls captured in CUDA graphs, last, twice their size (a captured
+/// large call then moves the chunks an eager one does, which takes both
+/// eager regions).
 pub(crate) const REGIONS: usize = 3;
 
 /// The region captured calls use.
 pub(crate) const GRAPH_REGION: usize = 2;
+
+/// Bytes of all the regions together, in eager regions of `region` bytes.
+const REGION_UNITS: usize = 4;
 
 /// How a peer's block is reached.
 enum Peer {
@@ -188,7 +193,7 @@ impl Rendezvous<'_> {
             Ok(None) => Some(
                 SharedAllocation::zeroed(
                     self.device,
-                    PAD_AREA + push_inbox_bytes(self.world) + REGIONS * self.region,
+                    PAD_AREA + push_inbox_bytes(self.world) + REGION_UNITS * self.region,
                 )
                 .and_then(|a| a.ipc_handle().map(|h| (Arc::new(a), h)))
                 .inspect(|(a, _)| register_block(a)),
@@ -322,7 +327,8 @@ impl SymmetricMemory {
     }
 
     /// Every rank's region `k` (0 to [`REGIONS`] - 1); region `k + 1`
-    /// follows region `k`.
+    /// follows region `k`. Eager regions hold [`region_bytes`](Self::region_bytes),
+    /// the graph region twice that ([`graph_region_bytes`](Self::graph_region_bytes)).
     pub(crate) fn regions(&self, k: usize) -> [u64; PEER_MAX] {
         assert!(k < REGIONS);
         let mut out = [0; PEER_MAX];
@@ -332,9 +338,14 @@ impl SymmetricMemory {
         out
     }
 
-    /// Bytes of one region.
+    /// Bytes of one eager region.
     pub(crate) fn region_bytes(&self) -> usize {
         self.region
+    }
+
+    /// Bytes of the graph region ([`GRAPH_REGION`]).
+    pub(crate) fn graph_region_bytes(&self) -> usize {
+        2 * self.region
     }
 
     /// The most ranks of the group that share one GPU (1: every rank has
