@@ -397,11 +397,19 @@ impl Reducer {
     /// iteration, rebuilds the buckets in the order gradients arrived on
     /// rank 0 (not with `find_unused_parameters`).
     ///
+    /// Without `find_unused_parameters`, each bucket's averages are written
+    /// back as soon as its hook is done, while the later buckets'
+    /// communication goes on (as PyTorch DDP finalizes bucket by bucket);
+    /// with it, once every bucket is done and the ranks agree on which
+    /// parameters were used.
+    ///
     /// Fails, leaving the iteration open so the missing gradients can still
     /// be marked, when a gradient never arrived (without
     /// `find_unused_parameters`); fails with the first hook's error when a
-    /// bucket's communication failed (the iteration then ends, no gradient
-    /// is written back).
+    /// bucket's communication failed (the iteration then ends; the
+    /// gradients of the buckets before it hold their averages, as in
+    /// PyTorch DDP, those of that bucket and later ones, or of every bucket
+    /// with `find_unused_parameters`, are left as they were).
     pub fn finish(&mut self) -> Result<()> {
         let Some(current) = self.current.as_ref() else {
             return Err(self.misuse(
@@ -434,12 +442,21 @@ impl Reducer {
     /// Waits for the hooks, agrees on unused parameters, writes back, and
     /// rebuilds the buckets after the first iteration.
     fn complete(&mut self, current: Iteration) -> Result<()> {
+        // Every gradient is used without find_unused_parameters: a bucket
+        // is written back once its hook is done (see `finish`).
+        let early = !self.options.find_unused_parameters;
         let mut first_error = None;
         for (b, started) in current.launched.into_iter().enumerate() {
             // `synchronize`: the write-back below copies on the device's
             // own stream, which is not ordered after the hook's collective.
             let result = started.and_then(|future| future.synchronize());
-            let result = result.and_then(|reduced| self.take_result(b, &reduced));
+            let mut result = result.and_then(|reduced| self.take_result(b, &reduced));
+            if early && first_error.is_none() {
+                result = result.and_then(|()| {
+                    let bucket = &self.layout.buckets[b].params;
+                    self.write_back(&current.grads, bucket.iter().copied())
+                });
+            }
             if let Err(e) = result {
                 first_error.get_or_insert(e);
             }
@@ -455,14 +472,29 @@ impl Reducer {
         self.globally_unused = (0..self.params.len())
             .filter(|&p| !globally_used[p])
             .collect();
-        for (p, grad) in current.grads.iter().enumerate() {
-            if let (Some(grad), true) = (grad, globally_used[p]) {
-                let average = self.layout.view(&self.params, p)?;
-                copy_unless_same(grad, &average, self.options.copy_threads)?;
-            }
+        if !early {
+            let used = (0..self.params.len()).filter(|&p| globally_used[p]);
+            self.write_back(&current.grads, used)?;
         }
         if !self.rebuilt && !self.options.find_unused_parameters {
             self.rebuild(&current.arrival)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the averages of `params` from their bucket slots into the
+    /// tensors their gradients came in (`grads`: none where that is the
+    /// bucket view).
+    fn write_back(
+        &self,
+        grads: &[Option<Tensor<'static>>],
+        params: impl Iterator<Item = usize>,
+    ) -> Result<()> {
+        for p in params {
+            if let Some(grad) = &grads[p] {
+                let average = self.layout.view(&self.params, p)?;
+                copy_unless_same(grad, &average, self.options.copy_threads)?;
+            }
         }
         Ok(())
     }
