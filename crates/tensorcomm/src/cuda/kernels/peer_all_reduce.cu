@@ -349,19 +349,6 @@ __device__ __forceinline__ uint4 push_load(const uint4* p) {
 // 8-byte halves.
 __device__ __forceinline__ bool push_arrived(uint4 v, u32 flag) { return v.y == flag && v.w == flag; }
 
-// Waits until the line at p carries `flag`, and returns it.
-__device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerArgs& a, u32 peer, uint4* out) {
-  u64 start = 0;
-  for (u32 n = 1;; ++n) {
-    const uint4 v = push_load(p);
-    if (push_arrived(v, flag)) {
-      *out = v;
-      return true;
-    }
-    if ((n & 255) == 0 && peer_give_up(a, &start, peer)) return false;
-  }
-}
-
 // Push: no barrier and no copy through this rank's buffer. buf[r] is rank
 // r's inbox: two halves (calls alternate), each a part per sender of
 // `slot` bytes. Vector v (16 bytes) of the input travels as two
@@ -380,23 +367,6 @@ __device__ __forceinline__ bool push_take(const uint4* p, u32 flag, const PeerAr
 template <typename Op>
 __device__ void peer_push(const PeerArgs& a) {
   const int N = 16 / sizeof(typename Op::S);
-  // Thread 0 reads the stop word (see PEER_STOPPED) and, unless stopped,
-  // counts the call: one handoff to the block for both.
-  __shared__ u32 shared_count;
-  __shared__ u32 shared_stopped;
-  if (threadIdx.x == 0) {
-    shared_stopped = *(volatile u32*)peer_stop_word(a);
-    if (shared_stopped == 0) {
-      volatile u32* count = (u32*)a.pad[a.rank] + PUSH_COUNTS + blockIdx.x;
-      shared_count = *count + 1;
-      *count = shared_count;
-    }
-  }
-  __syncthreads();
-  if (shared_stopped != 0) return;
-  const u32 c = shared_count;
-  const u32 flag = (c << 1) | 1u;
-  const u64 half = (u64)(c & 1u) * a.world * a.slot;
   const u64 nvec = (a.numel + N - 1) / N;
   // Runs of 32 vectors (one per lane of a warp) are dealt to the blocks in
   // turn, so that even small messages spread over every block's SM: run w
@@ -404,10 +374,34 @@ __device__ void peer_push(const PeerArgs& a) {
   const u64 lane = threadIdx.x & 31;
   const u64 first = (u64)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
   const u64 step = (u64)(blockDim.x >> 5) * gridDim.x;
+  // The thread's first vector is loaded before the handoff below, so that
+  // its load and thread 0's reads of the pad are in flight together.
+  const u64 v0 = first * 32 + lane;
+  const uint4 x0 = v0 < nvec ? peer_load_user<Op>(a, a.input, v0) : make_uint4(0, 0, 0, 0);
+  // Thread 0 reads the stop word (see PEER_STOPPED) and the block's call
+  // count at once and, unless stopped, counts the call: one handoff to
+  // the block for both.
+  __shared__ u32 shared_count;
+  __shared__ u32 shared_stopped;
+  if (threadIdx.x == 0) {
+    volatile u32* count = (u32*)a.pad[a.rank] + PUSH_COUNTS + blockIdx.x;
+    const u32 stopped = *(volatile u32*)peer_stop_word(a);
+    const u32 next = *count + 1;
+    shared_stopped = stopped;
+    if (stopped == 0) {
+      shared_count = next;
+      *count = next;
+    }
+  }
+  __syncthreads();
+  if (shared_stopped != 0) return;
+  const u32 c = shared_count;
+  const u32 flag = (c << 1) | 1u;
+  const u64 half = (u64)(c & 1u) * a.world * a.slot;
   for (u64 w = first; w * 32 < nvec; w += step) {
     const u64 v = w * 32 + lane;
     if (v >= nvec) break;
-    const uint4 x = peer_load_user<Op>(a, a.input, v);
+    const uint4 x = w == first ? x0 : peer_load_user<Op>(a, a.input, v);
     const uint4 l0 = make_uint4(x.x, flag, x.y, flag);
     const uint4 l1 = make_uint4(x.z, flag, x.w, flag);
 #pragma unroll
@@ -424,8 +418,9 @@ __device__ void peer_push(const PeerArgs& a) {
     const u64 v = w * 32 + lane;
     if (v >= nvec) break;
     // Every peer's two lines are loaded at once (one memory round trip, not
-    // one per line); only lines not there yet are polled again.
-    const uint4 own = peer_load_user<Op>(a, a.input, v);
+    // one per line); then, round after round, every line not there yet is
+    // loaded again, all at once too.
+    const uint4 own = w == first ? x0 : peer_load_user<Op>(a, a.input, v);
     uint4 line[2 * PEER_MAX];
 #pragma unroll
     for (int r = 0; r < PEER_MAX; ++r) {
@@ -435,12 +430,24 @@ __device__ void peer_push(const PeerArgs& a) {
         line[2 * r + 1] = push_load(from + 1);
       }
     }
+    u64 start = 0;
+    for (u32 n = 1;; ++n) {
+      // A peer whose lines are not all there yet (the one a timeout names).
+      int missing = -1;
 #pragma unroll
-    for (int r = 0; r < PEER_MAX; ++r) {
-      if (r < (int)a.world && r != (int)a.rank) {
-        const uint4* from = (const uint4*)(inbox + (u64)r * a.slot) + 2 * v;
-        if (!push_arrived(line[2 * r], flag) && !push_take(from, flag, a, r, &line[2 * r])) return;
-        if (!push_arrived(line[2 * r + 1], flag) && !push_take(from + 1, flag, a, r, &line[2 * r + 1])) return;
+      for (int r = 0; r < PEER_MAX; ++r)
+        if (r < (int)a.world && r != (int)a.rank &&
+            !(push_arrived(line[2 * r], flag) && push_arrived(line[2 * r + 1], flag)))
+          missing = r;
+      if (missing < 0) break;
+      if ((n & 255) == 0 && peer_give_up(a, &start, (u32)missing)) return;
+#pragma unroll
+      for (int r = 0; r < PEER_MAX; ++r) {
+        if (r < (int)a.world && r != (int)a.rank) {
+          const uint4* from = (const uint4*)(inbox + (u64)r * a.slot) + 2 * v;
+          if (!push_arrived(line[2 * r], flag)) line[2 * r] = push_load(from);
+          if (!push_arrived(line[2 * r + 1], flag)) line[2 * r + 1] = push_load(from + 1);
+        }
       }
     }
     // The lines read are cleared, so that a line is only ever seen with
