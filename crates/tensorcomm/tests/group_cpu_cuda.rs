@@ -755,9 +755,17 @@ fn a_reducer_averages_cuda_gradients_through_the_cpu_group() {
                 let hooks: [Arc<dyn tensorcomm::ddp::CommHook>; 2] =
                     [Arc::new(AllReduceHook), Arc::new(CompressHook::bf16())];
                 for hook in hooks {
+                    // Buckets of at most 64 bytes: the weight and the
+                    // bias take one each, and the first is written back
+                    // while the second may still be communicating.
+                    let options = ReducerOptions {
+                        first_bucket_bytes: 64,
+                        bucket_cap_bytes: 64,
+                        ..ReducerOptions::default()
+                    };
                     let mut reducer =
-                        Reducer::new(pg.clone(), specs.clone(), hook, ReducerOptions::default())
-                            .unwrap();
+                        Reducer::new(pg.clone(), specs.clone(), hook, options).unwrap();
+                    assert_eq!(reducer.bucket_indices().len(), 2);
                     for step in 0..3 {
                         // Gradients rank + step + 1 (exact in bf16): the
                         // mean over 2 ranks is step + 1.5.

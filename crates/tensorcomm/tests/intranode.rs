@@ -507,7 +507,8 @@ fn captured_calls_replay_on_new_inputs() {
         AllReduceAlgo::TwoShot,
         AllReduceAlgo::Large,
     ] {
-        // Large captured in chunks: 3001 f32 take 6 of 2 KiB.
+        // Large captured in chunks: 3001 f32 take 3 of 4 KiB (the graph
+        // region is twice the 4 KiB eager region).
         let region = if algo == AllReduceAlgo::Large {
             4096
         } else {

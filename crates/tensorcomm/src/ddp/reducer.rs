@@ -397,8 +397,9 @@ impl Reducer {
     /// iteration, rebuilds the buckets in the order gradients arrived on
     /// rank 0 (not with `find_unused_parameters`).
     ///
-    /// Without `find_unused_parameters`, each bucket's averages are written
-    /// back as soon as its hook is done, while the later buckets'
+    /// Buckets are waited for in index order. Without
+    /// `find_unused_parameters`, each bucket's averages are written back
+    /// once it and the buckets before it are done, while the later buckets'
     /// communication goes on (as PyTorch DDP finalizes bucket by bucket);
     /// with it, once every bucket is done and the ranks agree on which
     /// parameters were used.
@@ -406,10 +407,13 @@ impl Reducer {
     /// Fails, leaving the iteration open so the missing gradients can still
     /// be marked, when a gradient never arrived (without
     /// `find_unused_parameters`); fails with the first hook's error when a
-    /// bucket's communication failed (the iteration then ends; the
-    /// gradients of the buckets before it hold their averages, as in
-    /// PyTorch DDP, those of that bucket and later ones, or of every bucket
-    /// with `find_unused_parameters`, are left as they were).
+    /// bucket's communication failed. The iteration then ends; of the
+    /// tensors given to `mark_ready` that are not bucket views, those of
+    /// the buckets before the failed one hold their averages (as in
+    /// PyTorch DDP), those of that bucket and later ones, or of every
+    /// bucket with `find_unused_parameters`, are left as they were. Bucket
+    /// buffers (and so gradients that are bucket views) hold whatever each
+    /// bucket's hook left there.
     pub fn finish(&mut self) -> Result<()> {
         let Some(current) = self.current.as_ref() else {
             return Err(self.misuse(
