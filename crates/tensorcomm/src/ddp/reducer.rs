@@ -397,12 +397,10 @@ impl Reducer {
     /// iteration, rebuilds the buckets in the order gradients arrived on
     /// rank 0 (not with `find_unused_parameters`).
     ///
-    /// Buckets are waited for in index order. Without
-    /// `find_unused_parameters`, each bucket's averages are written back
-    /// once it and the buckets before it are done, while the later buckets'
-    /// communication goes on (as PyTorch DDP finalizes bucket by bucket);
-    /// with it, once every bucket is done and the ranks agree on which
-    /// parameters were used.
+    /// Buckets are waited for in index order, and each bucket's averages
+    /// are written back once it and the buckets before it are done, while
+    /// the later buckets' communication goes on (as PyTorch DDP finalizes
+    /// bucket by bucket).
     ///
     /// Fails, leaving the iteration open so the missing gradients can still
     /// be marked, when a gradient never arrived (without
@@ -410,10 +408,9 @@ impl Reducer {
     /// bucket's communication failed. The iteration then ends; of the
     /// tensors given to `mark_ready` that are not bucket views, those of
     /// the buckets before the failed one hold their averages (as in
-    /// PyTorch DDP), those of that bucket and later ones, or of every
-    /// bucket with `find_unused_parameters`, are left as they were. Bucket
-    /// buffers (and so gradients that are bucket views) hold whatever each
-    /// bucket's hook left there.
+    /// PyTorch DDP), those of that bucket and later ones are left as they
+    /// were. Bucket buffers (and so gradients that are bucket views) hold
+    /// whatever each bucket's hook left there.
     pub fn finish(&mut self) -> Result<()> {
         let Some(current) = self.current.as_ref() else {
             return Err(self.misuse(
@@ -446,16 +443,17 @@ impl Reducer {
     /// Waits for the hooks, agrees on unused parameters, writes back, and
     /// rebuilds the buckets after the first iteration.
     fn complete(&mut self, current: Iteration) -> Result<()> {
-        // Every gradient is used without find_unused_parameters: a bucket
-        // is written back once its hook is done (see `finish`).
-        let early = !self.options.find_unused_parameters;
+        // A bucket is written back once it and the ones before it are done
+        // (see `finish`). Only gradients this rank produced are written
+        // back, and those parameters are used globally whatever the other
+        // ranks say, so this needs no agreement on unused parameters.
         let mut first_error = None;
         for (b, started) in current.launched.into_iter().enumerate() {
             // `synchronize`: the write-back below copies on the device's
             // own stream, which is not ordered after the hook's collective.
             let result = started.and_then(|future| future.synchronize());
             let mut result = result.and_then(|reduced| self.take_result(b, &reduced));
-            if early && first_error.is_none() {
+            if first_error.is_none() {
                 result = result.and_then(|()| {
                     let bucket = &self.layout.buckets[b].params;
                     self.write_back(&current.grads, bucket.iter().copied())
@@ -476,10 +474,6 @@ impl Reducer {
         self.globally_unused = (0..self.params.len())
             .filter(|&p| !globally_used[p])
             .collect();
-        if !early {
-            let used = (0..self.params.len()).filter(|&p| globally_used[p]);
-            self.write_back(&current.grads, used)?;
-        }
         if !self.rebuilt && !self.options.find_unused_parameters {
             self.rebuild(&current.arrival)?;
         }
