@@ -186,7 +186,15 @@ __device__ __forceinline__ uint4 load_vector(u64 p, u64 v, u64 numel, bool align
   uint4 r = make_uint4(0, 0, 0, 0);
   S* e = (S*)&r;
   for (int j = 0; j < N; ++j)
-    if (first + j < numel) e[j] = L2 ? ((const volatile S*)p)[first + j] : ((const S*)p)[first + j];
+    if (first + j < numel) {
+      // Two statements, not one conditional: that would make both loads
+      // volatile.
+      if (L2) {
+        e[j] = ((const volatile S*)p)[first + j];
+      } else {
+        e[j] = ((const S*)p)[first + j];
+      }
+    }
   return r;
 }
 
@@ -375,7 +383,8 @@ __device__ void peer_push(const PeerArgs& a) {
   const u64 first = (u64)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
   const u64 step = (u64)(blockDim.x >> 5) * gridDim.x;
   // The thread's first vector is loaded before the handoff below, so that
-  // its load and thread 0's reads of the pad are in flight together.
+  // (for a whole aligned vector, one 16-byte load) its load and thread 0's
+  // reads of the pad are in flight together.
   const u64 v0 = first * 32 + lane;
   const uint4 x0 = v0 < nvec ? peer_load_user<Op>(a, a.input, v0) : make_uint4(0, 0, 0, 0);
   // Thread 0 reads the stop word (see PEER_STOPPED) and the block's call
@@ -432,11 +441,12 @@ __device__ void peer_push(const PeerArgs& a) {
     }
     u64 start = 0;
     for (u32 n = 1;; ++n) {
-      // A peer whose lines are not all there yet (the one a timeout names).
+      // The lowest peer whose lines are not all there yet (the one a
+      // timeout names).
       int missing = -1;
 #pragma unroll
       for (int r = 0; r < PEER_MAX; ++r)
-        if (r < (int)a.world && r != (int)a.rank &&
+        if (missing < 0 && r < (int)a.world && r != (int)a.rank &&
             !(push_arrived(line[2 * r], flag) && push_arrived(line[2 * r + 1], flag)))
           missing = r;
       if (missing < 0) break;
