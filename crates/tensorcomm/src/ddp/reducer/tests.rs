@@ -247,10 +247,15 @@ impl CommHook for FailingHook {
         _: &Arc<dyn ProcessGroup>,
         bucket: GradBucket,
     ) -> Result<WorkFuture<Tensor<'static>>> {
-        let index = bucket.index();
-        Ok(WorkFuture::ready(())
-            .then(move |_| Err(Error::InvalidArgument(format!("bucket {index} lost")))))
+        lost(&bucket)
     }
+}
+
+/// A future that fails, saying `bucket` was lost.
+fn lost(bucket: &GradBucket) -> Result<WorkFuture<Tensor<'static>>> {
+    let index = bucket.index();
+    Ok(WorkFuture::ready(())
+        .then(move |_| Err(Error::InvalidArgument(format!("bucket {index} lost")))))
 }
 
 #[test]
@@ -286,6 +291,18 @@ fn hook_failures_and_bad_results_surface_in_finish() {
     );
 }
 
+/// A ready future holding a new buffer of twice `bucket`'s values.
+fn doubled(bucket: &GradBucket) -> Result<WorkFuture<Tensor<'static>>> {
+    let values: Vec<f32> = bucket
+        .buffer()
+        .to_vec::<f32>()?
+        .iter()
+        .map(|v| 2.0 * v)
+        .collect();
+    let n = values.len();
+    Ok(WorkFuture::ready(Tensor::from_vec(values, &[n])?))
+}
+
 /// Doubles bucket 0 and fails every later bucket.
 struct FirstBucketOnly;
 
@@ -295,52 +312,38 @@ impl CommHook for FirstBucketOnly {
         _: &Arc<dyn ProcessGroup>,
         bucket: GradBucket,
     ) -> Result<WorkFuture<Tensor<'static>>> {
-        let index = bucket.index();
-        if index > 0 {
-            return Ok(WorkFuture::ready(())
-                .then(move |_| Err(Error::InvalidArgument(format!("bucket {index} lost")))));
+        if bucket.index() > 0 {
+            return lost(&bucket);
         }
-        let doubled: Vec<f32> = bucket
-            .buffer()
-            .to_vec::<f32>()?
-            .iter()
-            .map(|v| 2.0 * v)
-            .collect();
-        let n = doubled.len();
-        Ok(WorkFuture::ready(Tensor::from_vec(doubled, &[n])?))
+        doubled(&bucket)
     }
 }
 
 #[test]
 fn a_failed_bucket_leaves_its_gradients_and_later_ones_as_they_were() {
     // Buckets [3, 2] and [1, 0]: the first is written back before the
-    // second fails.
-    let grads: Vec<Tensor<'static>> = (0..4).map(|p| grad(p as f32 + 1.0)).collect();
-    let mut reducer = four_params(small_buckets(), Arc::new(FirstBucketOnly));
-    assert_eq!(reducer.bucket_indices(), [vec![3, 2], vec![1, 0]]);
-    for p in (0..4).rev() {
-        reducer.mark_ready(p, &grads[p]).unwrap();
+    // second fails, with or without find_unused_parameters.
+    for find_unused_parameters in [false, true] {
+        let grads: Vec<Tensor<'static>> = (0..4).map(|p| grad(p as f32 + 1.0)).collect();
+        let options = ReducerOptions {
+            find_unused_parameters,
+            ..small_buckets()
+        };
+        let mut reducer = four_params(options, Arc::new(FirstBucketOnly));
+        assert_eq!(reducer.bucket_indices(), [vec![3, 2], vec![1, 0]]);
+        reducer.prepare_for_backward(&[]).unwrap();
+        for p in (0..4).rev() {
+            reducer.mark_ready(p, &grads[p]).unwrap();
+        }
+        let e = reducer.finish().unwrap_err();
+        assert!(e.to_string().contains("bucket 1 lost"), "{e}");
+        let values: Vec<Vec<f32>> = grads.iter().map(|g| g.to_vec::<f32>().unwrap()).collect();
+        assert_eq!(
+            values,
+            [[1.0; 4], [2.0; 4], [6.0; 4], [8.0; 4]],
+            "find_unused_parameters {find_unused_parameters}"
+        );
     }
-    let e = reducer.finish().unwrap_err();
-    assert!(e.to_string().contains("bucket 1 lost"), "{e}");
-    let values: Vec<Vec<f32>> = grads.iter().map(|g| g.to_vec::<f32>().unwrap()).collect();
-    assert_eq!(values, [[1.0; 4], [2.0; 4], [6.0; 4], [8.0; 4]]);
-
-    // The same with find_unused_parameters.
-    let grads: Vec<Tensor<'static>> = (0..4).map(|p| grad(p as f32 + 1.0)).collect();
-    let options = ReducerOptions {
-        find_unused_parameters: true,
-        ..small_buckets()
-    };
-    let mut reducer = four_params(options, Arc::new(FirstBucketOnly));
-    reducer.prepare_for_backward(&[]).unwrap();
-    for p in (0..4).rev() {
-        reducer.mark_ready(p, &grads[p]).unwrap();
-    }
-    let e = reducer.finish().unwrap_err();
-    assert!(e.to_string().contains("bucket 1 lost"), "{e}");
-    let values: Vec<Vec<f32>> = grads.iter().map(|g| g.to_vec::<f32>().unwrap()).collect();
-    assert_eq!(values, [[1.0; 4], [2.0; 4], [6.0; 4], [8.0; 4]]);
 }
 
 /// The value the test below gives element `i` of parameter `p`'s
@@ -367,14 +370,7 @@ impl CommHook for DoublingHook {
             let wrong = (0..got.len()).find(|&i| got[i] != ramp_value(p, i, step));
             assert!(wrong.is_none(), "parameter {p}'s slot differs at {wrong:?}");
         }
-        let doubled: Vec<f32> = bucket
-            .buffer()
-            .to_vec::<f32>()?
-            .into_iter()
-            .map(|v| 2.0 * v)
-            .collect();
-        let n = doubled.len();
-        Ok(WorkFuture::ready(Tensor::from_vec(doubled, &[n])?))
+        doubled(&bucket)
     }
 }
 
