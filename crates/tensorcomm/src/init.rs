@@ -144,7 +144,12 @@ fn set_up(
     };
     // With env:// and tcp:// rank 0 hosts the store.
     let store_host = matches!(method.address, StoreAddress::Tcp { .. }).then_some(0);
-    build(backend, rdzv, &key_prefix, &cpu, options, store_host)
+    let store = rdzv.store.clone();
+    build(backend, rdzv, &key_prefix, &cpu, options, store_host).map_err(|e| match store_host {
+        // A peer lost while the store's host is gone too: the host's loss.
+        Some(host) => crate::group::failure_report::set_up_error(&store, host, e),
+        None => e,
+    })
 }
 
 /// The default group of `backend` over `rdzv`; `store_host`: the rank that

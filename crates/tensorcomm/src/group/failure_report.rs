@@ -438,27 +438,86 @@ fn bounded<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
 ) -> Result<T, Unanswered> {
+    bounded_for(what, STORE_PATIENCE, f)
+}
+
+/// [`bounded`], waited on for at most `patience`.
+fn bounded_for<T: Send + 'static>(
+    what: &str,
+    patience: Duration,
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Result<T, Unanswered> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("tensorcomm-failure-report".into())
         .spawn(move || {
-            // Given up on after STORE_PATIENCE; ends soon after, too.
-            let _quick = background_on_this_thread(STORE_PATIENCE);
+            // Given up on after `patience`; ends soon after, too.
+            let _quick = background_on_this_thread(patience);
             let _ = tx.send(f());
         });
     if spawned.is_err() {
         return Err(Unanswered::NoThread);
     }
-    match rx.recv_timeout(STORE_PATIENCE) {
+    match rx.recv_timeout(patience) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             tracing::debug!("could not {what}: {e}");
             Err(Unanswered::Failed(e))
         }
         Err(_) => {
-            tracing::debug!("the store did not answer ({what}) within {STORE_PATIENCE:?}");
+            tracing::debug!("the store did not answer ({what}) within {patience:?}");
             Err(Unanswered::Silent)
         }
+    }
+}
+
+/// How long a group set-up that lost a peer waits for the store to say
+/// whether it is gone too (a live store answers in well under a
+/// millisecond on its host; a gone one fails at once).
+const SET_UP_PROBE: Duration = Duration::from_millis(250);
+
+/// The error a group's set-up reports for `err` on a rank whose store
+/// rank `host` hosts. When `err` is a peer other than `host` gone or
+/// silent and one call to the store (within [`SET_UP_PROBE`]) finds the
+/// store's connection lost too, the store's host is gone: it is named,
+/// with the peer's loss in the reason. A rank that finds the store gone
+/// leaves at once, and its connections close on the ranks still setting
+/// up, which would otherwise name that rank, not the host. A store that
+/// answers, is slow or is silent leaves `err` as it is (a silent store is
+/// the set-up deadline's to declare, see `store/tcp/reply_grace.rs`).
+pub(crate) fn set_up_error(store: &Arc<dyn Store>, host: usize, err: Error) -> Error {
+    let (peer, during) = match &err {
+        Error::PeerClosed { peer, during, .. }
+        | Error::PeerTimeout { peer, during, .. }
+        | Error::PeerIo { peer, during, .. } => (*peer, during.clone()),
+        _ => return err,
+    };
+    if peer == host {
+        return err;
+    }
+    let store = store.clone();
+    let probe = bounded_for(
+        "see whether the store is gone after a set-up lost a peer",
+        SET_UP_PROBE,
+        move || store.num_keys(),
+    );
+    match probe {
+        Err(Unanswered::Failed(Error::StoreConnectionLost { addr, reason })) => {
+            host_and_store_gone(host, peer, during, &format!("{addr}: {reason}"), &err)
+        }
+        _ => err,
+    }
+}
+
+/// `host`, whose store is gone (`lost` says why), named for `err`, a loss
+/// of `peer` during `during`.
+fn host_and_store_gone(host: usize, peer: usize, during: String, lost: &str, err: &Error) -> Error {
+    Error::PeerClosed {
+        peer: host,
+        during,
+        reason: format!(
+            "the store it hosts is gone ({lost}); this rank lost rank {peer} too: {err}"
+        ),
     }
 }
 
@@ -788,13 +847,7 @@ impl FailureBoard {
             return err;
         }
         if let Some(lost) = self.lost.get() {
-            return Error::PeerClosed {
-                peer: host,
-                during,
-                reason: format!(
-                    "the store it hosts is gone ({lost}); this rank lost rank {peer} too: {err}"
-                ),
-            };
+            return host_and_store_gone(host, peer, during, lost, &err);
         }
         if self.silent.load(Ordering::Relaxed) {
             let timeout = match &err {
@@ -1247,6 +1300,55 @@ mod tests {
             self.redial
         }
         fn set_timeout(&self, _: Duration) {}
+    }
+
+    #[test]
+    fn a_set_up_that_lost_a_peer_names_the_store_host_only_when_the_store_is_gone() {
+        let gone: Arc<dyn Store> = Arc::new(GoneStore {
+            calls: Default::default(),
+            redial: Duration::from_millis(1),
+        });
+        match set_up_error(&gone, 0, closed(2)) {
+            Error::PeerClosed {
+                peer: 0, reason, ..
+            } => {
+                assert!(reason.contains("the store it hosts is gone"), "{reason}");
+                assert!(reason.contains("lost rank 2 too"), "{reason}");
+            }
+            other => panic!("expected rank 0 named, found {other:?}"),
+        }
+        // The host itself lost, or an error that is not a lost peer: as it is.
+        assert!(matches!(
+            set_up_error(&gone, 2, closed(2)),
+            Error::PeerClosed { peer: 2, .. }
+        ));
+        let refused = Error::InvalidArgument("x".into());
+        assert!(matches!(
+            set_up_error(&gone, 0, refused),
+            Error::InvalidArgument(_)
+        ));
+        // A store that answers: the peer is the one to name.
+        let live: Arc<dyn Store> = Arc::new(crate::store::HashStore::new());
+        assert!(matches!(
+            set_up_error(&live, 0, closed(2)),
+            Error::PeerClosed { peer: 2, .. }
+        ));
+        // A silent one (its first answer would take 5 s): the peer too, once
+        // the probe's patience is over.
+        let silent: Arc<dyn Store> = Arc::new(GoneStore {
+            calls: std::sync::atomic::AtomicUsize::new(1),
+            redial: Duration::from_secs(5),
+        });
+        let started = Instant::now();
+        assert!(matches!(
+            set_up_error(&silent, 0, closed(2)),
+            Error::PeerClosed { peer: 2, .. }
+        ));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
