@@ -144,10 +144,10 @@ fn set_up(
     };
     // With env:// and tcp:// rank 0 hosts the store.
     let store_host = matches!(method.address, StoreAddress::Tcp { .. }).then_some(0);
-    let store = rdzv.store.clone();
+    let (store, rank) = (rdzv.store.clone(), rdzv.rank);
     build(backend, rdzv, &key_prefix, &cpu, options, store_host).map_err(|e| match store_host {
         // A peer lost while the store's host is gone too: the host's loss.
-        Some(host) => crate::group::failure_report::set_up_error(&store, host, e),
+        Some(host) => crate::group::failure_report::set_up_error(&store, rank, host, e),
         None => e,
     })
 }

@@ -424,9 +424,10 @@ fn may_be_secondary(err: &Error) -> bool {
 /// Why a bounded store call (see [`bounded`]) gave no answer.
 enum Unanswered {
     /// The store failed the call: with [`Error::StoreConnectionLost`], its
-    /// host is gone.
+    /// host is gone (or, for [`bounded`]'s calls, did not answer within
+    /// [`STORE_PATIENCE`], which the call's client then says so).
     Failed(Error),
-    /// No answer within [`STORE_PATIENCE`].
+    /// No answer within the wait.
     Silent,
     /// No thread to ask it on.
     NoThread,
@@ -441,58 +442,72 @@ fn bounded<T: Send + 'static>(
     bounded_for(what, STORE_PATIENCE, f)
 }
 
-/// [`bounded`], waited on for at most `patience`.
+/// [`bounded`], waited on for at most `wait` (at most [`STORE_PATIENCE`]).
+/// The call itself keeps the store client's background grace of
+/// [`STORE_PATIENCE`] for each of its steps (see
+/// `store/tcp/reply_grace.rs`), so a shorter wait gives up on a slow store
+/// (`Silent`) before the client could take its slowness for a lost
+/// connection; the helper thread then ends within that grace.
 fn bounded_for<T: Send + 'static>(
     what: &str,
-    patience: Duration,
+    wait: Duration,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
 ) -> Result<T, Unanswered> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("tensorcomm-failure-report".into())
         .spawn(move || {
-            // Given up on after `patience`; ends soon after, too.
-            let _quick = background_on_this_thread(patience);
+            let _quick = background_on_this_thread(STORE_PATIENCE);
             let _ = tx.send(f());
         });
     if spawned.is_err() {
         return Err(Unanswered::NoThread);
     }
-    match rx.recv_timeout(patience) {
+    match rx.recv_timeout(wait) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             tracing::debug!("could not {what}: {e}");
             Err(Unanswered::Failed(e))
         }
         Err(_) => {
-            tracing::debug!("the store did not answer ({what}) within {patience:?}");
+            tracing::debug!("the store did not answer ({what}) within {wait:?}");
             Err(Unanswered::Silent)
         }
     }
 }
 
 /// How long a group set-up that lost a peer waits for the store to say
-/// whether it is gone too (a live store answers in well under a
-/// millisecond on its host; a gone one fails at once).
+/// whether it is gone too. A live store answers in well under a
+/// millisecond on its host; one whose host process died fails at once
+/// (its connection reset or refused), as long as the host machine's
+/// kernel still answers.
 const SET_UP_PROBE: Duration = Duration::from_millis(250);
 
-/// The error a group's set-up reports for `err` on a rank whose store
-/// rank `host` hosts. When `err` is a peer other than `host` gone or
-/// silent and one call to the store (within [`SET_UP_PROBE`]) finds the
-/// store's connection lost too, the store's host is gone: it is named,
-/// with the peer's loss in the reason. A rank that finds the store gone
-/// leaves at once, and its connections close on the ranks still setting
-/// up, which would otherwise name that rank, not the host. A store that
-/// answers, is slow or is silent leaves `err` as it is (a silent store is
-/// the set-up deadline's to declare, see `store/tcp/reply_grace.rs`).
-pub(crate) fn set_up_error(store: &Arc<dyn Store>, host: usize, err: Error) -> Error {
-    let (peer, during) = match &err {
+/// The peer `err` lost and what this rank was doing, when `err` is a
+/// peer gone or silent.
+fn lost_peer(err: &Error) -> Option<(usize, String)> {
+    match err {
         Error::PeerClosed { peer, during, .. }
         | Error::PeerTimeout { peer, during, .. }
-        | Error::PeerIo { peer, during, .. } => (*peer, during.clone()),
-        _ => return err,
+        | Error::PeerIo { peer, during, .. } => Some((*peer, during.clone())),
+        _ => None,
+    }
+}
+
+/// The error rank `rank`'s failed group set-up reports for `err`, where
+/// rank `host` hosts the store. When `err` is a peer other than `host`
+/// gone or silent, `rank` is not `host`, and one call to the store finds
+/// its connection lost within [`SET_UP_PROBE`], the store's host is gone:
+/// it is named, with the peer's loss in the reason. (A rank that finds the
+/// store gone leaves at once, and its connections close on the ranks still
+/// setting up, which would otherwise name that rank, not the host.) A
+/// store that answers, or does not within the probe (slow, or its host
+/// stopped), leaves `err` as it is.
+pub(crate) fn set_up_error(store: &Arc<dyn Store>, rank: usize, host: usize, err: Error) -> Error {
+    let Some((peer, during)) = lost_peer(&err) else {
+        return err;
     };
-    if peer == host {
+    if peer == host || rank == host {
         return err;
     }
     let store = store.clone();
@@ -837,11 +852,8 @@ impl FailureBoard {
         let Some(&host) = self.store_host.get() else {
             return err;
         };
-        let (peer, during) = match &err {
-            Error::PeerClosed { peer, during, .. }
-            | Error::PeerTimeout { peer, during, .. }
-            | Error::PeerIo { peer, during, .. } => (*peer, during.clone()),
-            _ => return err,
+        let Some((peer, during)) = lost_peer(&err) else {
+            return err;
         };
         if peer == host {
             return err;
@@ -1304,11 +1316,13 @@ mod tests {
 
     #[test]
     fn a_set_up_that_lost_a_peer_names_the_store_host_only_when_the_store_is_gone() {
-        let gone: Arc<dyn Store> = Arc::new(GoneStore {
-            calls: Default::default(),
-            redial: Duration::from_millis(1),
-        });
-        match set_up_error(&gone, 0, closed(2)) {
+        let gone = || -> Arc<dyn Store> {
+            Arc::new(GoneStore {
+                calls: Default::default(),
+                redial: Duration::from_millis(1),
+            })
+        };
+        match set_up_error(&gone(), 3, 0, closed(2)) {
             Error::PeerClosed {
                 peer: 0, reason, ..
             } => {
@@ -1317,38 +1331,56 @@ mod tests {
             }
             other => panic!("expected rank 0 named, found {other:?}"),
         }
-        // The host itself lost, or an error that is not a lost peer: as it is.
+        // The host itself lost, this rank the host, or an error that is not
+        // a lost peer: as it was.
+        let untouched = |e: Error| matches!(e, Error::PeerClosed { peer: 2, reason, .. } if reason == "connection closed");
+        assert!(untouched(set_up_error(&gone(), 3, 2, closed(2))));
+        assert!(untouched(set_up_error(&gone(), 0, 0, closed(2))));
+        let other = Error::InvalidArgument("x".into());
         assert!(matches!(
-            set_up_error(&gone, 2, closed(2)),
-            Error::PeerClosed { peer: 2, .. }
-        ));
-        let refused = Error::InvalidArgument("x".into());
-        assert!(matches!(
-            set_up_error(&gone, 0, refused),
+            set_up_error(&gone(), 3, 0, other),
             Error::InvalidArgument(_)
         ));
         // A store that answers: the peer is the one to name.
         let live: Arc<dyn Store> = Arc::new(crate::store::HashStore::new());
-        assert!(matches!(
-            set_up_error(&live, 0, closed(2)),
-            Error::PeerClosed { peer: 2, .. }
-        ));
-        // A silent one (its first answer would take 5 s): the peer too, once
-        // the probe's patience is over.
-        let silent: Arc<dyn Store> = Arc::new(GoneStore {
+        assert!(untouched(set_up_error(&live, 3, 0, closed(2))));
+        // One slower than the probe (its answer would take 5 s): the peer
+        // too, once the probe's wait is over.
+        let slow: Arc<dyn Store> = Arc::new(GoneStore {
             calls: std::sync::atomic::AtomicUsize::new(1),
             redial: Duration::from_secs(5),
         });
         let started = Instant::now();
-        assert!(matches!(
-            set_up_error(&silent, 0, closed(2)),
-            Error::PeerClosed { peer: 2, .. }
-        ));
+        assert!(untouched(set_up_error(&slow, 3, 0, closed(2))));
         assert!(
-            started.elapsed() < Duration::from_secs(2),
+            started.elapsed() < Duration::from_secs(1),
             "{:?}",
             started.elapsed()
         );
+    }
+
+    #[test]
+    fn a_set_up_whose_tcp_store_server_went_away_names_its_host() {
+        use crate::store::{TcpStore, TcpStoreOptions, TcpStoreServer};
+        let options = TcpStoreOptions {
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let server = TcpStoreServer::bind("127.0.0.1:0", &options).unwrap();
+        let client = TcpStore::connect(&server.local_addr().to_string(), &options).unwrap();
+        client.set("k", b"v").unwrap();
+        let client: Arc<dyn Store> = Arc::new(client);
+        assert!(matches!(
+            set_up_error(&client, 3, 0, closed(2)),
+            Error::PeerClosed { peer: 2, .. }
+        ));
+        drop(server);
+        let started = Instant::now();
+        assert!(matches!(
+            set_up_error(&client, 3, 0, closed(2)),
+            Error::PeerClosed { peer: 0, .. }
+        ));
+        assert!(started.elapsed() < SET_UP_PROBE, "{:?}", started.elapsed());
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! (1 to 5 s), and never less than that half. A busy store is then only
 //! called hung when the set-up would have timed out anyway. The helper
 //! threads of a group's failure path, which their callers give up on after
-//! a few seconds, must not outlive that by minutes when the store host
+//! a few seconds (a failed set-up's probe of the store: a quarter of a
+//! second), must not outlive that by minutes when the store host
 //! stopped: inside [`background_on_this_thread`] every call waits a short
 //! grace beyond its own timeout. Either scope also bounds how long a new connection is
 //! retried. The scopes are per thread so that they reach the store calls
