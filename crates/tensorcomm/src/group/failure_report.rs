@@ -1250,6 +1250,22 @@ mod tests {
     }
 
     impl GoneStore {
+        /// Its first call fails at once, later ones after `redial`.
+        fn gone(redial: Duration) -> Arc<GoneStore> {
+            Arc::new(GoneStore {
+                calls: Default::default(),
+                redial,
+            })
+        }
+
+        /// Every call waits `redial`, then fails.
+        fn silent(redial: Duration) -> Arc<GoneStore> {
+            Arc::new(GoneStore {
+                calls: 1.into(),
+                redial,
+            })
+        }
+
         fn fail<T>(&self) -> crate::Result<T> {
             let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
             if !first {
@@ -1316,12 +1332,7 @@ mod tests {
 
     #[test]
     fn a_set_up_that_lost_a_peer_names_the_store_host_only_when_the_store_is_gone() {
-        let gone = || -> Arc<dyn Store> {
-            Arc::new(GoneStore {
-                calls: Default::default(),
-                redial: Duration::from_millis(1),
-            })
-        };
+        let gone = || -> Arc<dyn Store> { GoneStore::gone(Duration::from_millis(1)) };
         match set_up_error(&gone(), 3, 0, closed(2)) {
             Error::PeerClosed {
                 peer: 0, reason, ..
@@ -1346,10 +1357,7 @@ mod tests {
         assert!(untouched(set_up_error(&live, 3, 0, closed(2))));
         // One slower than the probe (its answer would take 5 s): the peer
         // too, once the probe's wait is over.
-        let slow: Arc<dyn Store> = Arc::new(GoneStore {
-            calls: std::sync::atomic::AtomicUsize::new(1),
-            redial: Duration::from_secs(5),
-        });
+        let slow: Arc<dyn Store> = GoneStore::silent(Duration::from_secs(5));
         let started = Instant::now();
         assert!(untouched(set_up_error(&slow, 3, 0, closed(2))));
         assert!(
@@ -1388,10 +1396,7 @@ mod tests {
         // Rank 3's stall monitor found a mismatch with rank 2 and settled
         // it (the store did not take it), then aborted; the collective
         // then fails on a closed link, and the mismatch is its cause.
-        let gone = Arc::new(GoneStore {
-            calls: Default::default(),
-            redial: Duration::from_millis(1),
-        });
+        let gone = GoneStore::gone(Duration::from_millis(1));
         let board = FailureBoard::new(gone, "g");
         let mismatch = Error::CollectiveMismatch {
             rank: 3,
@@ -1412,10 +1417,7 @@ mod tests {
         ));
         // A lost link it settled first is not kept as a cause: another
         // lost link in that collective is told as it is.
-        let gone = Arc::new(GoneStore {
-            calls: Default::default(),
-            redial: Duration::from_millis(1),
-        });
+        let gone = GoneStore::gone(Duration::from_millis(1));
         let board = FailureBoard::new(gone, "g");
         board.settle(&fp(9, 7), 3, closed(1), None);
         assert!(matches!(
@@ -1429,10 +1431,7 @@ mod tests {
         // Rank 0 hosted the store and died; rank 2 saw it, could not post,
         // and closed its links. Rank 3 only sees rank 2 close: the store
         // being gone says rank 0 is gone too, and that is the cause.
-        let gone = Arc::new(GoneStore {
-            calls: Default::default(),
-            redial: Duration::from_millis(1),
-        });
+        let gone = GoneStore::gone(Duration::from_millis(1));
         let board = FailureBoard::new(gone.clone(), "g");
         board.set_store_host(0);
         match board.settle(&fp(8, 5), 3, closed(2), None) {
@@ -1463,10 +1462,7 @@ mod tests {
         // connections but answers nothing. Rank 3 timed out on rank 2,
         // which had itself been waiting on rank 0; no report can travel,
         // and the silent store points at its host.
-        let silent = Arc::new(GoneStore {
-            calls: 1.into(), // every call waits `redial`, then fails
-            redial: STORE_PATIENCE + Duration::from_secs(1),
-        });
+        let silent = GoneStore::silent(STORE_PATIENCE + Duration::from_secs(1));
         let board = FailureBoard::new(silent.clone(), "g");
         board.set_store_host(0);
         let timed_out = Error::PeerTimeout {
@@ -1507,10 +1503,7 @@ mod tests {
                 theirs: "theirs".into(),
             },
         ] {
-            let gone = Arc::new(GoneStore {
-                calls: Default::default(),
-                redial: Duration::from_secs(3),
-            });
+            let gone = GoneStore::gone(Duration::from_secs(3));
             let board = FailureBoard::new(gone.clone(), "g");
             let started = std::time::Instant::now();
             let err = board.settle(&fp(8, 5), 1, err.clone(), None);
