@@ -206,6 +206,27 @@ impl Function {
         block: u32,
         args: &[KernelArg<'_>],
     ) -> Result<()> {
+        self.launch_with(stream, grid, block, args, false)
+    }
+
+    /// [`launch`](Self::launch); with `programmatic`, as a programmatic
+    /// dependent launch (compute capability 9.0 and later): the kernel may
+    /// be scheduled while the kernel before it on the stream still runs,
+    /// once every block of that one has signalled
+    /// (`griddepcontrol.launch_dependents`) or exited, so its own launch
+    /// overlaps that kernel's work. The kernel must then
+    /// wait (`griddepcontrol.wait`) before it touches memory that earlier
+    /// work on the stream writes. The caller's contract is `launch`'s,
+    /// plus that wait in the kernel, and `programmatic` only on a GPU of
+    /// compute capability 9.0 or later.
+    pub(crate) fn launch_with(
+        &self,
+        stream: &Stream,
+        grid: u32,
+        block: u32,
+        args: &[KernelArg<'_>],
+        programmatic: bool,
+    ) -> Result<()> {
         if stream.device() != self.ordinal {
             return Err(Error::InvalidArgument(format!(
                 "kernel launch: expected a stream on cuda:{}, found one on cuda:{}",
@@ -224,21 +245,53 @@ impl Function {
             *param = arg.value.cast_mut();
         }
         stream.bind()?;
-        // SAFETY: the function belongs to a module loaded in the context of
-        // the stream's device (checked above); each parameter points at a live
-        // value of the type the kernel declares (the #[repr(C)] mirrors the
-        // caller passes), borrowed for the duration of this call (the
-        // driver copies parameters at launch). The device addresses inside
-        // were taken from live buffers that the caller keeps until the
-        // stream is synchronised.
-        check("cuLaunchKernel", unsafe {
-            result::launch_kernel(
+        if !programmatic {
+            // SAFETY: the function belongs to a module loaded in the
+            // context of the stream's device (checked above); each
+            // parameter points at a live value of the type the kernel
+            // declares (the #[repr(C)] mirrors the caller passes), borrowed
+            // for the duration of this call (the driver copies parameters
+            // at launch). The device addresses inside were taken from live
+            // buffers that the caller keeps until the stream is
+            // synchronised.
+            return check("cuLaunchKernel", unsafe {
+                result::launch_kernel(
+                    self.handle.0,
+                    (grid.max(1), 1, 1),
+                    (block, 1, 1),
+                    0,
+                    stream.cu_stream(),
+                    &mut params[..args.len()],
+                )
+            });
+        }
+        // SAFETY: a zeroed attribute is valid (its value a union of plain
+        // integers); the id and the one field the id reads are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.max(1),
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as for cuLaunchKernel above; `config` and the attribute
+        // it points to live until the call returns (the driver copies
+        // them), and `params` starts with a pointer to each of the
+        // kernel's parameters (its other slots are null and not read).
+        super::driver::check_raw("cuLaunchKernelEx", unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
                 self.handle.0,
-                (grid.max(1), 1, 1),
-                (block, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params[..args.len()],
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         })
     }
