@@ -269,6 +269,14 @@ pub const INTRANODE_REGION: EnvVar = EnvVar {
     agreed: true,
 };
 
+/// `TENSORCOMM_INTRANODE_OVERLAP`.
+pub const INTRANODE_OVERLAP: EnvVar = EnvVar {
+    name: "TENSORCOMM_INTRANODE_OVERLAP",
+    default: "1",
+    doc: "1: on GPUs of compute capability 9.0 and later, with one rank per GPU, peer-memory all-reduce kernels are launched as programmatic dependent launches, so that a call's kernel can be scheduled while the kernel before it on the stream still runs (it waits for that kernel on the GPU before it reads anything); 0: usual launches",
+    agreed: false,
+};
+
 /// `TENSORCOMM_LAUNCHED`.
 pub const LAUNCHED: EnvVar = EnvVar {
     name: "TENSORCOMM_LAUNCHED",
@@ -312,6 +320,7 @@ pub const VARIABLES: &[EnvVar] = &[
     NCCL_LAUNCH,
     INTRANODE,
     INTRANODE_ALGO,
+    INTRANODE_OVERLAP,
     INTRANODE_REGION,
     LAUNCHED,
     LAUNCH_EXITS,

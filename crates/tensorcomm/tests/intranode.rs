@@ -52,6 +52,7 @@ fn options(algo: AlgoChoice, region: usize) -> IntraNodeOptions {
         region_bytes: Some(region),
         timeout: Duration::from_secs(60),
         kernel_timeout: Some(Duration::from_secs(60)),
+        overlap_launches: None,
     }
 }
 
@@ -1235,15 +1236,19 @@ fn child_rank_entry() {
     let scenario = std::env::var(CHILD_SCENARIO).unwrap();
     let opts = match scenario.as_str() {
         "late" => gave_up_options(),
+        "own-gpu" => overlap_options(),
         "registered" | "registered-pool" => options(AlgoChoice::Auto, 4 << 20),
         _ => options(AlgoChoice::Auto, 1 << 20),
     };
     // The captured tensors outlive the communicator (dropped below).
     let mut kept = Vec::new();
-    let c = IntraNodeComm::new(&store, "procs", rank, world, 0, &opts).unwrap();
-    let s = Stream::new(0).unwrap();
+    // The overlap test's ranks have a GPU each.
+    let device = if scenario == "own-gpu" { rank } else { 0 };
+    let c = IntraNodeComm::new(&store, "procs", rank, world, device, &opts).unwrap();
+    let s = Stream::new(device).unwrap();
     match scenario.as_str() {
         "calls" => process_rank_calls(&c, &s),
+        "own-gpu" => own_gpu_rank_calls(&c, &s),
         "registered" => {
             kept = registered_rank_calls(&c, &s, &store, 0, Inputs::Mixed, true, ReduceOp::Sum)
         }
@@ -1323,6 +1328,129 @@ fn ranks_in_separate_processes_reduce_through_ipc_at_2_4_and_8_ranks() {
             );
         }
     }
+}
+
+/// The overlap test's options: the defaults of the process tests, with
+/// programmatic launches asked for whatever the environment says.
+fn overlap_options() -> IntraNodeOptions {
+    IntraNodeOptions {
+        overlap_launches: Some(true),
+        ..options(AlgoChoice::Auto, 1 << 20)
+    }
+}
+
+/// Rank `c.rank()`'s input for `call` on its own GPU (`c.device()`).
+fn own_gpu_input(c: &IntraNodeComm, numel: usize, call: usize) -> Tensor<'static> {
+    let values: Vec<f32> = (0..numel).map(|i| value(c.rank(), i, call)).collect();
+    host_tensor(DType::BF16, &values)
+        .to_device(Device::Cuda(c.device()))
+        .unwrap()
+}
+
+/// The calls of the overlap test's ranks (a GPU each, 2 ranks), bf16
+/// SUM: calls of every algorithm 2 ranks use queued back to back (kernel after kernel on the
+/// stream, where programmatic launches overlap), checked after the last;
+/// then a graph of three such calls replayed on new inputs, checked after
+/// every replay.
+fn own_gpu_rank_calls(c: &IntraNodeComm, s: &Stream) {
+    let capable = tensorcomm::cuda::runtime::context(c.device())
+        .unwrap()
+        .capability()
+        .0
+        >= 9;
+    assert_eq!(c.overlaps_launches(), capable, "rank {}", c.rank());
+    // At 2 ranks: push, push, one-shot and (beyond the 1 MiB region)
+    // the large kernel (two-shot takes no sizes there).
+    let sizes = [1000, 60_000, 200_000, 600_002];
+    let inputs: Vec<Tensor<'static>> = (0..40)
+        .map(|call| own_gpu_input(c, sizes[call % 4], call))
+        .collect();
+    for t in &inputs {
+        c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
+    }
+    s.synchronize().unwrap();
+    for (call, t) in inputs.iter().enumerate() {
+        let what = format!("own-GPU rank {} back-to-back call {call}", c.rank());
+        assert_reference(t, ReduceOp::Sum, c.world(), call, &what);
+    }
+    let u = c.usage();
+    assert!(u.push > 0 && u.one_shot > 0 && u.large > 0, "{u:?}");
+    // The same tensor all-reduced k times in a row, each kernel reading
+    // what the one before it wrote: after the first call every rank holds
+    // the sum S, after call k 2^(k-1) S (doubling is exact).
+    for &numel in &sizes {
+        let t = own_gpu_input(c, numel, 99);
+        for _ in 0..6 {
+            c.all_reduce_on(&t, ReduceOp::Sum, s).unwrap();
+        }
+        s.synchronize().unwrap();
+        let got = read(&t);
+        for (i, g) in got.iter().enumerate() {
+            let want = reference(DType::BF16, ReduceOp::Sum, c.world(), i, 99) * 32.0;
+            assert!(
+                g.to_bits() == want.to_bits(),
+                "own-GPU rank {} chained, {numel} elements: element {i}: got {g}, want {want}",
+                c.rank()
+            );
+        }
+    }
+    let graph_inputs: Vec<Tensor<'static>> = [1000, 200_000, 600_002]
+        .iter()
+        .map(|&n| own_gpu_input(c, n, 0))
+        .collect();
+    s.begin_capture().unwrap();
+    for t in &graph_inputs {
+        c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
+    }
+    let graph = s.end_capture().unwrap();
+    for replay in 1..10 {
+        for t in &graph_inputs {
+            let values: Vec<f32> = (0..t.numel()).map(|i| value(c.rank(), i, replay)).collect();
+            t.copy_from(&host_tensor(DType::BF16, &values)).unwrap();
+        }
+        graph.launch(s).unwrap();
+        s.synchronize().unwrap();
+        for t in &graph_inputs {
+            let what = format!(
+                "own-GPU rank {} replay {replay}, {} elements",
+                c.rank(),
+                t.numel()
+            );
+            assert_reference(t, ReduceOp::Sum, c.world(), replay, &what);
+        }
+    }
+    c.check().unwrap();
+}
+
+#[test]
+fn ranks_on_a_gpu_each_overlap_their_launches_back_to_back_and_in_graphs() {
+    let test = "ranks_on_a_gpu_each_overlap_their_launches_back_to_back_and_in_graphs";
+    if !can_run(test) {
+        return;
+    }
+    let gpus = tensorcomm::cuda::runtime::device_count().unwrap_or(0);
+    if gpus < 2 {
+        println!("test {test} skipped: needs 2 GPUs, found {gpus}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = FileStore::open(&path).unwrap();
+    let mut child = spawn_child(&path, 1, 2, "own-gpu");
+    let c = match IntraNodeComm::new(&store, "procs", 0, 2, 0, &overlap_options()) {
+        Ok(c) => c,
+        Err(Error::IntraNodeUnavailable { reason }) => {
+            // The two GPUs cannot reach each other's memory: so does the
+            // child, which fails alike.
+            let _ = child.wait();
+            println!("test {test} skipped: {reason}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let s = Stream::new(0).unwrap();
+    own_gpu_rank_calls(&c, &s);
+    assert!(child.wait().unwrap().success(), "the child rank failed");
 }
 
 /// The options of the gave-up test's two ranks: one-shot, 2 s timeout.

@@ -55,6 +55,16 @@ pub struct IntraNodeOptions {
     pub timeout: Duration,
     /// See [`timeout`](IntraNodeOptions::timeout).
     pub kernel_timeout: Option<Duration>,
+    /// Whether kernels are launched as programmatic dependent launches
+    /// (scheduled while the kernel before them on the stream still runs,
+    /// waiting for it on the GPU), where the GPU has them (compute
+    /// capability 9.0 and later) and each rank has a GPU of its own;
+    /// `None`: `TENSORCOMM_INTRANODE_OVERLAP`, else yes. Such a kernel
+    /// lets the next kernel on the stream be scheduled as it starts: a
+    /// kernel of yours launched after it as a programmatic dependent
+    /// launch must wait for it (`cudaGridDependencySynchronize`) before
+    /// reading the result, as CUDA requires of every such launch.
+    pub overlap_launches: Option<bool>,
 }
 
 impl Default for IntraNodeOptions {
@@ -65,6 +75,7 @@ impl Default for IntraNodeOptions {
             region_bytes: None,
             timeout: Duration::from_secs(300),
             kernel_timeout: Some(Duration::from_secs(300)),
+            overlap_launches: None,
         }
     }
 }
@@ -133,6 +144,9 @@ pub struct IntraNodeComm {
     ctx: std::sync::Arc<Context>,
     algo: AlgoChoice,
     kernel_timeout: Option<Duration>,
+    /// Kernels go out as programmatic dependent launches (see
+    /// [`IntraNodeOptions::overlap_launches`]).
+    overlap_launches: bool,
     words: MappedWords,
     last: Mutex<LastCall>,
     usage: UsageCounters,
@@ -180,6 +194,7 @@ impl IntraNodeComm {
             policy,
             algo,
             region,
+            overlap,
             ctx,
             words,
         } = match prepare(device, options) {
@@ -201,6 +216,9 @@ impl IntraNodeComm {
             timeout: options.timeout,
         }
         .run()?;
+        // Ranks sharing a GPU need every rank's kernel resident at once;
+        // a next kernel scheduled early would hold resources they count on.
+        let overlap_launches = overlap && ctx.capability().0 >= 9 && memory.ranks_per_gpu() == 1;
         Ok(IntraNodeComm {
             rank,
             world,
@@ -208,6 +226,7 @@ impl IntraNodeComm {
             ctx,
             algo,
             kernel_timeout: options.kernel_timeout,
+            overlap_launches,
             words,
             last: Mutex::default(),
             usage: UsageCounters::default(),
@@ -231,6 +250,14 @@ impl IntraNodeComm {
     /// This rank's GPU.
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// Whether this rank's kernels go out as programmatic dependent
+    /// launches (see [`IntraNodeOptions::overlap_launches`]): asked for,
+    /// on a GPU of compute capability 9.0 or later, and every rank on a
+    /// GPU of its own.
+    pub fn overlaps_launches(&self) -> bool {
+        self.overlap_launches
     }
 
     /// How the algorithm is chosen (by size, or forced).
@@ -631,9 +658,18 @@ impl IntraNodeComm {
             end_barrier: u32::from(capturing),
             io_aligned: u32::from(addr.is_multiple_of(16)),
             slot: slot as u32,
+            overlap: 0,
         };
         let max_blocks = peer_max_blocks(self.memory.ranks_per_gpu());
-        peer_all_reduce(&self.ctx, stream, shot, dtype, &args, max_blocks)?;
+        peer_all_reduce(
+            &self.ctx,
+            stream,
+            shot,
+            dtype,
+            &args,
+            max_blocks,
+            self.overlap_launches,
+        )?;
         last.eager = next_eager;
         if !capturing {
             last.stream = Some(stream.clone());
@@ -728,6 +764,9 @@ struct Prepared {
     algo: AlgoChoice,
     /// Bytes of one region, a multiple of 4096.
     region: usize,
+    /// Programmatic dependent launches asked for (the GPU and the ranks
+    /// per GPU decide too).
+    overlap: bool,
     ctx: std::sync::Arc<Context>,
     words: MappedWords,
 }
@@ -761,6 +800,10 @@ fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
         None => region_from_env()?,
     };
     let region = region.div_ceil(4096) * 4096;
+    let overlap = match options.overlap_launches {
+        Some(on) => on,
+        None => parse_overlap(env_vars::INTRANODE_OVERLAP.get_lossy())?,
+    };
     let ctx = runtime::context(device)?;
     if policy != PeerPolicy::Off {
         // Off: set-up fails on every rank (see `topology::why_not`) and no
@@ -772,6 +815,7 @@ fn prepare(device: usize, options: &IntraNodeOptions) -> Result<Prepared> {
         policy,
         algo,
         region,
+        overlap,
         ctx,
         words,
     })
@@ -800,6 +844,20 @@ fn parse_region(raw: Option<String>) -> Result<usize> {
         })
 }
 
+/// `TENSORCOMM_INTRANODE_OVERLAP`'s value: `1` (also when unset) or `0`;
+/// anything else is [`Error::BadValue`].
+fn parse_overlap(raw: Option<String>) -> Result<bool> {
+    match raw.as_deref().map(str::trim) {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(Error::BadValue {
+            name: env_vars::INTRANODE_OVERLAP.name.into(),
+            expected: "0 or 1".into(),
+            found: other.into(),
+        }),
+    }
+}
+
 /// The kernels' op for `op`, if they have it.
 fn peer_op(op: ReduceOp) -> Option<PeerOp> {
     match op {
@@ -813,7 +871,23 @@ fn peer_op(op: ReduceOp) -> Option<PeerOp> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_region;
+    use super::{parse_overlap, parse_region};
+
+    #[test]
+    fn the_overlap_variable_takes_0_or_1_and_names_itself_otherwise() {
+        assert!(parse_overlap(None).unwrap());
+        assert!(parse_overlap(Some("1".into())).unwrap());
+        assert!(!parse_overlap(Some(" 0 ".into())).unwrap());
+        for bad in ["yes", "2", ""] {
+            let e = parse_overlap(Some(bad.into())).unwrap_err().to_string();
+            assert!(
+                e.contains("TENSORCOMM_INTRANODE_OVERLAP")
+                    && e.contains("0 or 1")
+                    && e.contains(bad),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn the_region_variable_takes_sizes_from_4k_to_1024g_and_names_itself_otherwise() {

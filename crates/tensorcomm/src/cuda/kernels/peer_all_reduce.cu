@@ -69,6 +69,7 @@ struct PeerArgs {
   u32 io_aligned;   // 1: input and output are 16-byte aligned
   u32 slot;         // push: bytes of one sender's part of an inbox half;
                     // large: bytes of one rank's slot of each area
+  u32 overlap;      // 1: launched as a programmatic dependent launch
 };
 
 __device__ __forceinline__ u64 peer_now_ns() {
@@ -686,18 +687,35 @@ __device__ void peer_registered(const PeerArgs& a) {
   }
 }
 
-extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_one_shot<OpF32>(a); }
-extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_one_shot<OpF16>(a); }
-extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_one_shot<OpBF16>(a); }
-extern "C" __global__ void peer_two_shot_f32(const PeerArgs a) { peer_two_shot<OpF32>(a); }
-extern "C" __global__ void peer_two_shot_f16(const PeerArgs a) { peer_two_shot<OpF16>(a); }
-extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_two_shot<OpBF16>(a); }
-extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f32(const PeerArgs a) { peer_push<OpF32>(a); }
-extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f16(const PeerArgs a) { peer_push<OpF16>(a); }
-extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_bf16(const PeerArgs a) { peer_push<OpBF16>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_large_f32(const PeerArgs a) { peer_large<OpF32>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_large_f16(const PeerArgs a) { peer_large<OpF16>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_large_bf16(const PeerArgs a) { peer_large<OpBF16>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_registered_f32(const PeerArgs a) { peer_registered<OpF32>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_registered_f16(const PeerArgs a) { peer_registered<OpF16>(a); }
-extern "C" __global__ void __launch_bounds__(512) peer_registered_bf16(const PeerArgs a) { peer_registered<OpBF16>(a); }
+// Programmatic dependent launch (compute capability 9.0 and later, see
+// `Function::launch_with`): a kernel launched that way (a.overlap) may be
+// scheduled while the kernel before it on the stream still runs. It first
+// waits for that kernel to end and its writes to be visible (before it
+// reads its input, its pads or its call counts, which earlier calls
+// write), then lets the kernel after it be scheduled, so that the next
+// call's launch overlaps this one. Launched the usual way, a kernel does
+// neither, so that no kernel after it is scheduled before it ends.
+__device__ __forceinline__ void peer_launch_gate(const PeerArgs& a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.overlap) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+#endif
+}
+
+extern "C" __global__ void peer_one_shot_f32(const PeerArgs a) { peer_launch_gate(a); peer_one_shot<OpF32>(a); }
+extern "C" __global__ void peer_one_shot_f16(const PeerArgs a) { peer_launch_gate(a); peer_one_shot<OpF16>(a); }
+extern "C" __global__ void peer_one_shot_bf16(const PeerArgs a) { peer_launch_gate(a); peer_one_shot<OpBF16>(a); }
+extern "C" __global__ void peer_two_shot_f32(const PeerArgs a) { peer_launch_gate(a); peer_two_shot<OpF32>(a); }
+extern "C" __global__ void peer_two_shot_f16(const PeerArgs a) { peer_launch_gate(a); peer_two_shot<OpF16>(a); }
+extern "C" __global__ void peer_two_shot_bf16(const PeerArgs a) { peer_launch_gate(a); peer_two_shot<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f32(const PeerArgs a) { peer_launch_gate(a); peer_push<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_f16(const PeerArgs a) { peer_launch_gate(a); peer_push<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(PUSH_THREADS, 2) peer_push_bf16(const PeerArgs a) { peer_launch_gate(a); peer_push<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_f32(const PeerArgs a) { peer_launch_gate(a); peer_large<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_f16(const PeerArgs a) { peer_launch_gate(a); peer_large<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_large_bf16(const PeerArgs a) { peer_launch_gate(a); peer_large<OpBF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_f32(const PeerArgs a) { peer_launch_gate(a); peer_registered<OpF32>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_f16(const PeerArgs a) { peer_launch_gate(a); peer_registered<OpF16>(a); }
+extern "C" __global__ void __launch_bounds__(512) peer_registered_bf16(const PeerArgs a) { peer_launch_gate(a); peer_registered<OpBF16>(a); }

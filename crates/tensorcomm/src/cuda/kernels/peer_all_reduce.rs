@@ -118,6 +118,10 @@ pub(crate) struct PeerArgs {
     /// Push: bytes of one sender's part of an inbox half. Large: bytes of
     /// one rank's slot of each of the region's two areas.
     pub(crate) slot: u32,
+    /// 1 when launched as a programmatic dependent launch (set by
+    /// [`peer_all_reduce`]): the kernel then waits for the work before it
+    /// and lets the next kernel be scheduled.
+    pub(crate) overlap: u32,
 }
 
 /// The dtypes the kernels take.
@@ -221,6 +225,9 @@ pub(crate) fn peer_max_blocks(ranks_per_gpu: usize) -> usize {
 /// of `slot` bytes), and every rank of `args.world` queues the same
 /// kernel with the same `numel` in the same order.
 /// `max_blocks` bounds the grid (every rank must pass the same).
+/// `overlap`: a programmatic dependent launch (see
+/// `Function::launch_with`; every kernel here waits for the work before it
+/// on entry), only on a GPU of compute capability 9.0 or later.
 pub(crate) fn peer_all_reduce(
     ctx: &Context,
     stream: &Stream,
@@ -228,6 +235,7 @@ pub(crate) fn peer_all_reduce(
     dtype: DType,
     args: &PeerArgs,
     max_blocks: usize,
+    overlap: bool,
 ) -> Result<()> {
     let world = args.world as usize;
     if world == 0 || world > PEER_MAX || args.rank as usize >= world {
@@ -274,12 +282,36 @@ pub(crate) fn peer_all_reduce(
         Shot::Push { .. } => PUSH_THREADS,
         _ => THREADS,
     };
-    function.launch(stream, grid, threads, &[KernelArg::new(args)])
+    let args = PeerArgs {
+        overlap: u32::from(overlap),
+        ..*args
+    };
+    function.launch_with(stream, grid, threads, &[KernelArg::new(&args)], overlap)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_peer_kernel_opens_with_the_launch_gate() {
+        // A kernel launched as a programmatic dependent launch must wait
+        // for the work before it before touching memory: each entry point
+        // calls the gate first.
+        let source = include_str!("peer_all_reduce.cu");
+        let entries: Vec<&str> = source
+            .lines()
+            .filter(|l| l.starts_with("extern \"C\" __global__"))
+            .collect();
+        assert_eq!(entries.len(), 15, "{entries:#?}");
+        for line in entries {
+            let body = line.split_once('{').expect("a one-line body").1;
+            assert!(
+                body.trim_start().starts_with("peer_launch_gate(a);"),
+                "{line}"
+            );
+        }
+    }
 
     #[test]
     fn every_supported_dtype_and_shot_has_a_declared_kernel() {
@@ -401,7 +433,12 @@ mod tests {
 
     #[test]
     fn the_argument_block_matches_the_kernel_layout() {
-        // 16 addresses, 7 u64 and 6 u32: what PeerArgs in the .cu holds.
-        assert_eq!(std::mem::size_of::<PeerArgs>(), 16 * 8 + 7 * 8 + 6 * 4);
+        // 16 addresses, 7 u64 and 7 u32 (then 4 bytes of padding to the
+        // 8-byte alignment, as in C): what PeerArgs in the .cu holds.
+        assert_eq!(std::mem::size_of::<PeerArgs>(), 16 * 8 + 7 * 8 + 7 * 4 + 4);
+        assert_eq!(
+            std::mem::offset_of!(PeerArgs, overlap),
+            16 * 8 + 7 * 8 + 6 * 4
+        );
     }
 }
