@@ -1,7 +1,7 @@
-//! The peer-memory all-reduce (`cuda::intranode`) on one GPU: ranks as
-//! threads of this process (each on its own stream) or as child
-//! processes (through CUDA IPC), all sharing cuda:0 under
-//! `PeerPolicy::Shared`. Results are compared bit for bit with a CPU
+//! The peer-memory all-reduce (`cuda::intranode`): ranks as threads of
+//! this process (each on its own stream) or as child processes (through
+//! CUDA IPC), sharing cuda:0 under `PeerPolicy::Shared`; on a machine with
+//! two GPUs one test also runs two processes on a GPU each. Results are compared bit for bit with a CPU
 //! reference that accumulates in f32 in rank order, as the kernels do.
 //! Each test prints a line and returns when the machine has no GPU. Up to
 //! 8 ranks run as threads, each on its own stream: run with
@@ -1168,6 +1168,9 @@ const CHILD_SCENARIO: &str = "TENSORCOMM_TEST_INTRANODE_SCENARIO";
 /// two-shot and the large kernel in turn, all queued back to back, checked
 /// after the last.
 fn process_rank_calls(c: &IntraNodeComm, s: &Stream) {
+    // Ranks sharing a GPU keep usual launches (their kernels must all be
+    // resident at once), whatever the environment asks.
+    assert!(!c.overlaps_launches(), "rank {}", c.rank());
     // Processes sharing a GPU take turns on it, so each barrier waits for
     // every other rank's time slice: fewer calls for more ranks.
     let calls = if c.world() > 4 { 4 } else { 40 };
