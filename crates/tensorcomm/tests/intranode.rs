@@ -178,9 +178,21 @@ fn gpu_input(
     offset: usize,
     call: usize,
 ) -> Tensor<'static> {
+    gpu_input_on(GPU, dtype, rank, numel, offset, call)
+}
+
+/// [`gpu_input`] on `device`.
+fn gpu_input_on(
+    device: Device,
+    dtype: DType,
+    rank: usize,
+    numel: usize,
+    offset: usize,
+    call: usize,
+) -> Tensor<'static> {
     let mut values = vec![-99.0f32; offset];
     values.extend((0..numel).map(|i| value(rank, i, call)));
-    let whole = host_tensor(dtype, &values).to_device(GPU).unwrap();
+    let whole = host_tensor(dtype, &values).to_device(device).unwrap();
     whole.narrow(0, offset, numel).unwrap()
 }
 
@@ -1344,10 +1356,14 @@ fn overlap_options() -> IntraNodeOptions {
 
 /// Rank `c.rank()`'s input for `call` on its own GPU (`c.device()`).
 fn own_gpu_input(c: &IntraNodeComm, numel: usize, call: usize) -> Tensor<'static> {
-    let values: Vec<f32> = (0..numel).map(|i| value(c.rank(), i, call)).collect();
-    host_tensor(DType::BF16, &values)
-        .to_device(Device::Cuda(c.device()))
-        .unwrap()
+    gpu_input_on(
+        Device::Cuda(c.device()),
+        DType::BF16,
+        c.rank(),
+        numel,
+        0,
+        call,
+    )
 }
 
 /// The calls of the overlap test's ranks (a GPU each, 2 ranks), bf16
@@ -1368,10 +1384,7 @@ fn own_gpu_rank_calls(c: &IntraNodeComm, s: &Stream) {
     let inputs: Vec<Tensor<'static>> = (0..40)
         .map(|call| own_gpu_input(c, sizes[call % 4], call))
         .collect();
-    for t in &inputs {
-        c.all_reduce_on(t, ReduceOp::Sum, s).unwrap();
-    }
-    s.synchronize().unwrap();
+    sum_all(c, s, &inputs);
     for (call, t) in inputs.iter().enumerate() {
         let what = format!("own-GPU rank {} back-to-back call {call}", c.rank());
         assert_reference(t, ReduceOp::Sum, c.world(), call, &what);
@@ -1408,8 +1421,7 @@ fn own_gpu_rank_calls(c: &IntraNodeComm, s: &Stream) {
     let graph = s.end_capture().unwrap();
     for replay in 1..10 {
         for t in &graph_inputs {
-            let values: Vec<f32> = (0..t.numel()).map(|i| value(c.rank(), i, replay)).collect();
-            t.copy_from(&host_tensor(DType::BF16, &values)).unwrap();
+            refill(t, c.rank(), replay);
         }
         graph.launch(s).unwrap();
         s.synchronize().unwrap();

@@ -658,18 +658,10 @@ impl IntraNodeComm {
             end_barrier: u32::from(capturing),
             io_aligned: u32::from(addr.is_multiple_of(16)),
             slot: slot as u32,
-            overlap: 0,
+            overlap: u32::from(self.overlap_launches),
         };
         let max_blocks = peer_max_blocks(self.memory.ranks_per_gpu());
-        peer_all_reduce(
-            &self.ctx,
-            stream,
-            shot,
-            dtype,
-            &args,
-            max_blocks,
-            self.overlap_launches,
-        )?;
+        peer_all_reduce(&self.ctx, stream, shot, dtype, &args, max_blocks)?;
         last.eager = next_eager;
         if !capturing {
             last.stream = Some(stream.clone());

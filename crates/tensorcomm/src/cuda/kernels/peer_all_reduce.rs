@@ -118,9 +118,10 @@ pub(crate) struct PeerArgs {
     /// Push: bytes of one sender's part of an inbox half. Large: bytes of
     /// one rank's slot of each of the region's two areas.
     pub(crate) slot: u32,
-    /// 1 when launched as a programmatic dependent launch (set by
-    /// [`peer_all_reduce`]): the kernel then waits for the work before it
-    /// and lets the next kernel be scheduled.
+    /// 1: launched as a programmatic dependent launch ([`peer_all_reduce`]
+    /// launches it so, only on a GPU of compute capability 9.0 or later):
+    /// the kernel then waits for the work before it and lets the next
+    /// kernel be scheduled.
     pub(crate) overlap: u32,
 }
 
@@ -225,9 +226,9 @@ pub(crate) fn peer_max_blocks(ranks_per_gpu: usize) -> usize {
 /// of `slot` bytes), and every rank of `args.world` queues the same
 /// kernel with the same `numel` in the same order.
 /// `max_blocks` bounds the grid (every rank must pass the same).
-/// `overlap`: a programmatic dependent launch (see
-/// `Function::launch_with`; every kernel here waits for the work before it
-/// on entry), only on a GPU of compute capability 9.0 or later.
+/// `args.overlap` set: a programmatic dependent launch (see
+/// `Function::launch_with`; every kernel here then waits for the work
+/// before it on entry).
 pub(crate) fn peer_all_reduce(
     ctx: &Context,
     stream: &Stream,
@@ -235,7 +236,6 @@ pub(crate) fn peer_all_reduce(
     dtype: DType,
     args: &PeerArgs,
     max_blocks: usize,
-    overlap: bool,
 ) -> Result<()> {
     let world = args.world as usize;
     if world == 0 || world > PEER_MAX || args.rank as usize >= world {
@@ -282,11 +282,13 @@ pub(crate) fn peer_all_reduce(
         Shot::Push { .. } => PUSH_THREADS,
         _ => THREADS,
     };
-    let args = PeerArgs {
-        overlap: u32::from(overlap),
-        ..*args
-    };
-    function.launch_with(stream, grid, threads, &[KernelArg::new(&args)], overlap)
+    function.launch_with(
+        stream,
+        grid,
+        threads,
+        &[KernelArg::new(args)],
+        args.overlap != 0,
+    )
 }
 
 #[cfg(test)]
