@@ -122,6 +122,22 @@ fn control_len(world_size: usize) -> usize {
 /// How often a wait on a peer's counter asks whether the peer is alive.
 const ALIVE_EVERY: Duration = Duration::from_millis(2);
 
+/// A wait on a counter in the arena's control region
+/// ([`ShmArena::wait_for`]): whose it is, the line, the value to pass, and
+/// how its failures describe it.
+struct Awaited<'a> {
+    /// The rank that publishes the counter.
+    peer: usize,
+    counter: &'a AtomicU64,
+    signal: &'a Signal,
+    /// The wait ends once the counter holds more than this.
+    past: u64,
+    /// What this rank was doing, for a peer found dead meanwhile.
+    closed: &'a dyn Fn() -> String,
+    /// What it was waiting for, for a deadline that passed.
+    timed_out: &'a dyn Fn() -> String,
+}
+
 /// A group's shared data area on one host (see the module docs).
 ///
 /// ```
@@ -351,7 +367,7 @@ impl ShmArena {
     pub(crate) fn wait_progress(
         &self,
         milestone: Milestone,
-        (call_started, deadline): (Instant, Instant),
+        call: (Instant, Instant),
         stopped: &dyn Fn() -> bool,
         alive: &dyn Fn() -> Result<()>,
     ) -> Result<bool> {
@@ -361,11 +377,48 @@ impl ShmArena {
             kind,
             step,
         } = milestone;
-        let counter = self.progress(rank, lane, kind);
+        let awaited = Awaited {
+            peer: rank,
+            counter: self.progress(rank, lane, kind),
+            signal: self.signal(rank, lane, kind),
+            past: step,
+            closed: &|| {
+                format!(
+                    "rank {} waited in shared memory for lane {lane} of rank {rank} to {} step {step}",
+                    self.rank,
+                    kind.verb()
+                )
+            },
+            timed_out: &|| {
+                format!(
+                    "waiting in shared memory for it to {} step {step} (lane {lane})",
+                    kind.verb()
+                )
+            },
+        };
+        self.wait_for(awaited, call, stopped, alive)
+    }
+
+    /// Waits until `awaited.counter` passes `awaited.past`, as
+    /// [`wait_progress`](Self::wait_progress) describes.
+    fn wait_for(
+        &self,
+        awaited: Awaited<'_>,
+        (call_started, deadline): (Instant, Instant),
+        stopped: &dyn Fn() -> bool,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<bool> {
+        let Awaited {
+            peer: rank,
+            counter,
+            signal,
+            past: step,
+            closed,
+            timed_out,
+        } = awaited;
         if counter.load(Ordering::Acquire) > step {
             return Ok(true);
         }
-        let signal = self.signal(rank, lane, kind);
         let started = Instant::now();
         let backoff = Backoff::with(self.wait);
         #[cfg(test)]
@@ -388,11 +441,7 @@ impl ShmArena {
                 alive().map_err(|e| match e {
                     Error::PeerClosed { peer, reason, .. } => Error::PeerClosed {
                         peer,
-                        during: format!(
-                            "rank {} waited in shared memory for lane {lane} of rank {rank} to {} step {step}",
-                            self.rank,
-                            kind.verb()
-                        ),
+                        during: closed(),
                         reason,
                     },
                     other => other,
@@ -402,10 +451,7 @@ impl ShmArena {
             if now >= deadline {
                 return Err(Error::PeerTimeout {
                     peer: rank,
-                    during: format!(
-                        "waiting in shared memory for it to {} step {step} (lane {lane})",
-                        kind.verb()
-                    ),
+                    during: timed_out(),
                     timeout: deadline.saturating_duration_since(call_started),
                 });
             }
