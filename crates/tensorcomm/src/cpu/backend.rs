@@ -836,3 +836,6 @@ impl ProcessGroupCpu {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests;
+
+#[cfg(all(test, feature = "cuda", target_os = "linux"))]
+mod vote_tests;

@@ -100,16 +100,16 @@ impl<'a> Fingerprinted<'a> {
             return Ok(());
         }
         let _ = self.mismatched.set((from, *theirs));
-        let described = match Fingerprint::decode(theirs) {
-            Some(fp) => fp.to_string(),
-            None => format!("unrecognised fingerprint bytes {theirs:?}"),
-        };
-        Err(Error::CollectiveMismatch {
-            rank: self.inner.rank(),
-            peer: from,
-            mine: self.mine.to_string(),
-            theirs: described,
-        })
+        Err(mismatch(self.inner.rank(), from, &self.mine, theirs))
+    }
+
+    /// Reads `peer`'s fingerprint, expected to be the first thing it sent
+    /// in this call, and checks it: the error of a peer that is in another
+    /// call ([`Error::CollectiveMismatch`]). `Ok` means the peer is in
+    /// this very call.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn expect_fingerprint(&self, peer: usize, deadline: Instant) -> Result<()> {
+        self.confirm(peer, deadline)
     }
 
     /// Reads and checks the peer's fingerprint on its own: a message of the
@@ -154,6 +154,26 @@ impl<'a> Fingerprinted<'a> {
         staged.extend_from_slice(&self.encoded);
         staged.extend_from_slice(data);
         staged
+    }
+}
+
+/// The error of rank `rank`, in the call `mine`, finding that `peer` is in
+/// the call whose encoded fingerprint is `theirs`.
+pub(crate) fn mismatch(
+    rank: usize,
+    peer: usize,
+    mine: &Fingerprint,
+    theirs: &[u8; FINGERPRINT_LEN],
+) -> Error {
+    let described = match Fingerprint::decode(theirs) {
+        Some(fp) => fp.to_string(),
+        None => format!("unrecognised fingerprint bytes {theirs:?}"),
+    };
+    Error::CollectiveMismatch {
+        rank,
+        peer,
+        mine: mine.to_string(),
+        theirs: described,
     }
 }
 

@@ -156,12 +156,11 @@ impl CpuBackend {
     /// How this all_reduce of `tensor` runs. In groups with peer memory
     /// every all_reduce starts with a vote; in groups that may stage CUDA
     /// tensors (`pipelines`) so do those of `PIPELINE_MIN_BYTES` or more.
-    /// The vote is a two-element
-    /// MIN all_reduce over the host transport, as part of `call`
-    /// (`described` on failure): what every rank can take (0: neither
-    /// path, 1: chunks, 2: also peer memory), and whether any rank stages
-    /// a CUDA tensor. Ranks decide from what every rank knows (the group,
-    /// the size), so they all vote or none does.
+    /// The vote ([`vote`](Self::vote)) is a two-element MIN over the
+    /// ranks, as part of `call` (`described` on failure): what every rank
+    /// can take (0: neither path, 1: chunks, 2: also peer memory), and
+    /// whether any rank stages a CUDA tensor. Ranks decide from what every
+    /// rank knows (the group, the size), so they all vote or none does.
     #[cfg(feature = "cuda")]
     fn all_reduce_path(
         &self,
@@ -181,16 +180,8 @@ impl CpuBackend {
             Some(peer) if on_gpu && peer_path_eligible(peer, tensor, op) => 2,
             _ => 1,
         };
-        let ballot = crate::tensor::Tensor::from_vec(vec![can, -i32::from(on_gpu)], &[2])?;
-        let vote = Collective::AllReduce {
-            tensor: ballot.clone(),
-            op: crate::group::ReduceOp::Min,
-        };
-        self.run_on_host(&vote, described, call)?;
-        let (all_can, someone_stages) = match ballot.to_vec::<i32>()?[..] {
-            [a, b] => (a, b < 0),
-            _ => (0, false),
-        };
+        let [all_can, least] = self.vote([can, -i32::from(on_gpu)], described, call)?;
+        let someone_stages = least < 0;
         if let (2, Some(peer)) = (all_can, &self.peer) {
             return Ok(AllReducePath::Peer(peer));
         }
@@ -208,6 +199,86 @@ impl CpuBackend {
             return Ok(AllReducePath::Chunked);
         }
         Ok(AllReducePath::Whole)
+    }
+
+    /// The element-wise minimum of every rank's `votes`, as part of `call`
+    /// (`described` on failure). In a group with an arena, through its
+    /// ballot lines (`cpu/transport/shm/arena/ballot.rs`), tagged with the
+    /// call's fingerprint: a peer in another call is found there, or by
+    /// the message it sent this rank over the links (every collective's
+    /// first message to a peer carries its fingerprint, and one-way pairs
+    /// announce theirs), and fails the call as
+    /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch).
+    /// Otherwise a two-element MIN all_reduce over the links.
+    #[cfg(feature = "cuda")]
+    fn vote(&self, votes: [i32; 2], described: &Collective, call: &Call) -> Result<[i32; 2]> {
+        #[cfg(target_os = "linux")]
+        if let Some(arena) = &self.arena {
+            let ended = self.ballot(&arena.shm, votes, call);
+            if ended.is_err() {
+                call.describe(describe(&call.fingerprint, described));
+            }
+            return ended;
+        }
+        let ballot = crate::tensor::Tensor::from_vec(votes.to_vec(), &[2])?;
+        let vote = Collective::AllReduce {
+            tensor: ballot.clone(),
+            op: crate::group::ReduceOp::Min,
+        };
+        self.run_on_host(&vote, described, call)?;
+        match ballot.to_vec::<i32>()?[..] {
+            [a, b] => Ok([a, b]),
+            _ => Ok([0, 0]),
+        }
+    }
+
+    /// [`vote`](Self::vote) through the arena's ballot lines.
+    #[cfg(all(feature = "cuda", target_os = "linux"))]
+    fn ballot(
+        &self,
+        arena: &super::transport::shm::ShmArena,
+        votes: [i32; 2],
+        call: &Call,
+    ) -> Result<[i32; 2]> {
+        use super::transport::shm::BallotEnd;
+        const _: () = assert!(
+            super::transport::shm::BALLOT_TAG_LEN == crate::group::fingerprint::FINGERPRINT_LEN
+        );
+        let tag = call.fingerprint.encode();
+        // A peer that sent this rank something is in another call: one
+        // still voting has sent nothing, and one done voting posted first.
+        let elsewhere = |p: usize| self.transport.has_data(p).unwrap_or(false);
+        let alive = |p: usize| self.transport.check_alive(p);
+        let within = (std::time::Instant::now(), call.deadline);
+        match arena.ballot(&tag, votes, within, &elsewhere, &alive)? {
+            BallotEnd::Agreed(least) => Ok(least),
+            BallotEnd::Mismatched { peer, theirs } => {
+                call.report_mismatch(peer, theirs);
+                Err(super::fingerprinted::mismatch(
+                    self.transport.rank(),
+                    peer,
+                    &call.fingerprint,
+                    &theirs,
+                ))
+            }
+            BallotEnd::Elsewhere { peer } => {
+                let t = Fingerprinted::new(
+                    &self.transport,
+                    call.fingerprint,
+                    self.select.sender_check(),
+                );
+                let read = t.expect_fingerprint(peer, call.deadline);
+                if let Some((peer, theirs)) = t.mismatched() {
+                    call.report_mismatch(peer, theirs);
+                }
+                read?;
+                Err(crate::Error::PeerProtocol {
+                    peer,
+                    expected: format!("a ballot on how call {} runs", call.fingerprint.seq),
+                    found: "a message of that call over the links, before the ballot".into(),
+                })
+            }
+        }
     }
 
     /// Runs `collective` to its end on this thread; on failure describes

@@ -18,7 +18,18 @@ use crate::{Error, Result};
 /// host does not pay for starting the driver.
 #[cfg(feature = "cuda")]
 fn host_has_nvidia_gpus() -> bool {
+    #[cfg(test)]
+    if PRETEND_GPU_HOST.get() {
+        return true;
+    }
     std::path::Path::new("/dev/nvidiactl").exists()
+}
+
+#[cfg(all(test, feature = "cuda"))]
+thread_local! {
+    /// Tests only: groups set up on this thread answer as on a host with
+    /// GPUs, so that their large all_reduces vote on a host without one.
+    pub(crate) static PRETEND_GPU_HOST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// What a rank posts: whether it may stage CUDA tensors.

@@ -6,7 +6,9 @@
 //! up to [`ARENA_MAX_LANES`] lanes (threads) of it, how many steps it has
 //! copied in, reduced and copied out ([`Progress`]), each on a cache line
 //! of its own with the [`Signal`] its waiters sleep on; then a line with
-//! the number of ranks whose waits sleep (see below). Then come
+//! the number of ranks whose waits sleep (see below); then two ballot
+//! lines per rank, in which the ranks agree on a small vote without a
+//! message ([`ShmArena::ballot`], `arena/ballot.rs`). Then come
 //! `world_size` slots of `2 * chunk` bytes: each
 //! rank's slot, split into two halves (parity 0 and 1) so that one chunk
 //! of a message can be copied in while the previous one is still being
@@ -114,9 +116,10 @@ fn counter_lines(world_size: usize) -> usize {
 }
 
 /// Bytes of the control region at the start of a `world_size`-rank arena:
-/// the counters, then the line of the count of sleeping ranks.
+/// the counters, then the line of the count of sleeping ranks, then two
+/// ballot lines per rank (`arena/ballot.rs`).
 fn control_len(world_size: usize) -> usize {
-    (counter_lines(world_size) + 1) * LINE
+    (counter_lines(world_size) + 1 + ballot::lines(world_size)) * LINE
 }
 
 /// How often a wait on a peer's counter asks whether the peer is alive.
@@ -172,6 +175,9 @@ pub struct ShmArena {
     /// Set by an algorithm that leaves without a closing barrier, taken by
     /// one that relies on one (see [`ShmArena::take_unfenced`]).
     unfenced: AtomicBool,
+    /// Ballots taken so far ([`ShmArena::ballot`]): ballot `b` uses the
+    /// ballot lines of parity `b % 2`, whose rounds hold `b + 1`.
+    ballots: AtomicU64,
     /// How waits on the counters go ([`ShmWait`]): with `Sleep` on the
     /// counters' signals, counted in the arena's sleeping ranks.
     wait: ShmWait,
@@ -240,6 +246,7 @@ impl ShmArena {
             chunk,
             steps: AtomicUsize::new(0),
             unfenced: AtomicBool::new(false),
+            ballots: AtomicU64::new(0),
             wait: ShmWait::Spin,
             #[cfg(test)]
             test_sleep: None,
@@ -581,6 +588,11 @@ impl ShmArena {
 pub fn arena_chunk(world_size: usize) -> usize {
     ((8 << 20) / world_size.max(1)).clamp(DEFAULT_ARENA_CHUNK, 4 << 20)
 }
+
+mod ballot;
+
+#[cfg(feature = "cuda")]
+pub(crate) use ballot::{BallotEnd, BALLOT_TAG_LEN};
 
 #[cfg(test)]
 mod wait_tests;

@@ -50,6 +50,8 @@ mod symmetric;
 mod wait;
 
 pub use arena::{arena_chunk, Milestone, Progress, ShmArena, ARENA_MAX_LANES, DEFAULT_ARENA_CHUNK};
+#[cfg(feature = "cuda")]
+pub(crate) use arena::{BallotEnd, BALLOT_TAG_LEN};
 pub use link::ShmLink;
 pub use mesh::{ShmTransport, ShmTransportOptions};
 pub use reclaim::{reclaim_orphans, remove_segments_of};
