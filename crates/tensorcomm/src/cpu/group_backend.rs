@@ -211,7 +211,12 @@ impl CpuBackend {
     /// [`Error::CollectiveMismatch`](crate::Error::CollectiveMismatch).
     /// Otherwise a two-element MIN all_reduce over the links.
     #[cfg(feature = "cuda")]
-    fn vote(&self, votes: [i32; 2], described: &Collective, call: &Call) -> Result<[i32; 2]> {
+    pub(super) fn vote(
+        &self,
+        votes: [i32; 2],
+        described: &Collective,
+        call: &Call,
+    ) -> Result<[i32; 2]> {
         #[cfg(target_os = "linux")]
         if let Some(arena) = &self.arena {
             let ended = self.ballot(&arena.shm, votes, call);

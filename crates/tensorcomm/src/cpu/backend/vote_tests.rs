@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use super::*;
 use crate::cpu::pipeline_choice::PRETEND_GPU_HOST;
+use crate::group::backend::Call;
+use crate::group::fingerprint::{CollectiveKind, Fingerprint};
 use crate::group::{ProcessGroup, ReduceOp};
 use crate::store::HashStore;
 use crate::tensor::{DType, Tensor};
@@ -211,5 +213,111 @@ fn a_rank_in_another_call_fails_the_voters_promptly_naming_the_mismatch() {
                 }
             }
         }
+    }
+}
+
+/// An all_reduce's fingerprint at sequence number 0 over `numel` f32.
+fn fingerprint(kind: CollectiveKind, numel: u64) -> Fingerprint {
+    Fingerprint {
+        kind,
+        reduce_op: 1,
+        dtype: Some(DType::F32),
+        root: 0,
+        seq: 0,
+        numel,
+        shape_hash: 0,
+    }
+}
+
+/// What rank 1 does while rank 0 votes on an all_reduce of 2 elements.
+#[derive(Clone, Copy, Debug)]
+enum Peer {
+    /// Votes `[1, -1]` on the same call.
+    Votes,
+    /// Votes on an all_reduce of another size.
+    VotesOnAnother,
+    /// Sends rank 0 a message of a broadcast instead.
+    SendsAnotherCall,
+    /// Sends rank 0 a message of this very call without voting.
+    SendsThisCall,
+}
+
+/// What one rank's vote gave (`None` for a rank that only sent), and the
+/// mismatch its call recorded.
+type Voted = (Option<Result<[i32; 2]>>, Option<(usize, [u8; 32])>);
+
+/// The vote itself, straight through the backend (no engine, so no stall
+/// monitor to find a mismatch on its own), rank 0 voting `[2, 0]`.
+fn vote_against(peer: Peer) -> Vec<Voted> {
+    use crate::cpu::fingerprinted::Fingerprinted;
+    use crate::cpu::transport::Transport;
+    let pgs = groups(2, &format!("direct{peer:?}"));
+    let mine = fingerprint(CollectiveKind::AllReduce, 2);
+    let theirs = match peer {
+        Peer::Votes | Peer::SendsThisCall => mine,
+        Peer::VotesOnAnother => fingerprint(CollectiveKind::AllReduce, 3),
+        Peer::SendsAnotherCall => fingerprint(CollectiveKind::Broadcast, 2),
+    };
+    let described = Collective::AllReduce {
+        tensor: Tensor::zeros(&[2], DType::F32).unwrap(),
+        op: ReduceOp::Sum,
+    };
+    on_every_rank(&pgs, |pg| {
+        let deadline = Instant::now() + TIMEOUT;
+        let fp = if pg.rank() == 0 { mine } else { theirs };
+        let sends = matches!(peer, Peer::SendsAnotherCall | Peer::SendsThisCall);
+        if pg.rank() == 1 && sends {
+            let t = Fingerprinted::new(&pg.backend.transport, fp, true);
+            t.send(0, &[0; 8], deadline).unwrap();
+            return (None, None);
+        }
+        let call = Call::new(fp, deadline);
+        let votes = if pg.rank() == 0 { [2, 0] } else { [1, -1] };
+        let got = pg.backend.vote(votes, &described, &call);
+        (Some(got), call.mismatched())
+    })
+}
+
+#[test]
+fn the_vote_agrees_or_names_the_peer_in_another_call() {
+    for (rank, got) in vote_against(Peer::Votes).iter().enumerate() {
+        assert!(
+            matches!(got, (Some(Ok([1, -1])), None)),
+            "rank {rank}: {got:?}"
+        );
+    }
+
+    let other_size = fingerprint(CollectiveKind::AllReduce, 3).encode();
+    let same_size = fingerprint(CollectiveKind::AllReduce, 2).encode();
+    let ends = vote_against(Peer::VotesOnAnother);
+    for (rank, peer, theirs) in [(0, 1, other_size), (1, 0, same_size)] {
+        match &ends[rank] {
+            (Some(Err(Error::CollectiveMismatch { peer: p, .. })), Some(seen))
+                if *p == peer && *seen == (peer, theirs) => {}
+            other => panic!("rank {rank}: expected a mismatch naming rank {peer}, found {other:?}"),
+        }
+    }
+
+    let broadcast = fingerprint(CollectiveKind::Broadcast, 2).encode();
+    match &vote_against(Peer::SendsAnotherCall)[0] {
+        (
+            Some(Err(Error::CollectiveMismatch {
+                peer: 1, theirs, ..
+            })),
+            Some(seen),
+        ) if theirs.contains("broadcast") && *seen == (1, broadcast) => {}
+        other => panic!("expected rank 1's broadcast named, found {other:?}"),
+    }
+
+    match &vote_against(Peer::SendsThisCall)[0] {
+        (
+            Some(Err(Error::PeerProtocol {
+                peer: 1, expected, ..
+            })),
+            None,
+        ) => {
+            assert!(expected.contains("ballot"), "{expected}")
+        }
+        other => panic!("expected a protocol error naming rank 1, found {other:?}"),
     }
 }
