@@ -130,6 +130,18 @@ impl Default for CpuOptions {
     }
 }
 
+/// How long a group of `size` ranks polls when idle
+/// ([`GroupBackend::idle_spin`](crate::group::backend::GroupBackend::idle_spin)):
+/// [`IDLE_SPIN`](super::group_backend::IDLE_SPIN) when `wait` (this rank's
+/// `TENSORCOMM_SHM_WAIT`) resolves to spinning for two threads a rank,
+/// else zero.
+fn idle_spin(wait: ShmWait, size: usize) -> Duration {
+    match wait.resolve(2 * size, super::host_cpus_online()) {
+        ShmWait::Spin => super::group_backend::IDLE_SPIN,
+        _ => Duration::ZERO,
+    }
+}
+
 /// Sets up the device path's peer memory when `options` ask for it (every
 /// rank of the group calls this at the same point of its creation).
 #[cfg(feature = "cuda")]
@@ -338,6 +350,7 @@ impl ProcessGroupCpu {
             pipelines,
             #[cfg(feature = "cuda")]
             chunked: Default::default(),
+            idle_spin: idle_spin(shm_wait, size),
         });
         super::close_at_exit::register(&backend);
         let engine = Engine::start(

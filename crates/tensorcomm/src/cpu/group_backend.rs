@@ -54,7 +54,17 @@ pub(crate) struct CpuBackend {
     /// All-reduces this rank ran in chunks.
     #[cfg(feature = "cuda")]
     pub(crate) chunked: std::sync::atomic::AtomicU64,
+    /// See [`GroupBackend::idle_spin`]: [`IDLE_SPIN`] where the host has
+    /// two cores for each rank of the group (its caller and the group's
+    /// thread), as `TENSORCOMM_SHM_WAIT` resolves it, else zero.
+    pub(crate) idle_spin: std::time::Duration,
 }
+
+/// How long the group's thread and a waiting caller poll before they
+/// sleep, on a host with cores to spare: longer than the gap between
+/// back-to-back small collectives (a few µs to a few tens), short enough
+/// that an idle group soon stops using a core.
+pub(crate) const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl GroupBackend for CpuBackend {
     #[cfg(feature = "cuda")]
@@ -120,6 +130,10 @@ impl GroupBackend for CpuBackend {
         }
         self.run_on_host(collective, collective, call)
             .map(|()| None)
+    }
+
+    fn idle_spin(&self) -> std::time::Duration {
+        self.idle_spin
     }
 
     fn abort(&self) {

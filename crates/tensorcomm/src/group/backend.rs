@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::collective::Collective;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
@@ -158,6 +158,17 @@ pub(crate) trait GroupBackend: Send + Sync + 'static {
     /// watches its device event.
     fn runs_inline(&self) -> bool {
         false
+    }
+
+    /// How long the group's thread, once idle, polls for the next
+    /// collective before it sleeps, and how long a caller waiting for a
+    /// collective that thread runs polls before it sleeps: a call then
+    /// reaches the thread, and its outcome the caller, without a wake-up
+    /// (two system calls and two scheduling delays). Zero (the default)
+    /// never polls; a backend returns more only where its ranks have
+    /// cores to spare for it.
+    fn idle_spin(&self) -> Duration {
+        Duration::ZERO
     }
 
     /// An error the backend's device work raised on its own (NCCL's

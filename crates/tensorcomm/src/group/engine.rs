@@ -16,7 +16,7 @@
 //! queue's lock (so in call order, with no hand-off), and the
 //! [`Watchdog`] polls their device events against their deadlines.
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,24 @@ struct Queue {
     held: Option<Arc<QueuedJob>>,
 }
 
+/// The group thread's next collective, `None` once the group is gone: a
+/// collective queued within `spin` of asking is taken while polling,
+/// without the queue having to wake this thread; after that it sleeps.
+fn next_job(incoming: &Receiver<Arc<QueuedJob>>, spin: Duration) -> Option<Arc<QueuedJob>> {
+    if !spin.is_zero() {
+        let until = Instant::now() + spin;
+        loop {
+            match incoming.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+    }
+    incoming.recv().ok()
+}
+
 /// Runs a group's collectives through its backend (see the module docs).
 pub(crate) struct Engine {
     shared: Arc<Shared>,
@@ -94,10 +112,11 @@ impl Engine {
         timeout: Duration,
     ) -> Result<Self> {
         let (jobs, incoming) = channel::<Arc<QueuedJob>>();
+        let spin = backend.idle_spin();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
             .spawn(move || {
-                for job in incoming {
+                while let Some(job) = next_job(&incoming, spin) {
                     job.run_once();
                 }
             })
@@ -212,7 +231,7 @@ impl Engine {
             drop(queue);
             return Ok(work);
         }
-        let (work, completion) = Work::new();
+        let (work, completion) = Work::polling_for(self.shared.backend.idle_spin());
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
             // Device work keeps its tensors until the job ends, as before.

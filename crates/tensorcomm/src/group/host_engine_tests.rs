@@ -118,3 +118,57 @@ fn a_failed_prepare_fails_the_collective_when_it_runs() {
     );
     assert!(backend.seen.lock().unwrap().is_empty());
 }
+
+/// Runs every call on whichever thread gets it, counting them and taking
+/// `takes` each; its group's thread and waiters poll for `spin`.
+struct Polling {
+    spin: Duration,
+    takes: Duration,
+    ran: std::sync::atomic::AtomicUsize,
+}
+
+impl GroupBackend for Polling {
+    fn run(&self, _: &Collective, _: &Call) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        std::thread::sleep(self.takes);
+        self.ran.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
+    }
+
+    fn abort(&self) {}
+
+    fn idle_spin(&self) -> Duration {
+        self.spin
+    }
+}
+
+#[test]
+fn a_polling_group_thread_and_waiters_miss_no_collective() {
+    // Back to back (the thread polling when each call comes), spaced out
+    // past the poll (it sleeps and is woken), and collectives longer than
+    // a waiter's poll (it sleeps on the outcome).
+    for (calls, gap, takes) in [
+        (2000, Duration::ZERO, Duration::ZERO),
+        (20, Duration::from_millis(2), Duration::ZERO),
+        (20, Duration::ZERO, Duration::from_millis(2)),
+    ] {
+        let backend = Arc::new(Polling {
+            spin: Duration::from_micros(200),
+            takes,
+            ran: Default::default(),
+        });
+        let engine = one_rank_engine(backend.clone(), "polling");
+        let scope = host_scope();
+        let t = Tensor::zeros(&[2], DType::F32).unwrap();
+        for _ in 0..calls {
+            let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+            let work = engine.submit(call, None).unwrap();
+            std::thread::sleep(gap);
+            work.wait().unwrap();
+        }
+        assert_eq!(
+            backend.ran.load(Ordering::Relaxed),
+            calls,
+            "gap {gap:?}, takes {takes:?}"
+        );
+    }
+}

@@ -4,6 +4,7 @@
 mod device_event;
 mod future;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,12 @@ const DEVICE_POLL: Duration = Duration::from_micros(100);
 pub(crate) struct Completion {
     state: Mutex<State>,
     done: Condvar,
+    /// Set once the host outcome is in `state`: what a waiter polls
+    /// before it sleeps on `done`.
+    settled: AtomicBool,
+    /// How long a waiter polls `settled` before it sleeps (see
+    /// `GroupBackend::idle_spin`).
+    spin: Duration,
     /// The rank a receive got its message from, set before it completes.
     source: OnceLock<usize>,
 }
@@ -126,6 +133,7 @@ impl Completion {
             }
             state.outcome = Some(outcome.clone());
             state.event = event.clone();
+            self.settled.store(true, Ordering::Release);
             (std::mem::take(&mut state.hooks), state.waiters > 0)
         };
         if waiters {
@@ -156,6 +164,12 @@ impl Completion {
     /// Blocks until the host outcome is known; gives it, with the device
     /// event a success still waits on.
     fn wait_host(&self) -> Result<Option<Arc<dyn DeviceEvent>>> {
+        if !self.spin.is_zero() && !self.settled.load(Ordering::Acquire) {
+            let until = Instant::now() + self.spin;
+            while !self.settled.load(Ordering::Acquire) && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         let mut state = self.lock();
         loop {
             if let Some(outcome) = &state.outcome {
@@ -272,7 +286,16 @@ impl std::fmt::Debug for Work {
 
 impl Work {
     pub(crate) fn new() -> (Self, Arc<Completion>) {
-        let completion = Arc::new(Completion::default());
+        Work::polling_for(Duration::ZERO)
+    }
+
+    /// [`Work::new`] whose waiters poll for up to `spin` before they sleep
+    /// (see `GroupBackend::idle_spin`).
+    pub(crate) fn polling_for(spin: Duration) -> (Self, Arc<Completion>) {
+        let completion = Arc::new(Completion {
+            spin,
+            ..Completion::default()
+        });
         (
             Work {
                 completion: completion.clone(),

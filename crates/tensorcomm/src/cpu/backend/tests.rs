@@ -207,3 +207,21 @@ fn a_bad_shm_wait_fails_group_creation_naming_the_variable() {
         other => panic!("expected BadValue, found {other:?}"),
     }
 }
+
+#[test]
+fn the_group_polls_when_idle_only_with_two_cores_a_rank() {
+    use super::super::group_backend::IDLE_SPIN;
+    let cpus = crate::cpu::host_cpus_online();
+    // Chosen outright, whatever the host.
+    assert_eq!(idle_spin(ShmWait::Spin, 1000), IDLE_SPIN);
+    assert_eq!(idle_spin(ShmWait::Sleep, 1), Duration::ZERO);
+    // `auto`: a caller and the group's thread per rank.
+    assert_eq!(idle_spin(ShmWait::Auto, cpus), Duration::ZERO);
+    let half = (cpus / 2).max(1);
+    let want = if 2 * half <= cpus {
+        IDLE_SPIN
+    } else {
+        Duration::ZERO
+    };
+    assert_eq!(idle_spin(ShmWait::Auto, half), want);
+}
