@@ -1,0 +1,15 @@
+cd "$(dirname "$0")"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=32 TENSORCOMM_CACHE_DIR=/tmp/k
+B=$OUT/bench.txt; C=$OUT/costs.txt; T=$OUT/tests.txt
+nvidia-smi -L > $B; nproc >> $B; cat REVISION >> $B
+for i in 1 2 3; do for b in tensorcomm tensorcomm-ed9 tensorcomm-b48; do
+  for n in 2 8; do echo "== $b host n$n $i" >> $B; timeout 60 ./$b bench --op all_reduce --backend cpu -n $n -b 8 -e 1M -f 8 --median --iters 500 --warmup 50 2>&1 | grep -v "^\[" >> $B; done
+  echo "== $b device-path n2 $i" >> $B; timeout 60 ./$b bench --op all_reduce --backend cpu --device cuda --peer-memory -n 2 -b 8 -e 16M -f 4 --median --iters 200 --warmup 20 2>&1 | grep -v "^\[\|WARN" >> $B
+done; done
+for i in 1 2; do echo "== intranode $i" >> $B; timeout 60 ./tensorcomm bench --backend intranode -n 2 -b 8 -e 16M -f 4 --iters 200 --warmup 20 2>&1 | grep -v "^\[" >> $B; done
+for i in 1 2; do for b in device_path_costs device_path_costs-old; do echo "== $b $i" >> $C; timeout 60 ./tensorcomm run --nproc-per-node 2 -- ./$b >> $C 2>&1; done; done
+echo "== lib-tests" >> $T; timeout 120 ./lib-tests --test-threads 8 >> $T 2>&1; echo "rc=$?" >> $T
+for t in test-group_cpu_cuda test-ddp_cuda test-group_cpu test-group_cpu_collectives test-group_cpu_mismatch test-group_cpu_path_mismatch test-ddp; do
+  echo "== $t" >> $T; timeout 150 ./$t --test-threads 4 2>&1 | grep -E "test result|FAILED|panicked|failures:|^test .* \.\.\. FAILED" >> $T; echo "rc=${PIPESTATUS[0]}" >> $T
+done
+echo finished
