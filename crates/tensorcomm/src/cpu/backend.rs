@@ -130,16 +130,44 @@ impl Default for CpuOptions {
     }
 }
 
-/// How long a group of `size` ranks polls when idle
-/// ([`GroupBackend::idle_spin`](crate::group::backend::GroupBackend::idle_spin)):
-/// [`IDLE_SPIN`](super::group_backend::IDLE_SPIN) when `wait` (this rank's
-/// `TENSORCOMM_SHM_WAIT`) resolves to spinning for two threads a rank,
-/// else zero.
-fn idle_spin(wait: ShmWait, size: usize) -> Duration {
-    match wait.resolve(2 * size, super::host_cpus_online()) {
-        ShmWait::Spin => super::group_backend::IDLE_SPIN,
-        _ => Duration::ZERO,
+/// What decides whether a group polls when idle: its size, this rank's
+/// `TENSORCOMM_SHM_WAIT`, the ranks on this host (the group's own, or the
+/// launcher's `LOCAL_WORLD_SIZE` when larger: a sub-group's ranks share
+/// the host with the rest of the job), the host's CPUs online and the
+/// CPUs this process may use.
+#[derive(Clone, Copy, Debug)]
+struct PollRule {
+    size: usize,
+    wait: ShmWait,
+    local_ranks: usize,
+    cpus_online: usize,
+    cores: usize,
+}
+
+impl PollRule {
+    /// How long the group polls when idle
+    /// ([`GroupBackend::idle_spin`](crate::group::backend::GroupBackend::idle_spin)):
+    /// [`IDLE_SPIN`](super::group_backend::IDLE_SPIN) when the group has
+    /// peers to hand calls to, its rank does not wait by `sleep`, the host
+    /// has two CPUs online for each of its ranks (a caller and a group
+    /// thread each) and this process may use two (a rank pinned to one
+    /// core would only delay itself); zero otherwise.
+    fn idle_spin(self) -> Duration {
+        let polls = self.size > 1
+            && self.wait != ShmWait::Sleep
+            && 2 * self.local_ranks <= self.cpus_online
+            && self.cores >= 2;
+        if polls {
+            super::group_backend::IDLE_SPIN
+        } else {
+            Duration::ZERO
+        }
     }
+}
+
+/// The launcher's `LOCAL_WORLD_SIZE` (torchrun's too), if set to a number.
+fn launcher_local_ranks() -> Option<usize> {
+    std::env::var("LOCAL_WORLD_SIZE").ok()?.trim().parse().ok()
 }
 
 /// Sets up the device path's peer memory when `options` ask for it (every
@@ -332,6 +360,17 @@ impl ProcessGroupCpu {
         )?;
         #[cfg(not(feature = "cuda"))]
         let _ = pipelines;
+        let idle_spin = PollRule {
+            size,
+            wait: shm_wait,
+            local_ranks: (0..size)
+                .filter(|&p| p == rank || transport.route(p) == Route::Shm)
+                .count()
+                .max(launcher_local_ranks().unwrap_or(0)),
+            cpus_online: super::host_cpus_online(),
+            cores: super::host_cores(),
+        }
+        .idle_spin();
         let backend = Arc::new(CpuBackend {
             transport,
             p2p: Arc::new(p2p),
@@ -350,7 +389,7 @@ impl ProcessGroupCpu {
             pipelines,
             #[cfg(feature = "cuda")]
             chunked: Default::default(),
-            idle_spin: idle_spin(shm_wait, size),
+            idle_spin,
         });
         super::close_at_exit::register(&backend);
         let engine = Engine::start(

@@ -55,8 +55,7 @@ pub(crate) struct CpuBackend {
     #[cfg(feature = "cuda")]
     pub(crate) chunked: std::sync::atomic::AtomicU64,
     /// See [`GroupBackend::idle_spin`]: [`IDLE_SPIN`] where the host has
-    /// two cores for each rank of the group (its caller and the group's
-    /// thread), as `TENSORCOMM_SHM_WAIT` resolves it, else zero.
+    /// CPUs to spare for it (`PollRule` in `cpu/backend.rs`), else zero.
     pub(crate) idle_spin: std::time::Duration,
 }
 

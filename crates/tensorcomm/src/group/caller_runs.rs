@@ -1,9 +1,11 @@
 //! Collectives their caller runs: a caller that waits for a collective at
 //! once (a synchronous `torch.distributed` call) need not queue it to the
-//! group's thread at all. Queuing wakes that thread (a futex syscall and a
-//! context switch, then a lock it contends for with the caller, who runs
-//! the collective anyway when it waits first), which costs more than a
-//! small collective on a loaded host.
+//! group's thread at all. Queuing wakes that thread when it sleeps (a futex
+//! syscall and a context switch, then a lock it contends for with the
+//! caller, who runs the collective anyway when it waits first), which costs
+//! more than a small collective on a loaded host; where it polls instead
+//! (`GroupBackend::idle_spin`), it takes the collective and the caller
+//! waits for the hand-off back.
 
 use std::cell::RefCell;
 use std::sync::Arc;

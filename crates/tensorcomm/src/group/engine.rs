@@ -2,8 +2,12 @@
 //! backend. A validated call takes the next sequence number and joins the
 //! group's queue; it runs on the group's own thread, or on a caller that
 //! waits on its [`Work`] before that thread reaches it (so call-then-wait
-//! costs no thread hand-off), always after every earlier collective of the
-//! group. A caller inside [`run_here`](super::run_here) runs its
+//! costs no thread hand-off while that thread sleeps), always after every
+//! earlier collective of the group. Where the backend has CPUs to spare
+//! ([`GroupBackend::idle_spin`]), the group's thread polls for the next
+//! call after each one instead of sleeping, so it usually takes a call at
+//! once, and a caller waiting for a call polls for its outcome (after a
+//! previous call that ran no longer than that poll): no wake-up either way. A caller inside [`run_here`](super::run_here) runs its
 //! collective without queuing it to that thread at all (no wake-up). On
 //! failure the engine breaks the group (later calls fail with
 //! [`Error::GroupBroken`]), posts the root cause to the store before the
@@ -16,6 +20,7 @@
 //! queue's lock (so in call order, with no hand-off), and the
 //! [`Watchdog`] polls their device events against their deadlines.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -55,6 +60,14 @@ struct Shared {
     /// This rank's recent calls (recorded by the watchdog or the stall
     /// check, whichever the backend has).
     calls: Arc<CallRing>,
+    /// How long the group's thread polls when idle
+    /// ([`GroupBackend::idle_spin`]).
+    spin: Duration,
+    /// How long the backend's `run` of the last collective took, in
+    /// nanoseconds: a caller polls for its collective's outcome only after
+    /// one that took no longer than `spin` (a caller that would sleep
+    /// anyway need not burn a core first).
+    last_run_ns: AtomicU64,
 }
 
 impl Shared {
@@ -133,6 +146,8 @@ impl Engine {
                 watchdog: OnceLock::new(),
                 monitor: OnceLock::new(),
                 calls: Arc::default(),
+                spin,
+                last_run_ns: AtomicU64::new(0),
             }),
             queue: Mutex::new(Queue {
                 next_seq: 0,
@@ -231,7 +246,9 @@ impl Engine {
             drop(queue);
             return Ok(work);
         }
-        let (work, completion) = Work::polling_for(self.shared.backend.idle_spin());
+        let spin = self.shared.spin;
+        let short = self.shared.last_run_ns.load(Ordering::Relaxed) <= spin.as_nanos() as u64;
+        let (work, completion) = Work::polling_for(if short { spin } else { Duration::ZERO });
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
             // Device work keeps its tensors until the job ends, as before.
@@ -241,7 +258,11 @@ impl Engine {
                 let call = Call::new(fingerprint, deadline)
                     .with_timeout(timeout)
                     .with_prepared(prepared);
-                let (outcome, event) = match run(&shared, call, &collective) {
+                let ran = Instant::now();
+                let result = run(&shared, call, &collective);
+                let took = u64::try_from(ran.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                shared.last_run_ns.store(took, Ordering::Relaxed);
+                let (outcome, event) = match result {
                     Ok(event) => (Ok(()), event),
                     Err(e) => (Err(e), None),
                 };
@@ -538,5 +559,73 @@ fn named(shared: &Shared, fp: &Fingerprint, source: Error) -> Error {
         rank: shared.rank,
         ranks,
         source: Box::new(source),
+    }
+}
+
+#[cfg(test)]
+mod next_job_tests {
+    use std::sync::mpsc::channel;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn job() -> Arc<QueuedJob> {
+        Arc::new(QueuedJob {
+            job: Mutex::new(Some(Box::new(|| {}))),
+        })
+    }
+
+    const POLL: Duration = Duration::from_millis(20);
+
+    #[test]
+    fn a_job_queued_during_the_poll_or_after_it_is_taken() {
+        let (tx, rx) = channel();
+        // During the poll.
+        let sender = std::thread::spawn({
+            let tx = tx.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(5));
+                tx.send(job()).unwrap();
+            }
+        });
+        assert!(next_job(&rx, POLL).is_some());
+        sender.join().unwrap();
+        // After it, once the thread sleeps.
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(POLL * 3);
+            tx.send(job()).unwrap();
+        });
+        assert!(next_job(&rx, POLL).is_some());
+        sender.join().unwrap();
+    }
+
+    #[test]
+    fn queued_jobs_drain_before_a_dropped_queue_ends_the_thread() {
+        let (tx, rx) = channel();
+        tx.send(job()).unwrap();
+        tx.send(job()).unwrap();
+        drop(tx);
+        assert!(next_job(&rx, POLL).is_some());
+        assert!(next_job(&rx, Duration::ZERO).is_some());
+        let asked = Instant::now();
+        assert!(next_job(&rx, POLL * 50).is_none());
+        assert!(asked.elapsed() < POLL * 25, "{:?}", asked.elapsed());
+    }
+
+    #[test]
+    fn a_queue_dropped_during_the_poll_ends_it_at_once() {
+        let (tx, rx) = channel::<Arc<QueuedJob>>();
+        let dropper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            drop(tx);
+        });
+        let asked = Instant::now();
+        assert!(next_job(&rx, Duration::from_secs(5)).is_none());
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        dropper.join().unwrap();
     }
 }

@@ -163,6 +163,11 @@ fn a_polling_group_thread_and_waiters_miss_no_collective() {
             let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
             let work = engine.submit(call, None).unwrap();
             std::thread::sleep(gap);
+            // A lost hand-off fails here instead of hanging.
+            assert!(
+                work.wait_timeout(Duration::from_secs(10)),
+                "gap {gap:?}, takes {takes:?}"
+            );
             work.wait().unwrap();
         }
         assert_eq!(
@@ -170,5 +175,29 @@ fn a_polling_group_thread_and_waiters_miss_no_collective() {
             calls,
             "gap {gap:?}, takes {takes:?}"
         );
+    }
+}
+
+#[test]
+fn a_waiter_whose_poll_ran_out_still_hears_of_the_outcome() {
+    use super::work::Work;
+    for settle_after in [Duration::ZERO, Duration::from_millis(20)] {
+        let (work, completion) = Work::polling_for(Duration::from_millis(5));
+        let settler = std::thread::spawn(move || {
+            std::thread::sleep(settle_after);
+            completion.complete(Err(Error::InvalidArgument("settled".into())));
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(work.wait());
+        });
+        let outcome = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiter was woken");
+        assert!(
+            matches!(&outcome, Err(Error::InvalidArgument(m)) if m == "settled"),
+            "{outcome:?}"
+        );
+        settler.join().unwrap();
     }
 }

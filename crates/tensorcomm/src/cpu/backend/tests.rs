@@ -209,19 +209,51 @@ fn a_bad_shm_wait_fails_group_creation_naming_the_variable() {
 }
 
 #[test]
-fn the_group_polls_when_idle_only_with_two_cores_a_rank() {
+fn the_group_polls_when_idle_only_with_two_cpus_a_rank_and_peers() {
     use super::super::group_backend::IDLE_SPIN;
-    let cpus = crate::cpu::host_cpus_online();
-    // Chosen outright, whatever the host.
-    assert_eq!(idle_spin(ShmWait::Spin, 1000), IDLE_SPIN);
-    assert_eq!(idle_spin(ShmWait::Sleep, 1), Duration::ZERO);
-    // `auto`: a caller and the group's thread per rank.
-    assert_eq!(idle_spin(ShmWait::Auto, cpus), Duration::ZERO);
-    let half = (cpus / 2).max(1);
-    let want = if 2 * half <= cpus {
-        IDLE_SPIN
-    } else {
-        Duration::ZERO
+    let rule = PollRule {
+        size: 8,
+        wait: ShmWait::Auto,
+        local_ranks: 8,
+        cpus_online: 16,
+        cores: 16,
     };
-    assert_eq!(idle_spin(ShmWait::Auto, half), want);
+    assert_eq!(rule.idle_spin(), IDLE_SPIN);
+    assert_eq!(
+        PollRule {
+            wait: ShmWait::Spin,
+            ..rule
+        }
+        .idle_spin(),
+        IDLE_SPIN
+    );
+    let off = [
+        // Nobody to hand a call to.
+        PollRule {
+            size: 1,
+            local_ranks: 1,
+            ..rule
+        },
+        // Asked to sleep.
+        PollRule {
+            wait: ShmWait::Sleep,
+            ..rule
+        },
+        // Spinning for a wait on peers does not give CPUs to spare.
+        PollRule {
+            wait: ShmWait::Spin,
+            local_ranks: 9,
+            ..rule
+        },
+        // More than half as many ranks on the host as CPUs.
+        PollRule {
+            local_ranks: 9,
+            ..rule
+        },
+        // A process pinned to one core.
+        PollRule { cores: 1, ..rule },
+    ];
+    for rule in off {
+        assert_eq!(rule.idle_spin(), Duration::ZERO, "{rule:?}");
+    }
 }
