@@ -5,9 +5,10 @@
 //! costs no thread hand-off while that thread sleeps), always after every
 //! earlier collective of the group. Where the backend has CPUs to spare
 //! ([`GroupBackend::idle_spin`]), the group's thread polls for the next
-//! call after each one instead of sleeping, so it usually takes a call at
-//! once, and a caller waiting for a call polls for its outcome (after a
-//! previous call that ran no longer than that poll): no wake-up either way. A caller inside [`run_here`](super::run_here) runs its
+//! call after each short one instead of sleeping, so it usually takes a
+//! call at once, and a caller waiting for a call polls for its outcome
+//! (both only after a call that ran no longer than that poll): no wake-up
+//! either way. A caller inside [`run_here`](super::run_here) runs its
 //! collective without queuing it to that thread at all (no wake-up). On
 //! failure the engine breaks the group (later calls fail with
 //! [`Error::GroupBroken`]), posts the root cause to the store before the
@@ -64,10 +65,10 @@ struct Shared {
     /// ([`GroupBackend::idle_spin`]).
     spin: Duration,
     /// How long the backend's `run` of the last collective took, in
-    /// nanoseconds: a caller polls for its collective's outcome only after
-    /// one that took no longer than `spin` (a caller that would sleep
-    /// anyway need not burn a core first).
-    last_run_ns: AtomicU64,
+    /// nanoseconds: the group's thread polls for the next collective, and
+    /// a caller for its collective's outcome, only after one that took no
+    /// longer than `spin` ([`poll_after`]).
+    last_run_ns: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -85,6 +86,21 @@ struct Queue {
     /// A collective kept off the channel for its caller; any later submit
     /// queues it first, so channel order stays sequence order.
     held: Option<Arc<QueuedJob>>,
+}
+
+/// How long to poll after a collective whose `run` took `last_run_ns`: the
+/// backend's `spin` after a short one, nothing after one longer than that.
+/// Long collectives are bandwidth-bound and often busy every core with
+/// helper threads, where a poll would take a core from them; their
+/// callers and the group's thread sleep as they would without it, and a
+/// wake-up costs little beside them.
+fn poll_after(last_run_ns: &AtomicU64, spin: Duration) -> Duration {
+    let short = u128::from(last_run_ns.load(Ordering::Relaxed)) <= spin.as_nanos();
+    if short {
+        spin
+    } else {
+        Duration::ZERO
+    }
 }
 
 /// The group thread's next collective, `None` once the group is gone: a
@@ -126,10 +142,12 @@ impl Engine {
     ) -> Result<Self> {
         let (jobs, incoming) = channel::<Arc<QueuedJob>>();
         let spin = backend.idle_spin();
+        let last_run_ns = Arc::new(AtomicU64::new(0));
+        let last_run = last_run_ns.clone();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
             .spawn(move || {
-                while let Some(job) = next_job(&incoming, spin) {
+                while let Some(job) = next_job(&incoming, poll_after(&last_run, spin)) {
                     job.run_once();
                 }
             })
@@ -147,7 +165,7 @@ impl Engine {
                 monitor: OnceLock::new(),
                 calls: Arc::default(),
                 spin,
-                last_run_ns: AtomicU64::new(0),
+                last_run_ns,
             }),
             queue: Mutex::new(Queue {
                 next_seq: 0,
@@ -246,9 +264,8 @@ impl Engine {
             drop(queue);
             return Ok(work);
         }
-        let spin = self.shared.spin;
-        let short = self.shared.last_run_ns.load(Ordering::Relaxed) <= spin.as_nanos() as u64;
-        let (work, completion) = Work::polling_for(if short { spin } else { Duration::ZERO });
+        let poll = poll_after(&self.shared.last_run_ns, self.shared.spin);
+        let (work, completion) = Work::polling_for(poll);
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
             // Device work keeps its tensors until the job ends, as before.
@@ -627,5 +644,20 @@ mod next_job_tests {
             asked.elapsed()
         );
         dropper.join().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod poll_after_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_short_collective_is_followed_by_a_poll() {
+        let spin = Duration::from_micros(50);
+        let took = |us: u64| AtomicU64::new(us * 1000);
+        assert_eq!(poll_after(&took(0), spin), spin);
+        assert_eq!(poll_after(&took(50), spin), spin);
+        assert_eq!(poll_after(&took(51), spin), Duration::ZERO);
+        assert_eq!(poll_after(&took(0), Duration::ZERO), Duration::ZERO);
     }
 }
