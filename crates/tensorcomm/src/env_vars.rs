@@ -113,7 +113,7 @@ pub const SHM_ARENA_MIN: EnvVar = EnvVar {
 pub const SHM_WAIT: EnvVar = EnvVar {
     name: "TENSORCOMM_SHM_WAIT",
     default: "auto",
-    doc: "how a CPU-group rank waits for its peers in shared memory (links and arena): `spin` (spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency while every rank has a CPU), `sleep` (spin ~5 µs, then yield until ~2 ms, then sleep on a futex until the peer wakes it by its write to the ring or its progress in the arena: for more ranks than CPUs) or `auto` (`sleep` when the host runs more of the group's ranks than it has CPUs online, else `spin`); `sleep` also keeps the group's thread and a caller waiting on it from polling ~50 µs after a short collective (with `spin` or `auto` they poll when the host has two CPUs online for each of its ranks and the process may use two); each rank's own choice, read when a group is created",
+    doc: "how a CPU-group rank waits for its peers in shared memory (links and arena): `spin` (spin ~50 µs, then yield until ~2 ms, then sleep: the lowest latency while every rank has a CPU), `sleep` (spin ~5 µs, then yield until ~2 ms, then sleep on a futex until the peer wakes it by its write to the ring or its progress in the arena: for more ranks than CPUs) or `auto` (`sleep` when the host runs more of the group's ranks than it has CPUs online, else `spin`); `sleep` also keeps the group's thread and a caller waiting on it from polling ~50 µs after a short collective (with `spin` or `auto`, a group of two or more ranks polls when the host has two CPUs online for each rank on it and the process may use two); each rank's own choice, read when a group is created",
     agreed: false,
 };
 

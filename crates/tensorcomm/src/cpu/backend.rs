@@ -131,7 +131,8 @@ impl Default for CpuOptions {
 }
 
 /// What decides whether a group polls when idle: its size, this rank's
-/// `TENSORCOMM_SHM_WAIT`, the ranks on this host (the group's own, or the
+/// `TENSORCOMM_SHM_WAIT`, the ranks on this host (the group's own there,
+/// all of them when TCP is forced and the routes do not say, or the
 /// launcher's `LOCAL_WORLD_SIZE` when larger: a sub-group's ranks share
 /// the host with the rest of the job), the host's CPUs online and the
 /// CPUs this process may use.
@@ -155,7 +156,7 @@ impl PollRule {
     fn idle_spin(self) -> Duration {
         let polls = self.size > 1
             && self.wait != ShmWait::Sleep
-            && 2 * self.local_ranks <= self.cpus_online
+            && self.local_ranks.saturating_mul(2) <= self.cpus_online
             && self.cores >= 2;
         if polls {
             super::group_backend::IDLE_SPIN
@@ -360,13 +361,20 @@ impl ProcessGroupCpu {
         )?;
         #[cfg(not(feature = "cuda"))]
         let _ = pipelines;
+        // Over TCP forced (or off Linux) the routes do not say which peers
+        // share this host: count them all.
+        let routes_tell_hosts = cfg!(target_os = "linux") && choice != TransportChoice::Tcp;
+        let on_this_host = if routes_tell_hosts {
+            (0..size)
+                .filter(|&p| p == rank || transport.route(p) == Route::Shm)
+                .count()
+        } else {
+            size
+        };
         let idle_spin = PollRule {
             size,
             wait: shm_wait,
-            local_ranks: (0..size)
-                .filter(|&p| p == rank || transport.route(p) == Route::Shm)
-                .count()
-                .max(launcher_local_ranks().unwrap_or(0)),
+            local_ranks: on_this_host.max(launcher_local_ranks().unwrap_or(0)),
             cpus_online: super::host_cpus_online(),
             cores: super::host_cores(),
         }

@@ -143,38 +143,42 @@ impl GroupBackend for Polling {
 
 #[test]
 fn a_polling_group_thread_and_waiters_miss_no_collective() {
-    // Back to back (the thread polling when each call comes), spaced out
-    // past the poll (it sleeps and is woken), and collectives longer than
-    // a waiter's poll (it sleeps on the outcome).
-    for (calls, gap, takes) in [
+    // Back to back with short collectives (the thread polling when each
+    // call comes, the caller polling for the outcome or running the call
+    // itself), spaced out past the poll (the thread sleeps and is woken),
+    // and collectives longer than the poll (neither polls after them).
+    let cases = [
         (2000, Duration::ZERO, Duration::ZERO),
+        (200, Duration::ZERO, Duration::from_micros(30)),
         (20, Duration::from_millis(2), Duration::ZERO),
         (20, Duration::ZERO, Duration::from_millis(2)),
-    ] {
+    ];
+    for (calls, gap, takes) in cases {
         let backend = Arc::new(Polling {
             spin: Duration::from_micros(200),
             takes,
             ran: Default::default(),
         });
         let engine = one_rank_engine(backend.clone(), "polling");
-        let scope = host_scope();
-        let t = Tensor::zeros(&[2], DType::F32).unwrap();
-        for _ in 0..calls {
-            let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
-            let work = engine.submit(call, None).unwrap();
-            std::thread::sleep(gap);
-            // A lost hand-off fails here instead of hanging.
-            assert!(
-                work.wait_timeout(Duration::from_secs(10)),
-                "gap {gap:?}, takes {takes:?}"
-            );
-            work.wait().unwrap();
-        }
-        assert_eq!(
-            backend.ran.load(Ordering::Relaxed),
-            calls,
-            "gap {gap:?}, takes {takes:?}"
-        );
+        // On a thread of its own, so that a lost hand-off fails the test
+        // instead of hanging it.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let scope = host_scope();
+            let t = Tensor::zeros(&[2], DType::F32).unwrap();
+            for _ in 0..calls {
+                let call = Collective::all_reduce(&scope, &t, ReduceOp::Sum).unwrap();
+                let work = engine.submit(call, None).unwrap();
+                std::thread::sleep(gap);
+                work.wait().unwrap();
+            }
+            let _ = done.send(());
+        });
+        let case = format!("{calls} calls, gap {gap:?}, takes {takes:?}");
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{case}: a collective was never run or never heard of"));
+        assert_eq!(backend.ran.load(Ordering::Relaxed), calls, "{case}");
     }
 }
 

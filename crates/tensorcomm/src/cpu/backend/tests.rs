@@ -252,6 +252,11 @@ fn the_group_polls_when_idle_only_with_two_cpus_a_rank_and_peers() {
         },
         // A process pinned to one core.
         PollRule { cores: 1, ..rule },
+        // A count that would overflow when doubled.
+        PollRule {
+            local_ranks: usize::MAX,
+            ..rule
+        },
     ];
     for rule in off {
         assert_eq!(rule.idle_spin(), Duration::ZERO, "{rule:?}");
