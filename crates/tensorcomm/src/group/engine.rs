@@ -22,7 +22,7 @@
 //! [`Watchdog`] polls their device events against their deadlines.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,7 @@ use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
+use super::idle_poll::{next_job, poll_after};
 use super::stall_check::{CallRing, StallKeys, StallMonitor};
 use super::turn::{Job, QueuedJob, Turn};
 use super::watchdog::{Pending, TrackedEvent, Watchdog};
@@ -86,39 +87,6 @@ struct Queue {
     /// A collective kept off the channel for its caller; any later submit
     /// queues it first, so channel order stays sequence order.
     held: Option<Arc<QueuedJob>>,
-}
-
-/// How long to poll after a collective whose `run` took `last_run_ns`: the
-/// backend's `spin` after a short one, nothing after one longer than that.
-/// Long collectives are bandwidth-bound and often busy every core with
-/// helper threads, where a poll would take a core from them; their
-/// callers and the group's thread sleep as they would without it, and a
-/// wake-up costs little beside them.
-fn poll_after(last_run_ns: &AtomicU64, spin: Duration) -> Duration {
-    let short = u128::from(last_run_ns.load(Ordering::Relaxed)) <= spin.as_nanos();
-    if short {
-        spin
-    } else {
-        Duration::ZERO
-    }
-}
-
-/// The group thread's next collective, `None` once the group is gone: a
-/// collective queued within `spin` of asking is taken while polling,
-/// without the queue having to wake this thread; after that it sleeps.
-fn next_job(incoming: &Receiver<Arc<QueuedJob>>, spin: Duration) -> Option<Arc<QueuedJob>> {
-    if !spin.is_zero() {
-        let until = Instant::now() + spin;
-        loop {
-            match incoming.try_recv() {
-                Ok(job) => return Some(job),
-                Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
-                Err(TryRecvError::Empty) => break,
-            }
-        }
-    }
-    incoming.recv().ok()
 }
 
 /// Runs a group's collectives through its backend (see the module docs).
@@ -576,88 +544,5 @@ fn named(shared: &Shared, fp: &Fingerprint, source: Error) -> Error {
         rank: shared.rank,
         ranks,
         source: Box::new(source),
-    }
-}
-
-#[cfg(test)]
-mod next_job_tests {
-    use std::sync::mpsc::channel;
-    use std::time::{Duration, Instant};
-
-    use super::*;
-
-    fn job() -> Arc<QueuedJob> {
-        Arc::new(QueuedJob {
-            job: Mutex::new(Some(Box::new(|| {}))),
-        })
-    }
-
-    const POLL: Duration = Duration::from_millis(20);
-
-    #[test]
-    fn a_job_queued_during_the_poll_or_after_it_is_taken() {
-        let (tx, rx) = channel();
-        // During the poll.
-        let sender = std::thread::spawn({
-            let tx = tx.clone();
-            move || {
-                std::thread::sleep(Duration::from_millis(5));
-                tx.send(job()).unwrap();
-            }
-        });
-        assert!(next_job(&rx, POLL).is_some());
-        sender.join().unwrap();
-        // After it, once the thread sleeps.
-        let sender = std::thread::spawn(move || {
-            std::thread::sleep(POLL * 3);
-            tx.send(job()).unwrap();
-        });
-        assert!(next_job(&rx, POLL).is_some());
-        sender.join().unwrap();
-    }
-
-    #[test]
-    fn queued_jobs_drain_before_a_dropped_queue_ends_the_thread() {
-        let (tx, rx) = channel();
-        tx.send(job()).unwrap();
-        tx.send(job()).unwrap();
-        drop(tx);
-        assert!(next_job(&rx, POLL).is_some());
-        assert!(next_job(&rx, Duration::ZERO).is_some());
-        let asked = Instant::now();
-        assert!(next_job(&rx, POLL * 50).is_none());
-        assert!(asked.elapsed() < POLL * 25, "{:?}", asked.elapsed());
-    }
-
-    #[test]
-    fn a_queue_dropped_during_the_poll_ends_it_at_once() {
-        let (tx, rx) = channel::<Arc<QueuedJob>>();
-        let dropper = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(5));
-            drop(tx);
-        });
-        let asked = Instant::now();
-        assert!(next_job(&rx, Duration::from_secs(5)).is_none());
-        assert!(
-            asked.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            asked.elapsed()
-        );
-        dropper.join().unwrap();
-    }
-}
-
-#[cfg(test)]
-mod poll_after_tests {
-    use super::*;
-
-    #[test]
-    fn only_a_short_collective_is_followed_by_a_poll() {
-        let spin = Duration::from_micros(50);
-        let took = |us: u64| AtomicU64::new(us * 1000);
-        assert_eq!(poll_after(&took(0), spin), spin);
-        assert_eq!(poll_after(&took(50), spin), spin);
-        assert_eq!(poll_after(&took(51), spin), Duration::ZERO);
-        assert_eq!(poll_after(&took(0), Duration::ZERO), Duration::ZERO);
     }
 }

@@ -49,6 +49,7 @@ pub(crate) mod fingerprint;
 mod flight_recorder;
 #[cfg(test)]
 mod host_engine_tests;
+mod idle_poll;
 mod mismatch_sides;
 mod new_group;
 #[cfg(test)]
