@@ -21,7 +21,6 @@
 //! queue's lock (so in call order, with no hand-off), and the
 //! [`Watchdog`] polls their device events against their deadlines.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -34,7 +33,7 @@ use super::collective::{Collective, Validated};
 use super::failure_hooks::OnDeviceFailure;
 use super::failure_report::FailureBoard;
 use super::fingerprint::{Fingerprint, FINGERPRINT_LEN};
-use super::idle_poll::{next_job, poll_after};
+use super::idle_poll::{next_job, IdlePoll};
 use super::stall_check::{CallRing, StallKeys, StallMonitor};
 use super::turn::{Job, QueuedJob, Turn};
 use super::watchdog::{Pending, TrackedEvent, Watchdog};
@@ -62,14 +61,10 @@ struct Shared {
     /// This rank's recent calls (recorded by the watchdog or the stall
     /// check, whichever the backend has).
     calls: Arc<CallRing>,
-    /// How long the group's thread polls when idle
-    /// ([`GroupBackend::idle_spin`]).
-    spin: Duration,
-    /// How long the backend's `run` of the last collective took, in
-    /// nanoseconds: the group's thread polls for the next collective, and
-    /// a caller for its collective's outcome, only after one that took no
-    /// longer than `spin` ([`poll_after`]).
-    last_run_ns: Arc<AtomicU64>,
+    /// The group's idle poll ([`GroupBackend::idle_spin`]): the group's
+    /// thread polls for the next collective, and a caller for its
+    /// collective's outcome, only after a short one.
+    poll: Arc<IdlePoll>,
 }
 
 impl Shared {
@@ -109,13 +104,12 @@ impl Engine {
         timeout: Duration,
     ) -> Result<Self> {
         let (jobs, incoming) = channel::<Arc<QueuedJob>>();
-        let spin = backend.idle_spin();
-        let last_run_ns = Arc::new(AtomicU64::new(0));
-        let last_run = last_run_ns.clone();
+        let poll = Arc::new(IdlePoll::new(backend.idle_spin()));
+        let thread_poll = poll.clone();
         std::thread::Builder::new()
             .name(format!("tensorcomm-pg-rank{rank}"))
             .spawn(move || {
-                while let Some(job) = next_job(&incoming, poll_after(&last_run, spin)) {
+                while let Some(job) = next_job(&incoming, thread_poll.now()) {
                     job.run_once();
                 }
             })
@@ -132,8 +126,7 @@ impl Engine {
                 watchdog: OnceLock::new(),
                 monitor: OnceLock::new(),
                 calls: Arc::default(),
-                spin,
-                last_run_ns,
+                poll,
             }),
             queue: Mutex::new(Queue {
                 next_seq: 0,
@@ -232,8 +225,7 @@ impl Engine {
             drop(queue);
             return Ok(work);
         }
-        let poll = poll_after(&self.shared.last_run_ns, self.shared.spin);
-        let (work, completion) = Work::polling_for(poll);
+        let (work, completion) = Work::polling_for(self.shared.poll.now());
         let shared = self.shared.clone();
         let job: Job = Box::new(move || {
             // Device work keeps its tensors until the job ends, as before.
@@ -243,10 +235,7 @@ impl Engine {
                 let call = Call::new(fingerprint, deadline)
                     .with_timeout(timeout)
                     .with_prepared(prepared);
-                let ran = Instant::now();
-                let result = run(&shared, call, &collective);
-                let took = u64::try_from(ran.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                shared.last_run_ns.store(took, Ordering::Relaxed);
+                let result = shared.poll.timed(|| run(&shared, call, &collective));
                 let (outcome, event) = match result {
                     Ok(event) => (Ok(()), event),
                     Err(e) => (Err(e), None),

@@ -9,13 +9,48 @@ use std::time::{Duration, Instant};
 
 use super::turn::QueuedJob;
 
+/// A group's idle poll: how long it polls (`GroupBackend::idle_spin`) and
+/// how long the last collective's `run` took, which says whether to poll
+/// now ([`poll_after`]).
+pub(super) struct IdlePoll {
+    spin: Duration,
+    last_run_ns: AtomicU64,
+}
+
+impl IdlePoll {
+    pub(super) fn new(spin: Duration) -> Self {
+        IdlePoll {
+            spin,
+            last_run_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// How long to poll now, after the last collective.
+    pub(super) fn now(&self) -> Duration {
+        poll_after(&self.last_run_ns, self.spin)
+    }
+
+    /// Runs a collective's `run` and records how long it took; a group
+    /// that never polls reads no clock.
+    pub(super) fn timed<T>(&self, run: impl FnOnce() -> T) -> T {
+        if self.spin.is_zero() {
+            return run();
+        }
+        let ran = Instant::now();
+        let result = run();
+        let took = u64::try_from(ran.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_run_ns.store(took, Ordering::Relaxed);
+        result
+    }
+}
+
 /// How long to poll after a collective whose `run` took `last_run_ns`: the
 /// backend's `spin` after a short one, nothing after one longer than that.
 /// Long collectives are bandwidth-bound and often busy every core with
 /// helper threads, where a poll would take a core from them; their
 /// callers and the group's thread sleep as they would without it, and a
 /// wake-up costs little beside them.
-pub(super) fn poll_after(last_run_ns: &AtomicU64, spin: Duration) -> Duration {
+fn poll_after(last_run_ns: &AtomicU64, spin: Duration) -> Duration {
     let short = u128::from(last_run_ns.load(Ordering::Relaxed)) <= spin.as_nanos();
     if short {
         spin
